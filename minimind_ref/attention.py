@@ -1,0 +1,118 @@
+"""Grouped-query attention (GQA) with rotary positions and a key/value cache.
+
+Shapes (b = batch, s = new tokens, t = cached + new tokens):
+    x            [b, s, hidden]
+    q            [b, s, n_heads, head_dim]
+    k, v         [b, s, n_kv_heads, head_dim]   (the cache stores this layout, concatenated on dim 1)
+    attention_mask (padding) [b, t], 1 = real token, 0 = padding
+    output       [b, s, hidden]
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import MiniMindConfig
+from .rope import apply_rotary_pos_emb
+
+KVCache = Tuple[torch.Tensor, torch.Tensor]
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """Repeat each KV head ``n_rep`` times: ``[b, t, n_kv, d] -> [b, t, n_kv * n_rep, d]``.
+
+    Head ``j`` of the output is KV head ``j // n_rep``, so query heads ``g*n_rep .. g*n_rep+n_rep-1``
+    share KV head ``g``.
+    """
+    batch, seq_len, n_kv_heads, head_dim = x.shape
+    if n_rep == 1:
+        return x
+    return (
+        x[:, :, :, None, :]
+        .expand(batch, seq_len, n_kv_heads, n_rep, head_dim)
+        .reshape(batch, seq_len, n_kv_heads * n_rep, head_dim)
+    )
+
+
+class Attention(nn.Module):
+    """Causal multi-head attention with ``n_kv_heads`` shared key/value heads.
+
+    Two computational paths give the same result (to float rounding), chosen exactly as upstream:
+
+    * **SDPA** (``F.scaled_dot_product_attention``, fused): when ``config.flash_attn`` is on, more
+      than one new token arrives, there is no cache, and the mask is absent or all ones.
+    * **explicit**: ``softmax(q k^T / sqrt(d) + causal + padding) v`` written out, used for every
+      decode step, chunked prefill with a cache and padded batches. Padding is additive
+      ``(1 - mask) * -1e9`` (so a query that sees only padding gets near-uniform weights, not NaN).
+    """
+
+    def __init__(self, config: MiniMindConfig) -> None:
+        super().__init__()
+        self.n_heads = config.num_attention_heads
+        self.n_kv_heads = config.num_key_value_heads
+        self.n_rep = self.n_heads // self.n_kv_heads
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.q_proj = nn.Linear(config.hidden_size, self.n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(config.hidden_size, self.n_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, self.n_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, config.hidden_size, bias=False)
+        self.attn_dropout = nn.Dropout(config.dropout)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.dropout = config.dropout
+        self.flash = hasattr(F, "scaled_dot_product_attention") and config.flash_attn
+
+    def uses_sdpa(self, seq_len: int, past_key_value: Optional[KVCache], attention_mask: Optional[torch.Tensor]) -> bool:
+        """Upstream's rule for taking the fused path (see the class docstring)."""
+        return bool(
+            self.flash
+            and seq_len > 1
+            and past_key_value is None
+            and (attention_mask is None or torch.all(attention_mask == 1))
+        )
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        position_embeddings: Tuple[torch.Tensor, torch.Tensor],
+        past_key_value: Optional[KVCache] = None,
+        use_cache: bool = False,
+        attention_mask: Optional[torch.Tensor] = None,
+    ) -> Tuple[torch.Tensor, Optional[KVCache]]:
+        batch, seq_len, _ = x.shape
+        q = self.q_proj(x).view(batch, seq_len, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(batch, seq_len, self.n_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(batch, seq_len, self.n_kv_heads, self.head_dim)
+
+        cos, sin = position_embeddings
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+
+        if past_key_value is not None:  # append the new keys/values after the cached ones
+            k = torch.cat([past_key_value[0], k], dim=1)
+            v = torch.cat([past_key_value[1], v], dim=1)
+        present = (k, v) if use_cache else None
+
+        # [b, heads, s or t, d]
+        q = q.transpose(1, 2)
+        k = repeat_kv(k, self.n_rep).transpose(1, 2)
+        v = repeat_kv(v, self.n_rep).transpose(1, 2)
+
+        if self.uses_sdpa(seq_len, past_key_value, attention_mask):
+            out = F.scaled_dot_product_attention(
+                q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+            )
+        else:
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # [b, h, s, t]
+            causal = torch.triu(torch.full((seq_len, seq_len), float("-inf"), device=scores.device), diagonal=1)
+            scores[:, :, :, -seq_len:] += causal  # new token i may not see new tokens after i
+            if attention_mask is not None:
+                scores = scores + (1.0 - attention_mask.unsqueeze(1).unsqueeze(2)) * -1e9
+            weights = F.softmax(scores.float(), dim=-1).type_as(q)
+            out = self.attn_dropout(weights) @ v
+
+        out = out.transpose(1, 2).reshape(batch, seq_len, -1)
+        return self.resid_dropout(self.o_proj(out)), present

@@ -1,0 +1,171 @@
+"""Autoregressive generation: the decoding loop, the KV cache, and the sampling filters.
+
+Each step turns the last position's logits ``[b, vocab]`` into one new token per row:
+
+    repetition penalty -> (greedy argmax) or (temperature -> top-k -> top-p -> sample)
+
+(the order Hugging Face ``transformers`` uses). With ``use_cache=True`` the prompt is processed
+once and every later step feeds only the newest token plus the cache; with ``use_cache=False`` the
+whole sequence is recomputed at every step. Both give the same tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+
+def apply_repetition_penalty(
+    logits: torch.Tensor, previous_ids: torch.Tensor, penalty: float, mask: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    """CTRL-style penalty (Keskar et al. 2019) as in Hugging Face: for every token id that already
+    occurs in the row, a positive logit is divided by ``penalty`` and a negative one multiplied.
+
+    ``logits`` ``[b, vocab]``; ``previous_ids`` ``[b, t]``; ``mask`` ``[b, t]`` (0 = padding, not counted).
+    Returns a new tensor.
+    """
+    if penalty <= 0:
+        raise ValueError(f"repetition_penalty must be > 0, got {penalty}.")
+    if penalty == 1.0:
+        return logits
+    ids = previous_ids
+    if mask is not None:  # padding positions point at the first real token of the row instead
+        first_real = mask.long().argmax(dim=-1, keepdim=True)
+        ids = torch.where(mask.bool(), ids, ids.gather(1, first_real))
+    seen = logits.gather(1, ids)
+    seen = torch.where(seen > 0, seen / penalty, seen * penalty)
+    return logits.scatter(1, ids, seen)
+
+
+def top_k_filter(logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Keep the ``top_k`` largest logits of each row, set the rest to ``-inf`` (ties at the k-th
+    value are kept). ``top_k <= 0`` or ``>= vocab`` keeps everything."""
+    if top_k <= 0 or top_k >= logits.shape[-1]:
+        return logits
+    kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Nucleus filter (Holtzman et al. 2020): keep the smallest set of most likely tokens whose
+    probabilities sum to at least ``top_p``; the most likely token is always kept.
+    ``top_p >= 1`` keeps everything."""
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}.")
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, sorted_idx = torch.sort(logits, descending=True, dim=-1)
+    probs = sorted_logits.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs  # probability of all more likely tokens
+    remove_sorted = mass_before >= top_p
+    remove = remove_sorted.scatter(-1, sorted_idx, remove_sorted)
+    return logits.masked_fill(remove, float("-inf"))
+
+
+def next_token_logits(
+    logits: torch.Tensor,
+    previous_ids: Optional[torch.Tensor] = None,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    repetition_penalty: float = 1.0,
+    mask: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """All processors applied in order; softmax of the result is the sampling distribution."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 (use do_sample=False for greedy), got {temperature}.")
+    logits = logits.float()
+    if previous_ids is not None:
+        logits = apply_repetition_penalty(logits, previous_ids, repetition_penalty, mask)
+    logits = logits / temperature
+    logits = top_k_filter(logits, top_k)
+    logits = top_p_filter(logits, top_p)
+    return logits
+
+
+def sample_next_token(
+    logits: torch.Tensor,
+    previous_ids: Optional[torch.Tensor] = None,
+    do_sample: bool = True,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    repetition_penalty: float = 1.0,
+    mask: Optional[torch.Tensor] = None,
+    generator: Optional[torch.Generator] = None,
+) -> torch.Tensor:
+    """One token id per row, ``[b]``, from last-position logits ``[b, vocab]``."""
+    if not do_sample:
+        if previous_ids is not None:
+            logits = apply_repetition_penalty(logits.float(), previous_ids, repetition_penalty, mask)
+        return logits.argmax(dim=-1)
+    filtered = next_token_logits(logits, previous_ids, temperature, top_k, top_p, repetition_penalty, mask)
+    probs = filtered.softmax(dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+
+
+@torch.inference_mode()
+def generate(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: Optional[torch.Tensor] = None,
+    max_new_tokens: int = 32,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    repetition_penalty: float = 1.0,
+    eos_token_id: Optional[int] = None,
+    pad_token_id: Optional[int] = None,
+    use_cache: bool = True,
+    generator: Optional[torch.Generator] = None,
+    callback: Optional[Callable[[torch.Tensor], None]] = None,
+) -> torch.Tensor:
+    """Generate up to ``max_new_tokens`` tokens after ``input_ids`` ``[b, s]``.
+
+    * ``do_sample=False``: greedy; otherwise sample with ``temperature``, ``top_k``, ``top_p``.
+    * ``eos_token_id``: a row that emits it is finished; later positions of that row are filled
+      with ``pad_token_id`` (default: ``eos_token_id``); generation stops when every row is done.
+    * ``attention_mask`` ``[b, s]``: 1 for real tokens, 0 for (left) padding.
+    * ``callback(tokens)``: called after every step with the new tokens ``[b]`` (for streaming).
+
+    Returns ``[b, s + n]`` with ``n <= max_new_tokens`` the number of steps taken.
+    """
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}.")
+    was_training = model.training
+    model.eval()
+    try:
+        if pad_token_id is None:
+            pad_token_id = eos_token_id if eos_token_id is not None else 0
+        batch = input_ids.shape[0]
+        ids = input_ids
+        mask = attention_mask
+        finished = torch.zeros(batch, dtype=torch.bool, device=ids.device)
+        past = None
+        step_input = ids
+        for _ in range(max_new_tokens):
+            if use_cache:
+                out = model(step_input, attention_mask=mask, past_key_values=past, use_cache=True, logits_to_keep=1)
+                past = out.past_key_values
+            else:
+                out = model(ids, attention_mask=mask, logits_to_keep=1)
+            logits = out.logits[:, -1, :]
+            token = sample_next_token(
+                logits, ids, do_sample, temperature, top_k, top_p, repetition_penalty, mask, generator
+            )
+            if eos_token_id is not None:
+                token = torch.where(finished, torch.full_like(token, pad_token_id), token)
+                finished = finished | (token == eos_token_id)
+            ids = torch.cat([ids, token[:, None]], dim=1)
+            if mask is not None:
+                mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=1)
+            step_input = token[:, None]
+            if callback is not None:
+                callback(token)
+            if eos_token_id is not None and bool(finished.all()):
+                break
+        return ids
+    finally:
+        model.train(was_training)

@@ -1,0 +1,84 @@
+"""The exercise machinery itself must catch wrong answers and explain them."""
+
+import pytest
+import torch
+
+from minimind_ref.checks import ExerciseError, call, check, check_close, check_equal, exercise
+
+
+def test_check_close_accepts_equal_and_within_tolerance():
+    x = torch.randn(3, 4)
+    check_close(x.clone(), x, name="Exercise 0.1")
+    check_close(x + 5e-7, x, name="Exercise 0.1")
+
+
+@pytest.mark.parametrize(
+    "got, fragment",
+    [
+        ([1.0, 2.0], "expected a torch.Tensor"),
+        (torch.zeros(3), r"shape mismatch: expected \(3, 4\), got \(3,\)"),
+        (torch.zeros(3, 4, dtype=torch.float64), "dtype mismatch"),
+        (torch.full((3, 4), float("nan")), "values differ"),
+    ],
+)
+def test_check_close_rejects_with_specific_message(got, fragment):
+    with pytest.raises(AssertionError, match=fragment):
+        check_close(got, torch.zeros(3, 4), name="Exercise 0.2", hint="look again")
+
+
+def test_check_close_reports_first_mismatch_and_hint():
+    expected = torch.zeros(2, 3)
+    got = expected.clone(); got[1, 2] = 0.5
+    with pytest.raises(ExerciseError) as err:
+        check_close(got, expected, name="Exercise 0.3", hint="check the axis")
+    msg = str(err.value)
+    assert "[Exercise 0.3]" in msg and "index (1, 2)" in msg and "max abs diff 0.5" in msg and "hint: check the axis" in msg
+
+
+def test_check_close_explicit_tolerance():
+    check_close(torch.ones(2) * 1.01, torch.ones(2), rtol=0, atol=0.02)
+    with pytest.raises(AssertionError):
+        check_close(torch.ones(2) * 1.01, torch.ones(2), rtol=0, atol=0.001)
+
+
+def test_infinities_equal_are_fine():
+    t = torch.tensor([float("-inf"), 1.0])
+    check_close(t.clone(), t)
+    with pytest.raises(AssertionError):
+        check_close(torch.tensor([0.0, 1.0]), t)
+
+
+def test_check_equal():
+    check_equal(3, 3)
+    with pytest.raises(AssertionError, match="expected 3, got 4"):
+        check_equal(4, 3, name="count")
+    with pytest.raises(AssertionError):
+        check_equal(torch.tensor([1, 2]), torch.tensor([1, 3]))
+
+
+def test_stub_becomes_assertion_error():
+    def stub(x):
+        raise NotImplementedError("Exercise 1.1: implement rms_norm")
+
+    with pytest.raises(AssertionError, match="not implemented yet: Exercise 1.1"):
+        call(stub, 1, name="Exercise 1.1")
+    with pytest.raises(AssertionError, match="not implemented"):
+        with exercise("Exercise 1.1"):
+            stub(1)
+
+
+def test_learner_crash_is_reported():
+    with pytest.raises(AssertionError, match="your function raised ZeroDivisionError"):
+        call(lambda: 1 / 0, name="Exercise 1.2")
+
+
+def test_check_decorator_prints_success(capsys):
+    @check("Exercise 9.9")
+    def check_thing(fn):
+        check_equal(fn(), 1, name="Exercise 9.9")
+        return "1 case"
+
+    check_thing(lambda: 1)
+    assert capsys.readouterr().out.strip() == "✓ Exercise 9.9 passed: 1 case"
+    with pytest.raises(AssertionError):
+        check_thing(lambda: 2)
