@@ -18,9 +18,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import MiniMindConfig
+from .cache import append_kv
 from .rope import apply_rotary_pos_emb
 
 KVCache = Tuple[torch.Tensor, torch.Tensor]
+
+# PyTorch 2.5 added grouped-query support to scaled_dot_product_attention.
+_SDPA_HAS_GQA = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
 
 
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
@@ -91,28 +95,41 @@ class Attention(nn.Module):
         cos, sin = position_embeddings
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
 
-        if past_key_value is not None:  # append the new keys/values after the cached ones
-            k = torch.cat([past_key_value[0], k], dim=1)
-            v = torch.cat([past_key_value[1], v], dim=1)
-        present = (k, v) if use_cache else None
+        kv = append_kv(past_key_value, k, v)  # cached positions first, then the new ones
+        k, v = kv
+        present = kv if use_cache else None
 
-        # [b, heads, s or t, d]
-        q = q.transpose(1, 2)
-        k = repeat_kv(k, self.n_rep).transpose(1, 2)
-        v = repeat_kv(v, self.n_rep).transpose(1, 2)
-
+        q = q.transpose(1, 2)  # [b, heads, s, d]
         if self.uses_sdpa(seq_len, past_key_value, attention_mask):
-            out = F.scaled_dot_product_attention(
-                q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
-            )
+            out = self._sdpa(q, k, v)
         else:
-            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # [b, h, s, t]
-            causal = torch.triu(torch.full((seq_len, seq_len), float("-inf"), device=scores.device), diagonal=1)
-            scores[:, :, :, -seq_len:] += causal  # new token i may not see new tokens after i
-            if attention_mask is not None:
-                scores = scores + (1.0 - attention_mask.unsqueeze(1).unsqueeze(2)) * -1e9
-            weights = F.softmax(scores.float(), dim=-1).type_as(q)
-            out = self.attn_dropout(weights) @ v
-
+            out = self._explicit(q, k, v, seq_len, attention_mask)
         out = out.transpose(1, 2).reshape(batch, seq_len, -1)
         return self.resid_dropout(self.o_proj(out)), present
+
+    def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Fused causal attention. ``q`` [b, h, s, d]; ``k, v`` [b, s, n_kv, d]. PyTorch >= 2.5 maps query
+        heads to their KV head itself (``enable_gqa``), so the repeated K/V are never materialized."""
+        dropout_p = self.dropout if self.training else 0.0
+        if self.n_rep > 1 and _SDPA_HAS_GQA:
+            return F.scaled_dot_product_attention(
+                q, k.transpose(1, 2), v.transpose(1, 2), dropout_p=dropout_p, is_causal=True, enable_gqa=True
+            )
+        k = repeat_kv(k, self.n_rep).transpose(1, 2)
+        v = repeat_kv(v, self.n_rep).transpose(1, 2)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+
+    def _explicit(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: int, attention_mask: Optional[torch.Tensor]
+    ) -> torch.Tensor:
+        """``softmax(q k^T / sqrt(d) + causal + padding) v`` written out. ``q`` [b, h, s, d]; ``k, v``
+        [b, t, n_kv, d] (cached + new); returns [b, h, s, d]."""
+        k = repeat_kv(k, self.n_rep).transpose(1, 2)  # [b, h, t, d]
+        v = repeat_kv(v, self.n_rep).transpose(1, 2)
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # [b, h, s, t]
+        causal = torch.triu(torch.full((seq_len, seq_len), float("-inf"), device=scores.device), diagonal=1)
+        scores[:, :, :, -seq_len:] += causal  # new token i may not see new tokens after i
+        if attention_mask is not None:
+            scores = scores + (1.0 - attention_mask.unsqueeze(1).unsqueeze(2)) * -1e9
+        weights = F.softmax(scores.float(), dim=-1).type_as(q)
+        return self.attn_dropout(weights) @ v

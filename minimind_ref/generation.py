@@ -15,6 +15,8 @@ from typing import Callable, Optional
 
 import torch
 
+from .cache import preallocate
+
 
 def apply_repetition_penalty(
     logits: torch.Tensor, previous_ids: torch.Tensor, penalty: float, mask: Optional[torch.Tensor] = None
@@ -121,6 +123,7 @@ def generate(
     use_cache: bool = True,
     generator: Optional[torch.Generator] = None,
     callback: Optional[Callable[[torch.Tensor], None]] = None,
+    preallocate_cache: bool = True,
 ) -> torch.Tensor:
     """Generate up to ``max_new_tokens`` tokens after ``input_ids`` ``[b, s]``.
 
@@ -129,6 +132,8 @@ def generate(
       with ``pad_token_id`` (default: ``eos_token_id``); generation stops when every row is done.
     * ``attention_mask`` ``[b, s]``: 1 for real tokens, 0 for (left) padding.
     * ``callback(tokens)``: called after every step with the new tokens ``[b]`` (for streaming).
+    * ``preallocate_cache``: after the prompt, move the cache into buffers sized for the whole
+      generation so each step writes one position instead of concatenating (same values).
 
     Returns ``[b, s + n]`` with ``n <= max_new_tokens`` the number of steps taken.
     """
@@ -149,6 +154,8 @@ def generate(
             if use_cache:
                 out = model(step_input, attention_mask=mask, past_key_values=past, use_cache=True, logits_to_keep=1)
                 past = out.past_key_values
+                if preallocate_cache and step_input is ids:  # after the prompt: room for every new token
+                    past = preallocate(past, ids.shape[1] + max_new_tokens)
             else:
                 out = model(ids, attention_mask=mask, logits_to_keep=1)
             logits = out.logits[:, -1, :]

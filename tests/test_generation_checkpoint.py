@@ -140,3 +140,28 @@ def test_load_errors(tmp_path):
     torch.save({"foo.weight": torch.zeros(2)}, bad)
     with pytest.raises(ValueError, match="not a MiniMind state dict"):
         mm.load_checkpoint(bad)
+
+
+def test_preallocated_cache_is_the_public_format_and_same_values():
+    from minimind_ref.cache import GrowingKV, preallocate
+
+    m = tiny_model()
+    ids = rand_ids(2, 9)
+    out = m(ids[:, :4], use_cache=True)
+    plain, grown = out.past_key_values, preallocate(out.past_key_values, capacity=9)
+    for t in range(4, 9):
+        o1 = m(ids[:, t : t + 1], past_key_values=plain, use_cache=True)
+        o2 = m(ids[:, t : t + 1], past_key_values=grown, use_cache=True)
+        assert torch.equal(o1.logits, o2.logits)
+        plain, grown = o1.past_key_values, o2.past_key_values
+    for (k1, v1), pair in zip(plain, grown):
+        assert isinstance(pair, GrowingKV) and isinstance(pair, tuple) and len(pair) == 2
+        assert torch.equal(k1, pair[0]) and torch.equal(v1, pair[1]) and pair[0].shape == (2, 9, 2, 8)
+    with pytest.raises(ValueError, match="cache is full"):
+        m(ids[:, :1], past_key_values=grown, use_cache=True)
+
+
+def test_generate_with_and_without_preallocation_agree():
+    m = tiny_model()
+    ids = rand_ids(2, 4)
+    assert torch.equal(m.generate(ids, max_new_tokens=7), m.generate(ids, max_new_tokens=7, preallocate_cache=False))

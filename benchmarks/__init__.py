@@ -1,0 +1,1 @@
+"""Benchmarks of minimind_ref (``make bench``). Results: ``benchmarks/results/``."""

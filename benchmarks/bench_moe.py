@@ -1,0 +1,80 @@
+"""Benchmark 3: the MoE layer's inference dispatch vs its training path vs a dense FFN of equal
+active size, and the host synchronizations per MoE layer call."""
+
+from __future__ import annotations
+
+from typing import Dict
+
+import torch
+
+import minimind_ref as mm
+
+from .common import sync, timeit
+
+
+class SyncCounter:
+    """Counts device->host transfers made through ``Tensor.cpu``, ``.item`` and ``.tolist`` and
+    Python ``bool``/``int`` conversions of tensors (the ways a dispatch can block on the device)."""
+
+    NAMES = ("cpu", "item", "tolist", "__bool__", "__int__", "__index__")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._saved = {}
+
+    def __enter__(self) -> "SyncCounter":
+        for name in self.NAMES:
+            original = getattr(torch.Tensor, name)
+            self._saved[name] = original
+
+            def wrapper(t, *a, _orig=original, **k):
+                self.count += 1
+                return _orig(t, *a, **k)
+
+            setattr(torch.Tensor, name, wrapper)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for name, original in self._saved.items():
+            setattr(torch.Tensor, name, original)
+
+
+def moe_layer(device: torch.device, tokens: int = 1024) -> Dict[str, float]:
+    torch.manual_seed(0)
+    cfg = mm.minimind2_moe()
+    moe = mm.MOEFeedForward(cfg).to(device)
+    # dense FFN doing the same work per token: k routed experts + the shared ones, fused in width
+    active_width = cfg.intermediate_size * (cfg.num_experts_per_tok + cfg.n_shared_experts)
+    dense = mm.FeedForward(cfg, intermediate_size=active_width).to(device).eval()
+    x = torch.randn(1, tokens, cfg.hidden_size, device=device)
+
+    def infer() -> None:
+        with torch.inference_mode():
+            moe.eval()(x)
+        sync(device)
+
+    def train_path() -> None:
+        with torch.inference_mode():
+            moe.train()(x)
+        sync(device)
+
+    def dense_ffn() -> None:
+        with torch.inference_mode():
+            dense(x)
+        sync(device)
+
+    t_infer = timeit(infer, repeats=7)
+    t_train = timeit(train_path, repeats=7)
+    t_dense = timeit(dense_ffn, repeats=7)
+    moe.eval()
+    with SyncCounter() as counter, torch.inference_mode():
+        moe(x)
+    return {
+        "tokens": tokens,
+        "dispatch_ms": 1e3 * t_infer["median_s"],
+        "training_path_ms": 1e3 * t_train["median_s"],
+        "dense_equal_active_ms": 1e3 * t_dense["median_s"],
+        "dispatch_vs_training": t_train["median_s"] / t_infer["median_s"],
+        "dispatch_vs_dense": t_infer["median_s"] / t_dense["median_s"],
+        "host_syncs_per_layer": counter.count,
+    }
