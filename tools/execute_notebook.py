@@ -3,7 +3,8 @@
     python tools/execute_notebook.py notebooks/01_normalization.ipynb [more.ipynb ...]
 
 Runs each notebook top to bottom in a kernel of *this* Python (the project's .venv), from the
-notebook's own folder, with MPLBACKEND=Agg, and reports the wall time. Fails on the first error.
+notebook's own folder, with matplotlib's inline backend (MPLBACKEND=Agg in the environment would
+leave every figure out of the stored outputs), and reports the wall time. Fails on the first error.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ KERNEL_TIMEOUT_S = 600
 
 def execute(path: Path) -> float:
     nb = nbformat.read(path, as_version=4)
-    os.environ.setdefault("MPLBACKEND", "Agg")
+    os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
     client = NotebookClient(
         nb,
         timeout=KERNEL_TIMEOUT_S,

@@ -1,0 +1,181 @@
+"""The website: table of contents, configuration, the build itself, and a real browser on it.
+
+The slow tests build the book from the outputs stored in the notebooks
+(``MINIMIND_BOOK_EXECUTE=off``, warnings are errors) into ``_build/html`` and open the chapter 01
+page in headless Chromium (``tools/browser.py``), saving a screenshot under
+``_build/screenshots/``. ``make test`` installs Chromium and fetches ``_vendor/`` first.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+HTML = ROOT / "_build" / "html"
+SCREENSHOTS = ROOT / "_build" / "screenshots"
+CHAPTERS = ["01_normalization", "02_rope", "03_attention", "04_feedforward",
+            "05_architecture", "06_kv_cache", "07_moe", "08_training"]
+BROWSER_PAGE = "notebooks/01_normalization"
+COLAB_PREFIX = "https://colab.research.google.com/github/minimind-from-zero/minimind-from-zero/blob/main/"
+REQUIRED_EXCLUDES = ["_build", ".venv", ".pytest_cache", "minimind_ref", "tests", "student", ".helpers", "node_modules",
+                     "_vendor", "tools", "benchmarks", "README.md", "CONTRIBUTING.md", "requirements"]
+CDN_HOSTS = ("cdn.jsdelivr.net", "cdnjs.cloudflare.com", "unpkg.com", "mathjax.org", "polyfill.io")
+
+
+def load_yaml(name: str) -> dict:
+    return yaml.safe_load((ROOT / name).read_text(encoding="utf-8"))
+
+
+def toc_files() -> list:
+    toc = load_yaml("_toc.yml")
+    files = [toc["root"]]
+    for part in toc.get("parts", []):
+        files += [entry["file"] for entry in part.get("chapters", [])]
+    return files
+
+
+# --- fast: the sources of the site --------------------------------------------------------------
+
+def test_toc_order():
+    toc = load_yaml("_toc.yml")
+    assert toc["format"] == "jb-book" and toc["root"] == "book/welcome"
+    parts = {part["caption"]: [entry["file"] for entry in part["chapters"]] for part in toc["parts"]}
+    assert list(parts) == ["Start here", "Chapters", "Reference"]
+    assert parts["Start here"] == ["book/how_to_use", "book/setup"]
+    assert parts["Chapters"] == [f"notebooks/{name}" for name in CHAPTERS]
+    assert parts["Reference"] == ["book/minimind_ref", "book/performance", "book/references"]
+
+
+def test_every_toc_entry_exists():
+    missing = [entry for entry in toc_files() if not any((ROOT / f"{entry}{ext}").is_file() for ext in (".md", ".ipynb"))]
+    assert not missing, f"_toc.yml lists pages that do not exist: {missing}"
+
+
+def test_config():
+    config = load_yaml("_config.yml")
+    missing = [p for p in REQUIRED_EXCLUDES if p not in config["exclude_patterns"]]
+    assert not missing, f"exclude_patterns lacks {missing}"
+    sphinx = config["sphinx"]["config"]
+    assert sphinx["html_static_path"] == ["_vendor"]
+    assert sphinx["mathjax_path"] == "mathjax/tex-mml-chtml.js"
+    assert list(sphinx["nb_ipywidgets_js"]) == ["requirejs/require.js", "html-manager/embed-amd.js"]
+    assert config["execute"]["execute_notebooks"] in ("cache", "force")
+    assert config["repository"]["url"] == "https://github.com/minimind-from-zero/minimind-from-zero"
+    assert config["launch_buttons"]["colab_url"] == "https://colab.research.google.com"
+    # Every .js under a _static/ folder is auto-included by Jupyter Book: the vendored files must not be there.
+    stray = [str(p.relative_to(ROOT)) for folder in ("_static", "book/_static", "notebooks/_static")
+             for p in (ROOT / folder).glob("**/*.js")]
+    assert not stray, f"JavaScript in a _static/ folder: {stray}"
+
+
+def test_vendor_layout_matches_config():
+    import vendor_assets
+
+    assert vendor_assets.VENDOR == ROOT / "_vendor"
+    assert set(vendor_assets.PACKAGES) == {"mathjax", "@jupyter-widgets/html-manager", "requirejs"}
+    assert vendor_assets.PACKAGES["@jupyter-widgets/html-manager"][0] == "1.0.6"
+    assert vendor_assets.PACKAGES["mathjax"][0].startswith("3.")
+
+
+def test_reference_page_names_every_module():
+    page = (ROOT / "book" / "minimind_ref.md").read_text(encoding="utf-8")
+    modules = sorted(p.stem for p in (ROOT / "minimind_ref").glob("*.py") if p.stem != "__init__")
+    missing = [m for m in modules if f"`minimind_ref.{m}`" not in page]
+    assert not missing, f"book/minimind_ref.md does not describe {missing}"
+
+
+def test_performance_page_is_in_the_book():
+    text = (ROOT / "book" / "performance.md").read_text(encoding="utf-8")
+    assert "make bench" in text and "book/performance" in toc_files()
+
+
+def requirement_lines(text: str) -> list:
+    return [line.split("#", 1)[0].strip() for line in text.splitlines() if line.split("#", 1)[0].strip()]
+
+
+def test_environment_yml_mirrors_dev_requirements():
+    env = load_yaml("environment.yml")
+    pip = next(dep["pip"] for dep in env["dependencies"] if isinstance(dep, dict) and "pip" in dep)
+    assert pip[0] == "torch==2.13.0", "torch==2.13.0 must come first"
+    dev = requirement_lines((ROOT / "requirements" / "dev.txt").read_text(encoding="utf-8"))
+    assert sorted(pip[1:]) == sorted(dev), "environment.yml's pip section differs from requirements/dev.txt"
+
+
+# --- slow: build the site, then look at it ----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def site():
+    if not (ROOT / "_vendor" / "VERSIONS.txt").exists():
+        subprocess.run([sys.executable, str(ROOT / "tools" / "vendor_assets.py")], check=True, cwd=ROOT)
+    jupyter_book = Path(sys.executable).with_name("jupyter-book")
+    env = dict(os.environ, MINIMIND_BOOK_EXECUTE="off")
+    start = time.perf_counter()
+    result = subprocess.run([str(jupyter_book), "build", ".", "-W", "-n", "--keep-going", "--all"],
+                            cwd=ROOT, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    log = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout + result.stderr)
+    warnings = [line for line in log.splitlines() if "WARNING" in line or "ERROR" in line]
+    assert result.returncode == 0, "the book build failed (warnings are errors):\n" + "\n".join(warnings[:40]) + "\n" + log[-3000:]
+    print(f"book built from stored outputs in {seconds:.1f} s")
+    return HTML
+
+
+@pytest.mark.slow
+def test_site_has_every_page_and_no_cdn(site):
+    for entry in toc_files():
+        assert (site / f"{entry}.html").is_file(), f"no page for {entry}"
+    assert (site / "_static" / "mathjax" / "tex-mml-chtml.js").is_file()
+    assert (site / "_static" / "html-manager" / "embed-amd.js").is_file()
+    assert (site / "_static" / "requirejs" / "require.js").is_file()
+    for page in site.glob("**/*.html"):
+        html = page.read_text(encoding="utf-8")
+        loaded = re.findall(r'<(?:script|link)[^>]+(?:src|href)="([^"]+)"', html)
+        remote = [url for url in loaded if any(host in url for host in CDN_HOSTS)]
+        assert not remote, f"{page.relative_to(site)} loads from a CDN: {remote}"
+
+
+@pytest.mark.slow
+def test_colab_buttons_open_the_student_edition(site):
+    chapters = [name for name in CHAPTERS if (site / "notebooks" / f"{name}.html").exists()]
+    assert chapters
+    for name in chapters:
+        html = (site / "notebooks" / f"{name}.html").read_text(encoding="utf-8")
+        links = set(re.findall(r'href="(https://colab\.research\.google\.com/[^"]+)"', html))
+        assert links == {f"{COLAB_PREFIX}student/{name}.ipynb"}, f"{name}: Colab links {links}"
+        assert (ROOT / "student" / f"{name}.ipynb").is_file()
+        # solutions are folded behind a click on the page
+        assert "tag_hide-input" in html
+
+
+@pytest.mark.slow
+def test_chapter_page_in_a_real_browser(site):
+    import browser
+
+    assert Path(browser.CHROMIUM).exists(), "no /usr/bin/chromium: `make test` installs it (apt-get install -y chromium)"
+    shot = SCREENSHOTS / f"{BROWSER_PAGE.split('/')[-1]}.png"
+    start = time.perf_counter()
+    report = browser.inspect_page(site, f"{BROWSER_PAGE}.html", screenshot=shot)
+    print(f"browser check of {BROWSER_PAGE} in {time.perf_counter() - start:.1f} s; screenshots: {report.get('screenshots')}")
+    assert report["mathjax_version"].startswith("3."), report
+    assert report["mjx_containers"] > 0, f"MathJax typeset nothing: {report}"
+    assert report["raw_tex_left"] == 0, f"math left untypeset: {report}"
+    assert report["images"] > 0 and not report["broken_images"], f"images that did not load: {report['broken_images']}"
+    if report["widget_views"]:
+        assert report["rendered_widgets"] > 0 and report["widget_controls"] > 0, f"widgets did not render: {report}"
+    else:  # no saved widget state: the static figure next to the widget is the fallback
+        assert report["images"] > 0
+    assert report["colab_links"] and all(link == f"{COLAB_PREFIX}student/01_normalization.ipynb" for link in report["colab_links"]), report["colab_links"]
+    assert report["folded_inputs"] > 0, "exercise solutions are not folded"
+    assert not report["console_errors"], "console errors:\n" + "\n".join(report["console_errors"])
+    assert not report["external_requests"], f"the page requested resources off this machine: {report['external_requests']}"
+    assert shot.is_file() and shot.stat().st_size > 10_000

@@ -1,0 +1,132 @@
+"""The chapter contract of CONTRIBUTING.md, checked on every notebook in notebooks/.
+
+nbval (``pytest --nbval``, configured in pyproject.toml) re-runs each notebook and compares the
+outputs with the stored ones; it passes trivially on cells that were never executed. These tests
+make sure there is something to compare: every code cell executed, in order, with outputs, and
+the structure a chapter promises (the Colab cell, exercises with checks, a widget, the closing
+sections).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import make_student  # noqa: E402
+
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+# A cell tagged nbval-ignore-output (or marked "# NBVAL_IGNORE_OUTPUT") must say why in a comment
+# line containing one of these words (see CONTRIBUTING.md): "# timings vary from run to run",
+# "# the device name varies by machine", "# the figure lives in a widget, which nbval sees differently".
+REASON_WORDS = ("vary", "varies", "varying", "variable", "differ", "differs", "differently", "timing", "timings",
+                "device", "hardware", "machine", "platform", "address", "widget", "nondeterministic")
+IGNORE_REASON = re.compile(r"#.*\b(" + "|".join(REASON_WORDS) + r")\b", re.I)
+CHECK_CALL = re.compile(r"\bcheck_\w+\s*\(")
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def colab_cell() -> str:
+    """The Colab cell, as CONTRIBUTING.md spells it (its first python block naming google.colab)."""
+    text = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    for block in re.findall(r"```python\n(.*?)```", text, re.S):
+        if "google.colab" in block:
+            lines = block.splitlines()
+            indent = min(len(line) - len(line.lstrip()) for line in lines if line.strip())
+            return "\n".join(line[indent:] for line in lines).strip()
+    raise AssertionError("CONTRIBUTING.md has no ```python block with the Colab cell")
+
+
+def code_cells(nb):
+    return [cell for cell in nb.cells if cell.cell_type == "code"]
+
+
+def tags(cell) -> list:
+    return list(cell.get("metadata", {}).get("tags", []))
+
+
+@pytest.fixture(params=NOTEBOOKS, ids=lambda p: p.name)
+def nb(request):
+    return nbformat.read(request.param, as_version=4)
+
+
+def test_there_are_chapters():
+    assert NOTEBOOKS, "notebooks/ holds no chapter notebook"
+
+
+def test_executed_in_order_with_outputs(nb):
+    cells = code_cells(nb)
+    empty = [i for i, cell in enumerate(nb.cells) if cell.cell_type == "code" and not cell.source.strip()]
+    assert not empty, f"empty code cells at {empty}: delete them"
+    counts = [cell.execution_count for cell in cells]
+    assert None not in counts, (
+        f"{counts.count(None)} of {len(cells)} code cells were never executed (strict nbval compares nothing there): "
+        "run `make execute NB=notebooks/<name>.ipynb`")
+    assert counts == list(range(1, len(cells) + 1)), (
+        f"execution counts are {counts}, expected 1..{len(cells)} in order: re-execute the whole notebook with make execute")
+    assert sum(len(cell.outputs) for cell in cells) > 0, "no code cell has an output"
+
+
+def test_outputs_hold_figures_and_no_errors(nb):
+    outputs = [out for cell in code_cells(nb) for out in cell.outputs]
+    assert any("image/png" in out.get("data", {}) for out in outputs), (
+        "no figure in the stored outputs (the chapter needs a matplotlib figure; "
+        "executed with MPLBACKEND=Agg? use make execute)")
+    agg = [out for out in outputs if "non-interactive, and thus cannot be shown" in str(out.get("text", ""))]
+    assert not agg, "a figure was not displayed (MPLBACKEND=Agg in the kernel): re-execute with make execute"
+    errors = [(i, out.get("ename")) for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
+              and "raises-exception" not in tags(cell) for out in cell.outputs if out.output_type == "error"]
+    assert not errors, f"stored error outputs (cell index, exception): {errors}"
+
+
+def test_first_code_cell_is_the_colab_cell(nb):
+    first = code_cells(nb)[0].source.strip()
+    assert first == colab_cell(), f"the first code cell must be the Colab cell of CONTRIBUTING.md, got:\n{first}"
+
+
+def test_ignored_outputs_say_why(nb):
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        if "nbval-ignore-output" in tags(cell) or "# NBVAL_IGNORE_OUTPUT" in cell.source:
+            assert IGNORE_REASON.search(cell.source), (
+                f"cell {index} ignores its output in nbval but has no comment saying why "
+                f"(a '#' comment containing one of: {', '.join(REASON_WORDS)}):\n{cell.source[:300]}")
+
+
+def test_exercises_are_hidden_and_checked(nb):
+    solutions = [i for i, cell in enumerate(nb.cells) if cell.cell_type == "code" and make_student.has_solution(cell.source)]
+    assert len(solutions) >= 3, f"{len(solutions)} exercises (cells with '# BEGIN SOLUTION'); a chapter needs at least 3"
+    for index in solutions:
+        cell = nb.cells[index]
+        assert "hide-input" in tags(cell), f"exercise cell {index} lacks the hide-input tag (the site folds solutions)"
+        make_student.stub_source(cell.source, "Exercise", "", where=f"cell {index}")  # markers balanced
+        headings = [c for c in nb.cells[:index] if c.cell_type == "markdown" and make_student.EXERCISE_HEADING.search(c.source)]
+        assert headings, f"exercise cell {index} has no '### Exercise N.M — title' heading above it"
+        assert index + 1 < len(nb.cells), f"exercise cell {index} is the last cell: a check cell must follow it"
+        after = nb.cells[index + 1]
+        assert after.cell_type == "code" and CHECK_CALL.search(after.source) and not make_student.has_solution(after.source), (
+            f"the cell after exercise cell {index} must call a check from minimind_ref.checks "
+            f"(e.g. ch01.check_rms_norm(rms_norm)), got:\n{after.source[:300]}")
+
+
+def test_has_a_widget(nb):
+    uses = [cell for cell in code_cells(nb) if "ipywidgets" in cell.source or "widgets." in cell.source or "interact(" in cell.source]
+    assert uses, "no ipywidgets control in the notebook"
+    views = [out for cell in code_cells(nb) for out in cell.outputs if WIDGET_VIEW in out.get("data", {})]
+    assert views, "no stored widget output: the site can only show a widget the notebook displayed when executed"
+    assert "application/vnd.jupyter.widget-state+json" in nb.metadata.get("widgets", {}), (
+        "no widget state saved in the notebook metadata (execute with make execute, which stores it)")
+
+
+@pytest.mark.parametrize("heading", ["Summary", "Self-check questions"])
+def test_closing_sections(nb, heading):
+    pattern = re.compile(rf"^##\s+{re.escape(heading)}\s*$", re.M | re.I)
+    assert any(cell.cell_type == "markdown" and pattern.search(cell.source) for cell in nb.cells), f"no '## {heading}' heading"

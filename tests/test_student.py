@@ -1,0 +1,156 @@
+"""Student editions (student/NN_topic.ipynb, written by `make student` = tools/make_student.py).
+
+* the committed student/ folder equals a fresh rendering of notebooks/ (else: run make student);
+* every solution is a stub, every output is gone, everything else is unchanged;
+* every check fails on its stub: the solution notebook runs once in one kernel; then, for each
+  exercise, the stub version of the exercise cell and its check cell run in that kernel and must
+  raise (AssertionError / ExerciseError or NotImplementedError), and the solution cell runs again
+  to restore the state for the next exercise.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import make_student  # noqa: E402
+
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+STUB_ERRORS = {"AssertionError", "ExerciseError", "NotImplementedError"}
+KERNEL_TIMEOUT_S = 600
+
+
+# --- the transformation itself, on a synthetic notebook --------------------------------------
+
+def synthetic() -> nbformat.NotebookNode:
+    nb = new_notebook(cells=[
+        new_markdown_cell("# 01 · Demo"),
+        new_code_cell("print('setup')", execution_count=1, outputs=[nbformat.v4.new_output("stream", text="setup\n")]),
+        new_markdown_cell("### Exercise 1.1 — Root mean square\n\nImplement it."),
+        new_code_cell("def rms(x):\n    # BEGIN SOLUTION: compute sqrt(mean(x**2))\n    return (x ** 2).mean() ** 0.5\n    # END SOLUTION\n",
+                      metadata={"tags": ["hide-input"]}, execution_count=2),
+        new_code_cell("check_rms(rms)", execution_count=3),
+        new_markdown_cell("### Exercise 1.2 — Two blocks"),
+        new_code_cell("class A:\n    def f(self):\n        # BEGIN SOLUTION\n        return 1\n        # END SOLUTION\n\n"
+                      "    def g(self):\n        # BEGIN SOLUTION\n        return 2\n        # END SOLUTION", execution_count=4),
+        new_code_cell("check_a(A)", execution_count=5),
+        new_code_cell("# BEGIN SOLUTION\nanswer = 42\n# END SOLUTION", execution_count=6),
+    ], metadata={"widgets": {"application/vnd.jupyter.widget-state+json": {}}, "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    return nb
+
+
+def test_stubs_keep_indentation_and_name_the_exercise():
+    student = make_student.student_notebook(synthetic(), chapter="01")
+    assert student.cells[3].source == 'def rms(x):\n    raise NotImplementedError("Exercise 1.1: compute sqrt(mean(x**2))")\n'
+    assert student.cells[6].source == (
+        'class A:\n    def f(self):\n        raise NotImplementedError("Exercise 1.2: Two blocks")\n\n'
+        '    def g(self):\n        raise NotImplementedError("Exercise 1.2: Two blocks")')
+    # no heading: numbered by its position among the chapter's exercises
+    assert student.cells[8].source == 'raise NotImplementedError("Exercise 1.3")'
+    compile(student.cells[6].source, "stub", "exec")
+
+
+def test_outputs_and_run_state_are_stripped_but_the_rest_is_kept():
+    original = synthetic()
+    student = make_student.student_notebook(original, chapter="01")
+    assert all(not c.outputs and c.execution_count is None for c in student.cells if c.cell_type == "code")
+    assert "widgets" not in student.metadata and student.metadata["kernelspec"]["name"] == "python3"
+    assert [c.source for c in student.cells if c.cell_type == "markdown"] == [c.source for c in original.cells if c.cell_type == "markdown"]
+    assert student.cells[3].metadata["tags"] == ["hide-input"]
+    assert student.cells[4].source == "check_rms(rms)"
+    assert original.cells[1].outputs, "the solution notebook must not be modified"
+
+
+@pytest.mark.parametrize("source", [
+    "# BEGIN SOLUTION\nx = 1\n",
+    "x = 1\n# END SOLUTION\n",
+    "# BEGIN SOLUTION\n# BEGIN SOLUTION\nx = 1\n# END SOLUTION\n",
+])
+def test_unbalanced_markers_are_errors(source):
+    with pytest.raises(make_student.StudentEditionError):
+        make_student.stub_source(source, "Exercise 1.1", "")
+
+
+# --- the committed student/ folder --------------------------------------------------------------
+
+def test_student_editions_are_fresh():
+    stale = make_student.stale_files()
+    assert not stale, "student/ is stale; run `make student`:\n" + "\n".join(stale)
+
+
+@pytest.fixture(params=NOTEBOOKS, ids=lambda p: p.name)
+def pair(request):
+    solution = nbformat.read(request.param, as_version=4)
+    student_path = ROOT / "student" / request.param.name
+    assert student_path.exists(), f"{student_path.relative_to(ROOT)} is missing; run `make student`"
+    return solution, nbformat.read(student_path, as_version=4)
+
+
+def test_student_edition_has_stubs_and_no_outputs(pair):
+    solution, student = pair
+    assert len(student.cells) == len(solution.cells)
+    n_solutions = 0
+    for sol, stu in zip(solution.cells, student.cells):
+        assert sol.cell_type == stu.cell_type
+        if sol.cell_type != "code":
+            assert stu.source == sol.source
+            continue
+        assert not stu.outputs and stu.execution_count is None
+        if make_student.has_solution(sol.source):
+            n_solutions += 1
+            assert "# BEGIN SOLUTION" not in stu.source and "NotImplementedError(\"Exercise " in stu.source
+        else:
+            assert stu.source == sol.source
+    assert n_solutions >= 1
+
+
+# --- every check fails on its stub ------------------------------------------------------------
+
+def _run(client, cell, index):
+    """Execute one cell; return the exception name it raised, or None."""
+    from nbclient.exceptions import CellExecutionError
+
+    try:
+        client.execute_cell(cell, index)
+    except CellExecutionError as err:
+        return err.ename
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_check_fails_on_its_stub(path):
+    from nbclient import NotebookClient
+
+    solution = nbformat.read(path, as_version=4)
+    student = make_student.student_notebook(solution)
+    exercises = [i for i, c in enumerate(solution.cells) if c.cell_type == "code" and make_student.has_solution(c.source)]
+    assert exercises, f"{path.name} has no exercises"
+    last_check = exercises[-1] + 1
+    client = NotebookClient(solution, timeout=KERNEL_TIMEOUT_S, kernel_name="python3",
+                            resources={"metadata": {"path": str(path.parent)}})
+    problems = []
+    with client.setup_kernel():
+        for index, cell in enumerate(solution.cells[: last_check + 1]):
+            if cell.cell_type == "code":
+                error = _run(client, cell, index)
+                assert error is None, f"{path.name}: the solution notebook failed at cell {index} ({error})"
+        for index in exercises:
+            stub = nbformat.from_dict(dict(student.cells[index]))
+            error = _run(client, stub, index)
+            if error is None:  # the stub only defines something: the check must notice
+                error = _run(client, nbformat.from_dict(dict(solution.cells[index + 1])), index + 1)
+                if error is None:
+                    problems.append(f"cell {index + 1} (check of the exercise in cell {index}) passed on the stub")
+            if error is not None and error not in STUB_ERRORS:
+                problems.append(f"exercise in cell {index}: the stub led to {error}, expected one of {sorted(STUB_ERRORS)}")
+            restored = _run(client, solution.cells[index], index)  # restore the solution's state
+            assert restored is None, f"{path.name}: re-running the solution cell {index} failed ({restored})"
+    assert not problems, f"{path.name}:\n" + "\n".join(problems)
