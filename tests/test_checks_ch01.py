@@ -1,0 +1,305 @@
+"""Chapter 01 checks: the notebook's solutions pass, its student stubs and typical mistakes fail
+with a message that says what was wrong."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Callable, Dict
+
+import nbformat
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import minimind_ref as mm
+from minimind_ref.checks import ch01
+from minimind_ref.checks.core import ExerciseError
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "notebooks" / "01_normalization.ipynb"
+
+CHECKS: Dict[str, Callable] = {
+    "rms_norm": ch01.check_rms_norm,
+    "layer_norm": ch01.check_layer_norm,
+    "rms_norm_safe": ch01.check_fp16_safe_rms_norm,
+    "count_rmsnorm": ch01.check_norm_count,
+}
+
+
+def _make_student():
+    spec = importlib.util.spec_from_file_location("make_student", ROOT / "tools" / "make_student.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _solution_functions(student: bool = False) -> Dict[str, Callable]:
+    """Execute the notebook's exercise cells (solutions, or the student edition's stubs)."""
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    if student:
+        nb = _make_student().student_notebook(nb, chapter="01")
+    namespace = {"torch": torch, "nn": nn, "F": F, "RMSNorm": mm.RMSNorm}
+    count = 0
+    for cell in nb.cells:
+        if cell.cell_type == "code" and "hide-input" in cell.metadata.get("tags", []):
+            exec(compile(cell.source, "<exercise cell>", "exec"), namespace)
+            count += 1
+    assert count == len(CHECKS), f"expected {len(CHECKS)} exercise cells in {NOTEBOOK.name}, found {count}"
+    return {name: namespace[name] for name in CHECKS}
+
+
+@pytest.fixture(scope="module")
+def solutions() -> Dict[str, Callable]:
+    return _solution_functions()
+
+
+@pytest.fixture(scope="module")
+def stubs() -> Dict[str, Callable]:
+    return _solution_functions(student=True)
+
+
+# --------------------------------------------------------------------------- the notebook's own answers
+@pytest.mark.parametrize("name", list(CHECKS))
+def test_notebook_solution_passes(name, solutions, capsys):
+    CHECKS[name](solutions[name])
+    assert capsys.readouterr().out.startswith("✓ Exercise 1.")
+
+
+@pytest.mark.parametrize("name", list(CHECKS))
+def test_student_stub_fails_with_not_implemented(name, stubs):
+    with pytest.raises(AssertionError, match="not implemented yet"):
+        CHECKS[name](stubs[name])
+
+
+def test_reference_helpers_agree_with_minimind_ref():
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    w = torch.rand(64) + 0.5
+    norm = mm.RMSNorm(64)
+    with torch.no_grad():
+        norm.weight.copy_(w)
+    torch.testing.assert_close(ch01.reference_rms_norm(x, w), norm(x), rtol=0, atol=0)
+    assert ch01.reference_rms_norm(x, w).dtype == torch.float32  # bf16 x, fp32 weight -> fp32
+    model = mm.MiniMindForCausalLM(mm.minimind2_small(vocab_size=64, max_position_embeddings=64))
+    assert ch01.count_rmsnorm_modules(model) == 2 * 8 + 1
+
+
+# --------------------------------------------------------------------------- wrong rms_norm
+def rms_ok(x, w, eps=1e-5):
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def rms_no_eps(x, w, eps=1e-5):
+    return w * x / x.pow(2).mean(-1, keepdim=True).sqrt()
+
+
+def rms_eps_outside(x, w, eps=1e-5):
+    return w * x / (x.pow(2).mean(-1, keepdim=True).sqrt() + eps)
+
+
+def rms_ignores_eps_argument(x, w, eps=1e-5):
+    return rms_ok(x, w, 1e-5)
+
+
+def rms_centred(x, w, eps=1e-5):  # LayerNorm without bias, not RMSNorm
+    xc = x - x.mean(-1, keepdim=True)
+    return w * xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def rms_sum_not_mean(x, w, eps=1e-5):
+    return w * x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps)
+
+
+def rms_wrong_dim(x, w, eps=1e-5):
+    return w * x * torch.rsqrt(x.pow(2).mean(0, keepdim=True) + eps)
+
+
+def rms_no_weight(x, w, eps=1e-5):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def rms_no_keepdim(x, w, eps=1e-5):
+    return w * x * torch.rsqrt(x.pow(2).mean(-1) + eps)
+
+
+def rms_always_fp32(x, w, eps=1e-5):
+    return rms_ok(x.float(), w.float(), eps)
+
+
+def rms_in_place(x, w, eps=1e-5):
+    return x.mul_(torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).mul_(w)
+
+
+def rms_no_default_eps(x, w, eps):
+    return rms_ok(x, w, eps)
+
+
+def rms_returns_numpy(x, w, eps=1e-5):
+    return rms_ok(x, w, eps).numpy()
+
+
+@pytest.mark.parametrize("fn, message", [
+    (rms_no_eps, "values differ"),
+    (rms_eps_outside, "tiny activations"),
+    (rms_ignores_eps_argument, "eps=0.1"),
+    (rms_centred, "values differ"),
+    (rms_sum_not_mean, "values differ"),
+    (rms_wrong_dim, "values differ"),
+    (rms_no_weight, "values differ"),
+    (rms_no_keepdim, "raised RuntimeError"),
+    (rms_always_fp32, "dtype mismatch"),
+    (rms_in_place, "in place"),
+    (rms_no_default_eps, "raised TypeError"),
+    (rms_returns_numpy, "expected a torch.Tensor"),
+])
+def test_rms_norm_rejects(fn, message):
+    with pytest.raises(AssertionError, match=message) as info:
+        ch01.check_rms_norm(fn)
+    assert "Exercise 1.1" in str(info.value)
+
+
+def test_rms_norm_failure_message_is_actionable():
+    with pytest.raises(AssertionError) as info:
+        ch01.check_rms_norm(rms_eps_outside)
+    text = str(info.value)
+    assert "expected" in text and "got" in text and "hint:" in text and "INSIDE the square root" in text
+
+
+# --------------------------------------------------------------------------- wrong layer_norm
+def ln_ok(x, w, b, eps=1e-5):
+    mean = x.mean(-1, keepdim=True)
+    var = (x - mean).pow(2).mean(-1, keepdim=True)
+    return (x - mean) / torch.sqrt(var + eps) * w + b
+
+
+def ln_unbiased(x, w, b, eps=1e-5):
+    mean = x.mean(-1, keepdim=True)
+    return (x - mean) / torch.sqrt(x.var(-1, keepdim=True) + eps) * w + b
+
+
+def ln_no_centring(x, w, b, eps=1e-5):
+    return rms_ok(x, w, eps) + b
+
+
+def ln_no_bias(x, w, b, eps=1e-5):
+    return ln_ok(x, w, b, eps) - b
+
+
+def ln_eps_outside(x, w, b, eps=1e-5):
+    mean = x.mean(-1, keepdim=True)
+    return (x - mean) / (x.std(-1, unbiased=False, keepdim=True) + eps) * w + b
+
+
+def ln_bias_before_scale(x, w, b, eps=1e-5):
+    return (ln_ok(x, torch.ones_like(w), b, eps)) * w
+
+
+def ln_ignores_eps_argument(x, w, b, eps=1e-5):
+    return ln_ok(x, w, b, 1e-5)
+
+
+@pytest.mark.parametrize("fn, message", [
+    (ln_unbiased, "values differ"),
+    (ln_no_centring, "values differ"),
+    (ln_no_bias, "values differ"),
+    (ln_eps_outside, "tiny activations"),
+    (ln_bias_before_scale, "values differ"),
+    (ln_ignores_eps_argument, "eps=0.1"),
+])
+def test_layer_norm_rejects(fn, message):
+    with pytest.raises(AssertionError, match=message) as info:
+        ch01.check_layer_norm(fn)
+    assert "Exercise 1.2" in str(info.value) and "hint:" in str(info.value)
+
+
+def test_layer_norm_accepts_torch_var_unbiased_false():
+    def ln_var(x, w, b, eps=1e-5):
+        mean = x.mean(-1, keepdim=True)
+        return (x - mean) * torch.rsqrt(x.var(-1, unbiased=False, keepdim=True) + eps) * w + b
+    ch01.check_layer_norm(ln_var)
+
+
+# --------------------------------------------------------------------------- wrong rms_norm_safe
+def safe_ok(x, w, eps=1e-5):
+    xf = x.float()
+    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).type_as(x)
+
+
+def safe_cast_after_weight(x, w, eps=1e-5):  # returns x.dtype even with an fp32 weight
+    xf = x.float()
+    return (w.float() * xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def safe_never_casts_back(x, w, eps=1e-5):  # fp32 statistics, but no rounding to x.dtype
+    xf = x.float()
+    return (w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps))).to(torch.promote_types(x.dtype, w.dtype))
+
+
+def safe_fp32_output(x, w, eps=1e-5):
+    xf = x.float()
+    return w.float() * xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def safe_prescaled_but_wrong_eps(x, w, eps=1e-5):  # divides by max|x| first but forgets to rescale eps
+    s = x.abs().amax(-1, keepdim=True).clamp_min(1)
+    xs = x / s
+    return w * (xs * torch.rsqrt(xs.pow(2).mean(-1, keepdim=True) + eps))
+
+
+@pytest.mark.parametrize("fn, message", [
+    (rms_ok, "all zeros"),                       # Exercise 1.1's formula in fp16: squares overflow
+    (safe_cast_after_weight, "dtype mismatch"),
+    (safe_never_casts_back, "values differ"),
+    (safe_fp32_output, "dtype mismatch"),
+    (safe_prescaled_but_wrong_eps, "values differ"),
+])
+def test_fp16_safe_rms_norm_rejects(fn, message):
+    with pytest.raises(AssertionError, match=message) as info:
+        ch01.check_fp16_safe_rms_norm(fn)
+    assert "Exercise 1.3" in str(info.value) and "hint:" in str(info.value)
+
+
+def test_fp16_overflow_message_names_the_cause():
+    with pytest.raises(AssertionError) as info:
+        ch01.check_fp16_safe_rms_norm(rms_ok)
+    assert "65504" in str(info.value) and "float32" in str(info.value)
+
+
+def test_fp16_safe_accepts_to_dtype_spelling():
+    def safe_to(x, w, eps=1e-5):
+        xf = x.to(torch.float32)
+        normed = xf / torch.sqrt(xf.square().mean(-1, keepdim=True) + eps)
+        return w * normed.to(x.dtype)
+    ch01.check_fp16_safe_rms_norm(safe_to)
+
+
+# --------------------------------------------------------------------------- wrong counts
+def count_ok(model):
+    return sum(isinstance(m, mm.RMSNorm) for m in model.modules())
+
+
+@pytest.mark.parametrize("fn, message", [
+    (lambda model: 17, "expected 7"),                                         # hard-coded MiniMind2-Small
+    (lambda model: 16, "expected 17"),                                        # forgot the final norm
+    (lambda model: 2 * model.config.num_hidden_layers, "expected 17"),        # same, computed
+    (lambda model: sum(isinstance(m, nn.RMSNorm) for m in model.modules()), "expected 17 RMSNorm modules, got 0"),
+    (lambda model: sum(isinstance(m, nn.LayerNorm) for m in model.modules()), "expected 17 RMSNorm modules, got 0"),
+    (lambda model: len(list(model.children())), "expected 17"),               # top level only
+    (lambda model: float(count_ok(model)), "expected an int"),
+    (lambda model: str(count_ok(model)), "expected an int"),
+])
+def test_norm_count_rejects(fn, message):
+    with pytest.raises(AssertionError, match=message) as info:
+        ch01.check_norm_count(fn)
+    assert "Exercise 1.4" in str(info.value)
+
+
+def test_norm_count_accepts_a_tensor_scalar_and_named_modules():
+    ch01.check_norm_count(lambda model: torch.tensor(count_ok(model)))
+    ch01.check_norm_count(lambda model: len([n for n, m in model.named_modules() if type(m).__name__ == "RMSNorm"]))
+
+
+def test_check_errors_are_exercise_errors():
+    with pytest.raises(ExerciseError):
+        ch01.check_rms_norm(rms_no_eps)

@@ -1,0 +1,277 @@
+"""Chapter 02 checks: the reference passes, stubs and typical mistakes fail with a clear message."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minimind_ref import rope
+from minimind_ref.checks import ch02
+from minimind_ref.checks.core import ExerciseError
+from minimind_ref.config import YARN_ROPE_SCALING
+
+
+def stub(*args, **kwargs):
+    raise NotImplementedError("Exercise 2.x: implement me")
+
+
+# --------------------------------------------------------------------------- wrong versions
+def rotate_half_wrong_sign(x):
+    half = x.shape[-1] // 2
+    return torch.cat((x[..., half:], -x[..., :half]), dim=-1)
+
+
+def rotate_half_no_sign(x):
+    half = x.shape[-1] // 2
+    return torch.cat((x[..., half:], x[..., :half]), dim=-1)
+
+
+def rotate_half_interleaved(x):
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((-x2, x1), dim=-1).flatten(-2)
+
+
+def rotate_half_in_place(x):
+    out = rope.rotate_half(x)
+    x.zero_()
+    return out
+
+
+def freqs_ok(dim, base):
+    return 1.0 / (base ** (torch.arange(0, dim, 2)[: dim // 2].float() / dim))
+
+
+def tables_from(freqs, end, interleave=False):
+    angles = torch.outer(torch.arange(end).float(), freqs)
+    if interleave:
+        return torch.cos(angles).repeat_interleave(2, -1), torch.sin(angles).repeat_interleave(2, -1)
+    return torch.cat([torch.cos(angles)] * 2, -1), torch.cat([torch.sin(angles)] * 2, -1)
+
+
+def precompute_ok(dim, end, base):
+    return tables_from(freqs_ok(dim, base), end)
+
+
+def precompute_other_formula(dim, end, base):
+    # base ** (-2i/dim) computed another way: equal up to fp32 rounding, must pass.
+    freqs = torch.exp(-torch.arange(0, dim, 2).float() / dim * torch.log(torch.tensor(float(base))))
+    return tables_from(freqs, end)
+
+
+def precompute_exponent_i_over_dim(dim, end, base):
+    return tables_from(1.0 / (base ** (torch.arange(0, dim // 2).float() / dim)), end)
+
+
+def precompute_exponent_dim(dim, end, base):
+    return tables_from(1.0 / (base ** (torch.arange(0, dim // 2).float() * dim)), end)
+
+
+def precompute_interleaved(dim, end, base):
+    return tables_from(freqs_ok(dim, base), end, interleave=True)
+
+
+def precompute_half_width(dim, end, base):
+    angles = torch.outer(torch.arange(end).float(), freqs_ok(dim, base))
+    return torch.cos(angles), torch.sin(angles)
+
+
+def precompute_swapped(dim, end, base):
+    cos, sin = precompute_ok(dim, end, base)
+    return sin, cos
+
+
+def precompute_off_by_one(dim, end, base):
+    angles = torch.outer(torch.arange(1, end + 1).float(), freqs_ok(dim, base))
+    return torch.cat([torch.cos(angles)] * 2, -1), torch.cat([torch.sin(angles)] * 2, -1)
+
+
+def precompute_float64(dim, end, base):
+    cos, sin = precompute_ok(dim, end, base)
+    return cos.double(), sin.double()
+
+
+def apply_ok_low_precision(q, k, cos, sin):
+    # computes in q's dtype (bf16 tables): a legitimate variant, must pass.
+    cos, sin = cos.unsqueeze(1).to(q.dtype), sin.unsqueeze(1).to(q.dtype)
+    return q * cos + rope.rotate_half(q) * sin, k * cos + rope.rotate_half(k) * sin
+
+
+def apply_minus(q, k, cos, sin):
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return ((q * cos - rope.rotate_half(q) * sin).to(q.dtype), (k * cos - rope.rotate_half(k) * sin).to(k.dtype))
+
+
+def apply_interleaved(q, k, cos, sin):
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return ((q * cos + rotate_half_interleaved(q) * sin).to(q.dtype),
+            (k * cos + rotate_half_interleaved(k) * sin).to(k.dtype))
+
+
+def apply_q_only(q, k, cos, sin):
+    q2, _ = rope.apply_rotary_pos_emb(q, k, cos, sin)
+    return q2, k
+
+
+def apply_no_cast(q, k, cos, sin):
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return q * cos + rope.rotate_half(q) * sin, k * cos + rope.rotate_half(k) * sin
+
+
+def apply_first_row_only(q, k, cos, sin):
+    # every token rotated by the first row's angles (positions ignored within the chunk)
+    return rope.apply_rotary_pos_emb(q, k, cos[:1].expand_as(cos), sin[:1].expand_as(sin))
+
+
+def apply_unsqueeze_0(q, k, cos, sin):
+    # broadcasting over the wrong axis: crashes (or silently misaligns) instead of covering the heads
+    return rope.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=0)
+
+
+def yarn_ok(dim, end, base, scaling):
+    return ch02.reference_yarn_frequencies(dim, end, base, scaling)
+
+
+def yarn_always(dim, end, base, scaling):
+    freqs = freqs_ok(dim, base)
+    if scaling is None:
+        return freqs
+    ramp = rope.yarn_ramp(dim, base, scaling["original_max_position_embeddings"], scaling["beta_fast"], scaling["beta_slow"])
+    return freqs * (1 - ramp + ramp / scaling["factor"])
+
+
+def yarn_ge(dim, end, base, scaling):
+    # applies when end >= original_max (upstream needs end / original_max > 1)
+    if scaling is not None and end == scaling["original_max_position_embeddings"]:
+        return yarn_always(dim, end, base, scaling)
+    return yarn_ok(dim, end, base, scaling)
+
+
+def yarn_inverted_ramp(dim, end, base, scaling):
+    freqs = freqs_ok(dim, base)
+    if scaling is None or end <= scaling["original_max_position_embeddings"]:
+        return freqs
+    ramp = rope.yarn_ramp(dim, base, scaling["original_max_position_embeddings"], scaling["beta_fast"], scaling["beta_slow"])
+    return freqs * (ramp + (1 - ramp) / scaling["factor"])
+
+
+def yarn_uniform(dim, end, base, scaling):
+    freqs = freqs_ok(dim, base)
+    if scaling is None or end <= scaling["original_max_position_embeddings"]:
+        return freqs
+    return freqs / scaling["factor"]
+
+
+def yarn_never(dim, end, base, scaling):
+    return freqs_ok(dim, base)
+
+
+def yarn_multiplies(dim, end, base, scaling):
+    freqs = freqs_ok(dim, base)
+    if scaling is None or end <= scaling["original_max_position_embeddings"]:
+        return freqs
+    ramp = rope.yarn_ramp(dim, base, scaling["original_max_position_embeddings"], scaling["beta_fast"], scaling["beta_slow"])
+    return freqs * (1 - ramp + ramp * scaling["factor"])
+
+
+def yarn_hard_coded_defaults(dim, end, base, scaling):
+    # ignores the dict's values and always uses MiniMind's defaults
+    return yarn_ok(dim, end, base, None if scaling is None else dict(YARN_ROPE_SCALING))
+
+
+# --------------------------------------------------------------------------- tests
+CHECKS = {
+    "rotate_half": (ch02.check_rotate_half, rope.rotate_half),
+    "precompute": (ch02.check_precompute_freqs_cis, precompute_ok),
+    "apply": (ch02.check_apply_rotary_pos_emb, rope.apply_rotary_pos_emb),
+    "yarn": (ch02.check_yarn_frequencies, yarn_ok),
+}
+
+
+@pytest.mark.parametrize("key", sorted(CHECKS))
+def test_reference_passes(key, capsys):
+    check_fn, good = CHECKS[key]
+    check_fn(good)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+@pytest.mark.parametrize("key", sorted(CHECKS))
+def test_stub_fails_with_not_implemented(key):
+    check_fn, _ = CHECKS[key]
+    with pytest.raises(AssertionError, match="not implemented yet"):
+        check_fn(stub)
+
+
+@pytest.mark.parametrize("good", [precompute_other_formula])
+def test_equivalent_precompute_passes(good):
+    ch02.check_precompute_freqs_cis(good)
+
+
+def test_apply_in_low_precision_passes():
+    ch02.check_apply_rotary_pos_emb(apply_ok_low_precision)
+
+
+@pytest.mark.parametrize(
+    "check_fn, wrong",
+    [
+        (ch02.check_rotate_half, rotate_half_wrong_sign),
+        (ch02.check_rotate_half, rotate_half_no_sign),
+        (ch02.check_rotate_half, rotate_half_interleaved),
+        (ch02.check_rotate_half, rotate_half_in_place),
+        (ch02.check_rotate_half, lambda x: x),
+        (ch02.check_precompute_freqs_cis, precompute_exponent_i_over_dim),
+        (ch02.check_precompute_freqs_cis, precompute_exponent_dim),
+        (ch02.check_precompute_freqs_cis, precompute_interleaved),
+        (ch02.check_precompute_freqs_cis, precompute_half_width),
+        (ch02.check_precompute_freqs_cis, precompute_swapped),
+        (ch02.check_precompute_freqs_cis, precompute_off_by_one),
+        (ch02.check_precompute_freqs_cis, precompute_float64),
+        (ch02.check_precompute_freqs_cis, lambda dim, end, base: precompute_ok(dim, end, base)[0]),
+        (ch02.check_apply_rotary_pos_emb, apply_minus),
+        (ch02.check_apply_rotary_pos_emb, apply_interleaved),
+        (ch02.check_apply_rotary_pos_emb, apply_q_only),
+        (ch02.check_apply_rotary_pos_emb, apply_no_cast),
+        (ch02.check_apply_rotary_pos_emb, apply_first_row_only),
+        (ch02.check_apply_rotary_pos_emb, apply_unsqueeze_0),
+        (ch02.check_yarn_frequencies, yarn_always),
+        (ch02.check_yarn_frequencies, yarn_ge),
+        (ch02.check_yarn_frequencies, yarn_inverted_ramp),
+        (ch02.check_yarn_frequencies, yarn_uniform),
+        (ch02.check_yarn_frequencies, yarn_never),
+        (ch02.check_yarn_frequencies, yarn_multiplies),
+        (ch02.check_yarn_frequencies, yarn_hard_coded_defaults),
+    ],
+    ids=lambda f: getattr(f, "__name__", "fn"),
+)
+def test_wrong_versions_fail(check_fn, wrong, capsys):
+    with pytest.raises(AssertionError) as info:
+        check_fn(wrong)
+    assert isinstance(info.value, ExerciseError)
+    assert "✓" not in capsys.readouterr().out
+
+
+def test_wrong_version_message_names_expected_and_hint():
+    with pytest.raises(AssertionError) as info:
+        ch02.check_precompute_freqs_cis(precompute_exponent_i_over_dim)
+    msg = str(info.value)
+    assert "expected" in msg and "hint:" in msg and "2i / dim" in msg
+
+
+def test_crash_in_learner_code_is_reported():
+    def boom(x):
+        raise RuntimeError("shape mismatch somewhere")
+
+    with pytest.raises(AssertionError, match="raised RuntimeError"):
+        ch02.check_rotate_half(boom)
+
+
+@pytest.mark.parametrize("end", [1000, 2048, 2049, 32768])
+@pytest.mark.parametrize("scaling", [None, dict(YARN_ROPE_SCALING),
+                                     {"factor": 4, "original_max_position_embeddings": 1024, "beta_fast": 16,
+                                      "beta_slow": 2, "attention_factor": 1.0}])
+def test_reference_yarn_frequencies_build_the_reference_tables(end, scaling):
+    """The check's expected frequencies are exactly the ones inside rope.precompute_freqs_cis."""
+    freqs = ch02.reference_yarn_frequencies(64, end, 1e6, scaling)
+    angles = torch.outer(torch.arange(end, dtype=torch.float32), freqs)
+    cos, sin = rope.precompute_freqs_cis(64, end, 1e6, scaling)
+    assert torch.equal(cos, torch.cat([torch.cos(angles)] * 2, -1))
+    assert torch.equal(sin, torch.cat([torch.sin(angles)] * 2, -1))
