@@ -13,23 +13,29 @@ from .common import sync, timeit
 
 
 class SyncCounter:
-    """Counts device->host transfers made through ``Tensor.cpu``, ``.item`` and ``.tolist`` and
-    Python ``bool``/``int`` conversions of tensors (the ways a dispatch can block on the device)."""
+    """Counts the points where the host would wait for the device: ``Tensor.cpu``, ``.item``,
+    ``.tolist`` and Python ``bool``/``int``/``index`` conversions of tensors. Reading a tensor that
+    an earlier ``.cpu()`` already brought to the host is not counted again."""
 
     NAMES = ("cpu", "item", "tolist", "__bool__", "__int__", "__index__")
 
     def __init__(self) -> None:
         self.count = 0
         self._saved = {}
+        self._on_host = set()
 
     def __enter__(self) -> "SyncCounter":
         for name in self.NAMES:
             original = getattr(torch.Tensor, name)
             self._saved[name] = original
 
-            def wrapper(t, *a, _orig=original, **k):
-                self.count += 1
-                return _orig(t, *a, **k)
+            def wrapper(t, *a, _orig=original, _name=name, **k):
+                if id(t) not in self._on_host:
+                    self.count += 1
+                out = _orig(t, *a, **k)
+                if _name == "cpu":
+                    self._on_host.add(id(out))
+                return out
 
             setattr(torch.Tensor, name, wrapper)
         return self

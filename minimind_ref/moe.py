@@ -136,11 +136,15 @@ class MOEFeedForward(nn.Module):
     def moe_infer(self, x: torch.Tensor, flat_expert_indices: torch.Tensor, flat_expert_weights: torch.Tensor) -> torch.Tensor:
         """Inference dispatch. ``x`` ``[n, hidden]``; indices ``[n*k]``; weights ``[n*k, 1]``.
 
-        One host synchronization per call (the per-expert slot counts).
+        Exactly one host synchronization per call: the per-expert slot counts are computed on the
+        device (a scatter-add, unlike ``bincount`` which must first read the largest index back to
+        size its output) and copied to the host once, to slice the sorted slots.
         """
         expert_cache = torch.zeros_like(x)
         order = flat_expert_indices.argsort()
-        ends = flat_expert_indices.bincount(minlength=len(self.experts)).cpu().numpy().cumsum(0)
+        counts = torch.zeros(len(self.experts), dtype=torch.long, device=x.device)
+        counts.scatter_add_(0, flat_expert_indices, torch.ones_like(flat_expert_indices))
+        ends = counts.cumsum(0).cpu().numpy()  # the one device -> host transfer
         token_of_slot = order // self.config.num_experts_per_tok
         for i, end in enumerate(ends):
             start = 0 if i == 0 else ends[i - 1]
