@@ -11,7 +11,8 @@ import minimind_ref as mm
 from .common import sync, timeit
 
 
-def compare(device: torch.device, prefill_len: int = 512, decode_tokens: int = 64, batches: List[int] = (1, 8)) -> Dict[str, object]:
+def compare(device: torch.device, prefill_len: int = 512, decode_tokens: int = 64, batches: List[int] = (1, 8),
+            prompt_lens: List[int] = (16, 512)) -> Dict[str, object]:
     from minimind_ref.hf import to_hf_llama
 
     torch.manual_seed(0)
@@ -37,8 +38,8 @@ def compare(device: torch.device, prefill_len: int = 512, decode_tokens: int = 6
                          "speedup": t_hf["median_s"] / t_ours["median_s"]}
 
     rows = []
-    for batch in batches:
-        prompt = torch.randint(0, 6400, (batch, 16), generator=gen).to(device)
+    for batch, prompt_len in [(b, p) for p in prompt_lens for b in batches]:
+        prompt = torch.randint(0, 6400, (batch, prompt_len), generator=gen).to(device)
         outs = {}
 
         def ours() -> None:
@@ -54,6 +55,7 @@ def compare(device: torch.device, prefill_len: int = 512, decode_tokens: int = 6
         b = timeit(theirs, repeats=3)
         rows.append({
             "batch": batch,
+            "prompt_tokens": prompt_len,
             "new_tokens": decode_tokens,
             "ours_tok_s": batch * decode_tokens / a["median_s"],
             "hf_tok_s": batch * decode_tokens / b["median_s"],

@@ -35,10 +35,10 @@ def render(res: dict) -> str:
         lines += ["### 2. minimind_ref vs transformers `LlamaForCausalLM` (same weights, fp32)", "",
                   f"Prefill of {p['tokens']} tokens: minimind_ref {_f(p['ours_ms'])} ms, transformers {_f(p['hf_ms'])} ms "
                   f"(minimind_ref {_f(p['speedup'], 2)}x the speed); max abs logit difference {h['prefill_max_abs_diff']:.1e}.", "",
-                  "| batch | new tokens | minimind_ref tok/s | transformers tok/s | minimind_ref speed | identical tokens |",
-                  "| ---: | ---: | ---: | ---: | ---: | :---: |"]
+                  "| batch | prompt tokens | new tokens | minimind_ref tok/s | transformers tok/s | minimind_ref speed | identical tokens |",
+                  "| ---: | ---: | ---: | ---: | ---: | ---: | :---: |"]
         for r in h["decode"]:
-            lines.append(f"| {r['batch']} | {r['new_tokens']} | {_f(r['ours_tok_s'])} | {_f(r['hf_tok_s'])} | "
+            lines.append(f"| {r['batch']} | {r['prompt_tokens']} | {r['new_tokens']} | {_f(r['ours_tok_s'])} | {_f(r['hf_tok_s'])} | "
                          f"{_f(r['speedup'], 2)}x | {'yes' if r['identical_tokens'] else 'NO'} |")
         lines.append("")
     if "moe" in res:

@@ -123,13 +123,24 @@ class Attention(nn.Module):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: int, attention_mask: Optional[torch.Tensor]
     ) -> torch.Tensor:
         """``softmax(q k^T / sqrt(d) + causal + padding) v`` written out. ``q`` [b, h, s, d]; ``k, v``
-        [b, t, n_kv, d] (cached + new); returns [b, h, s, d]."""
-        k = repeat_kv(k, self.n_rep).transpose(1, 2)  # [b, h, t, d]
-        v = repeat_kv(v, self.n_rep).transpose(1, 2)
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # [b, h, s, t]
-        causal = torch.triu(torch.full((seq_len, seq_len), float("-inf"), device=scores.device), diagonal=1)
-        scores[:, :, :, -seq_len:] += causal  # new token i may not see new tokens after i
+        [b, t, n_kv, d] (cached + new); returns [b, h, s, d].
+
+        The ``n_rep`` query heads of a group share one K/V head, so instead of repeating K and V
+        (``repeat_kv``) we stack each group's queries as extra rows: one matmul per KV head gives
+        the same scores without copying the cache ``n_rep`` times.
+        """
+        batch, n_heads, _, head_dim = q.shape
+        t = k.shape[1]
+        q_groups = q.reshape(batch, self.n_kv_heads, self.n_rep * seq_len, head_dim)
+        k = k.transpose(1, 2)  # [b, n_kv, t, d]
+        v = v.transpose(1, 2)
+        scores = (q_groups @ k.transpose(-2, -1)) / math.sqrt(head_dim)
+        scores = scores.view(batch, n_heads, seq_len, t)  # [b, h, s, t]
+        if seq_len > 1:  # new token i may not see new tokens after i (a single token sees everything)
+            causal = torch.triu(torch.full((seq_len, seq_len), float("-inf"), device=scores.device), diagonal=1)
+            scores[:, :, :, -seq_len:] += causal
         if attention_mask is not None:
             scores = scores + (1.0 - attention_mask.unsqueeze(1).unsqueeze(2)) * -1e9
-        weights = F.softmax(scores.float(), dim=-1).type_as(q)
-        return self.attn_dropout(weights) @ v
+        weights = self.attn_dropout(F.softmax(scores.float(), dim=-1).type_as(q))
+        out = weights.view(batch, self.n_kv_heads, self.n_rep * seq_len, t) @ v
+        return out.view(batch, n_heads, seq_len, head_dim)

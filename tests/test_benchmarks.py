@@ -29,7 +29,7 @@ def test_render_covers_every_section():
         "date": "2026-01-01",
         "decode": [{"new_tokens": 128, "cached_tok_s": 100.0, "uncached_tok_s": 10.0, "speedup": 10.0}],
         "hf": {"prefill_max_abs_diff": 1e-6, "prefill": {"tokens": 512, "ours_ms": 10, "hf_ms": 12, "speedup": 1.2},
-               "decode": [{"batch": 1, "new_tokens": 64, "ours_tok_s": 1, "hf_tok_s": 1, "speedup": 1.0, "identical_tokens": True}]},
+               "decode": [{"batch": 1, "prompt_tokens": 16, "new_tokens": 64, "ours_tok_s": 1, "hf_tok_s": 1, "speedup": 1.0, "identical_tokens": True}]},
         "moe": {"tokens": 1024, "dispatch_ms": 1, "training_path_ms": 2, "dense_equal_active_ms": 1,
                 "dispatch_vs_training": 2, "dispatch_vs_dense": 1, "host_syncs_per_layer": 1},
         "norm": [{"module": "m", "forward_ms": 1, "fwd_bwd_ms": 2, "forward_speed_vs_ours": 1, "fwd_bwd_speed_vs_ours": 1}],
