@@ -11,9 +11,14 @@ module             what                                        chapter
 ``ffn``            FeedForward (SwiGLU)                        04
 ``model``          MiniMindBlock, MiniMindModel, ...ForCausalLM 05
 ``generation``     generate, sampling filters                  06
+``cache``          KV-cache format, preallocated GrowingKV      06
 ``moe``            MoEGate, MOEFeedForward, aux losses          07
 ``params``         count_parameters, parameter_breakdown       05
 ``checkpoint``     save_checkpoint, load_checkpoint            05, 08
+``data``           generated corpus, packed datasets           08
+``tokenizer``      BPE from scratch and with ``tokenizers``    08
+``train``          training loop (``python -m``, torchrun)     08
+``hf``             to/from transformers' Llama (extra ``hf``)  perf.
 ``checks``         exercise checks                             all
 =================  ==========================================  =========
 """

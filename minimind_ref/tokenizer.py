@@ -1,0 +1,130 @@
+"""Byte-level BPE tokenizers: a from-scratch merge step, and training/loading with ``tokenizers``.
+
+MiniMind trains its 6,400-token vocabulary with the Hugging Face ``tokenizers`` library
+(upstream's ``train_tokenizer.py``): a ``BPE`` model, a ``ByteLevel`` pre-tokenizer (so
+any text, any language, maps onto 256 byte symbols and nothing is ever "unknown"), a
+``ByteLevel`` decoder, and three special tokens with fixed ids::
+
+    0 <|endoftext|>   padding / end of text
+    1 <|im_start|>    beginning of a message (MiniMindConfig.bos_token_id)
+    2 <|im_end|>      end of a message       (MiniMindConfig.eos_token_id)
+
+``train_bpe_tokenizer`` does the same on any iterable of strings. One option upstream does not
+use: ``split_digits=True`` makes every digit its own pre-token (as LLaMA and Qwen do), so numbers
+are spelled digit by digit and arithmetic stays learnable by a small model.
+
+The from-scratch half (``pair_counts``, ``merge_pair``, ``learn_merges``) is what one BPE
+training step does, on plain lists of integers, for the chapter's illustration.
+
+Needs the optional dependency ``tokenizers`` (``pip install minimind-ref[train]``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from typing import Dict, Iterable, List, Sequence, Tuple, Union
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+# ---------------------------------------------------------------------- BPE from scratch
+def pair_counts(ids: Sequence[int]) -> Counter:
+    """How often every adjacent pair ``(ids[i], ids[i+1])`` occurs."""
+    return Counter(zip(ids, ids[1:]))
+
+
+def merge_pair(ids: Sequence[int], pair: Tuple[int, int], new_id: int) -> List[int]:
+    """Replace every non-overlapping occurrence of ``pair``, scanning left to right, by ``new_id``.
+
+    ``merge_pair([5, 5, 5], (5, 5), 9) == [9, 5]``: the first two are merged, the third is left.
+    """
+    out: List[int] = []
+    i = 0
+    while i < len(ids):
+        if i + 1 < len(ids) and ids[i] == pair[0] and ids[i + 1] == pair[1]:
+            out.append(new_id)
+            i += 2
+        else:
+            out.append(ids[i])
+            i += 1
+    return out
+
+
+def learn_merges(text: str, num_merges: int) -> Tuple[List[int], Dict[Tuple[int, int], int]]:
+    """Byte-level BPE training in its simplest form: start from the UTF-8 bytes of ``text`` and
+    merge the most frequent pair ``num_merges`` times (new ids 256, 257, ...). Ties go to the pair
+    seen first. Returns the final ids and the merges in order."""
+    ids = list(text.encode("utf-8"))
+    merges: Dict[Tuple[int, int], int] = {}
+    for k in range(num_merges):
+        counts = pair_counts(ids)
+        if not counts:
+            break
+        best = max(counts, key=counts.get)  # Counter keeps insertion order: ties -> first seen
+        if counts[best] < 2:
+            break
+        merges[best] = 256 + k
+        ids = merge_pair(ids, best, 256 + k)
+    return ids, merges
+
+
+# ---------------------------------------------------------------------- the tokenizers library
+def _require_tokenizers():
+    try:
+        import tokenizers  # noqa: F401
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "training a tokenizer needs the 'tokenizers' package: pip install 'minimind-ref[train]' "
+            "(or pip install tokenizers)."
+        ) from err
+    return tokenizers
+
+
+def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 1024, split_digits: bool = True, min_frequency: int = 2):
+    """Train a byte-level BPE tokenizer the way MiniMind does, on any iterable of strings.
+
+    ``vocab_size`` counts everything: the 3 special tokens, the 256 byte symbols and the merges
+    (a small corpus may stop earlier: there are only so many pairs worth merging). Returns a
+    ``tokenizers.Tokenizer``.
+    """
+    tk = _require_tokenizers()
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    if vocab_size < len(SPECIAL_TOKENS) + 256:
+        raise ValueError(f"vocab_size must be at least {len(SPECIAL_TOKENS) + 256} (specials + 256 bytes), got {vocab_size}.")
+    tokenizer = tk.Tokenizer(models.BPE())
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if split_digits:
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    else:
+        tokenizer.pre_tokenizer = byte_level
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    for i, tok in enumerate(SPECIAL_TOKENS):
+        assert tokenizer.token_to_id(tok) == i, f"special token {tok} should have id {i}"
+    return tokenizer
+
+
+def save_tokenizer(tokenizer, path: PathLike) -> None:
+    """Write ``tokenizer.json`` (one file holds vocabulary, merges, pre-tokenizer and decoder)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tokenizer.save(str(path))
+
+
+def load_tokenizer(path: PathLike):
+    """Read a ``tokenizer.json`` written by ``save_tokenizer`` (or by upstream MiniMind)."""
+    tk = _require_tokenizers()
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no tokenizer at {path!s}; train one with train_bpe_tokenizer and save_tokenizer.")
+    return tk.Tokenizer.from_file(str(path))

@@ -1,0 +1,196 @@
+"""Chapter 08 checks accept the reference and reject stubs and typical mistakes."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minimind_ref.checks import ch08
+from minimind_ref.checks.core import ExerciseError
+from minimind_ref.tokenizer import merge_pair
+from minimind_ref.train import causal_lm_loss, lr_at, train_step
+
+
+def stub(*args, **kwargs):
+    raise NotImplementedError("Exercise 8.x: stub")
+
+
+# ---------------------------------------------------------------------- 8.1
+def test_merge_pair_reference_passes(capsys):
+    ch08.check_merge_pair(merge_pair)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def merge_overlapping(ids, pair, new_id):  # merges overlapping occurrences: [5,5,5] -> [9,9]
+    out = []
+    for i in range(len(ids)):
+        if i + 1 < len(ids) and (ids[i], ids[i + 1]) == pair:
+            out.append(new_id)
+        elif not (i > 0 and (ids[i - 1], ids[i]) == pair):
+            out.append(ids[i])
+    return out
+
+
+def merge_first_only(ids, pair, new_id):
+    for i in range(len(ids) - 1):
+        if (ids[i], ids[i + 1]) == pair:
+            return list(ids[:i]) + [new_id] + list(ids[i + 2 :])
+    return list(ids)
+
+
+@pytest.mark.parametrize("wrong", [stub, merge_overlapping, merge_first_only, lambda ids, pair, new_id: None])
+def test_merge_pair_rejects(wrong):
+    with pytest.raises(ExerciseError):
+        ch08.check_merge_pair(wrong)
+
+
+# ---------------------------------------------------------------------- 8.2
+def test_causal_lm_loss_reference_passes(capsys):
+    ch08.check_causal_lm_loss(causal_lm_loss)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def loss_no_shift(logits, ids, mask):
+    labels = ids.masked_fill(mask == 0, -100)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+
+
+def loss_padding_counted(logits, ids, mask):
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+
+
+def loss_mask_on_inputs(logits, ids, mask):  # masks the predicting position instead of the target
+    labels = ids[:, 1:].masked_fill(mask[:, :-1] == 0, -100)
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+
+
+def loss_mean_over_all(logits, ids, mask):  # zeroes padded terms but divides by every position
+    per = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none")
+    return (per * mask[:, 1:].reshape(-1)).sum() / per.numel()
+
+
+def loss_per_token(logits, ids, mask):
+    labels = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="none")
+
+
+@pytest.mark.parametrize("wrong", [stub, loss_no_shift, loss_padding_counted, loss_mask_on_inputs, loss_mean_over_all, loss_per_token])
+def test_causal_lm_loss_rejects(wrong):
+    with pytest.raises(ExerciseError):
+        ch08.check_causal_lm_loss(wrong)
+
+
+# ---------------------------------------------------------------------- 8.3
+def test_lr_at_reference_passes(capsys):
+    ch08.check_lr_at(lr_at)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def lr_warmup_from_zero(step, max_steps, warmup, hi, lo):
+    if step < warmup:
+        return hi * step / warmup
+    return lr_at(step, max_steps, warmup, hi, lo)
+
+
+def lr_no_floor(step, max_steps, warmup, hi, lo):
+    if step < warmup:
+        return hi * (step + 1) / warmup
+    p = min(1.0, (step - warmup) / max(1, max_steps - warmup))
+    return 0.5 * hi * (1 + math.cos(math.pi * p))
+
+
+def lr_not_capped(step, max_steps, warmup, hi, lo):
+    if step < warmup:
+        return hi * (step + 1) / warmup
+    p = (step - warmup) / max(1, max_steps - warmup)
+    return lo + 0.5 * (hi - lo) * (1 + math.cos(math.pi * p))
+
+
+def lr_cosine_over_all_steps(step, max_steps, warmup, hi, lo):  # ignores the warmup offset in the cosine
+    if step < warmup:
+        return hi * (step + 1) / warmup
+    p = min(1.0, step / max_steps)
+    return lo + 0.5 * (hi - lo) * (1 + math.cos(math.pi * p))
+
+
+@pytest.mark.parametrize("wrong", [stub, lr_warmup_from_zero, lr_no_floor, lr_not_capped, lr_cosine_over_all_steps,
+                                   lambda *a: None])
+def test_lr_at_rejects(wrong):
+    with pytest.raises(ExerciseError):
+        ch08.check_lr_at(wrong)
+
+
+# ---------------------------------------------------------------------- 8.4
+def step_reference(model, optimizer, x, y, max_norm):
+    return float(train_step(model, optimizer, x, y, max_norm)["loss"])
+
+
+def step_tensor_loss(model, optimizer, x, y, max_norm):
+    return train_step(model, optimizer, x, y, max_norm)["loss"]
+
+
+def test_training_step_reference_passes(capsys):
+    ch08.check_training_step(step_reference)
+    ch08.check_training_step(step_tensor_loss)
+    assert capsys.readouterr().out.count("✓") == 2
+
+
+def step_no_clip(model, optimizer, x, y, max_norm):
+    out = model(x, labels=y)
+    (out.loss + out.aux_loss).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    return out.loss.item()
+
+
+def step_clip_after(model, optimizer, x, y, max_norm):
+    out = model(x, labels=y)
+    (out.loss + out.aux_loss).backward()
+    optimizer.step()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    optimizer.zero_grad()
+    return out.loss.item()
+
+
+def step_no_zero_grad(model, optimizer, x, y, max_norm):
+    out = model(x, labels=y)
+    (out.loss + out.aux_loss).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    optimizer.step()
+    return out.loss.item()
+
+
+def step_no_aux(model, optimizer, x, y, max_norm):
+    out = model(x, labels=y)
+    out.loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    optimizer.step()
+    optimizer.zero_grad()
+    return out.loss.item()
+
+
+def step_clip_value(model, optimizer, x, y, max_norm):  # clips each element, not the global norm
+    out = model(x, labels=y)
+    (out.loss + out.aux_loss).backward()
+    torch.nn.utils.clip_grad_value_(model.parameters(), max_norm)
+    optimizer.step()
+    optimizer.zero_grad()
+    return out.loss.item()
+
+
+def step_returns_total(model, optimizer, x, y, max_norm):  # returns CE + aux instead of CE
+    out = model(x, labels=y)
+    loss = out.loss + out.aux_loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    optimizer.step()
+    optimizer.zero_grad()
+    return loss.item()
+
+
+@pytest.mark.parametrize("wrong", [stub, step_no_clip, step_clip_after, step_no_zero_grad, step_no_aux, step_clip_value,
+                                   step_returns_total])
+def test_training_step_rejects(wrong):
+    with pytest.raises(ExerciseError):
+        ch08.check_training_step(wrong)
