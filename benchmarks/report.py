@@ -48,7 +48,7 @@ def render(res: dict) -> str:
                   f"| inference dispatch (`moe_infer`) | {_f(m['dispatch_ms'], 2)} |",
                   f"| training path (repeat tokens, loop over experts) | {_f(m['training_path_ms'], 2)} |",
                   f"| dense FFN of equal active width | {_f(m['dense_equal_active_ms'], 2)} |", "",
-                  f"Dispatch is {_f(m['dispatch_vs_training'], 2)}x faster than the training path and takes "
+                  f"The dispatch runs at {_f(m['dispatch_vs_training'], 2)}x the speed of the training path and takes "
                   f"{_f(m['dispatch_vs_dense'], 2)}x the time of the dense FFN. Host synchronizations per MoE layer call: "
                   f"**{m['host_syncs_per_layer']}**.", ""]
     if "norm" in res:
