@@ -41,6 +41,31 @@ def yarn_ramp(dim: int, rope_base: float, original_max: int, beta_fast: float, b
     return torch.clamp((torch.arange(dim // 2).float() - low) / max(high - low, 0.001), 0, 1)
 
 
+def scaled_frequencies(
+    dim: int,
+    end: int,
+    rope_base: float = 1e6,
+    rope_scaling: Optional[dict] = None,
+) -> Tuple[torch.Tensor, float]:
+    """The ``dim // 2`` frequencies a table of ``end`` positions uses, and the attention factor.
+
+    Without ``rope_scaling`` (a YaRN dict), or when ``end <= original_max_position_embeddings``,
+    these are the plain ``rope_frequencies`` and the factor is 1 (YaRN's ``attention_factor`` still
+    applies when a dict is given). Otherwise each frequency is scaled by
+    ``(1 - gamma) + gamma / factor`` with ``gamma = yarn_ramp(...)``.
+    """
+    freqs = rope_frequencies(dim, rope_base)
+    if rope_scaling is None:
+        return freqs, 1.0
+    orig_max = rope_scaling.get("original_max_position_embeddings", 2048)
+    factor = rope_scaling.get("factor", 16)
+    attn_factor = rope_scaling.get("attention_factor", 1.0)
+    if end / orig_max > 1.0:
+        ramp = yarn_ramp(dim, rope_base, orig_max, rope_scaling.get("beta_fast", 32.0), rope_scaling.get("beta_slow", 1.0))
+        freqs = freqs * (1 - ramp + ramp / factor)
+    return freqs, attn_factor
+
+
 def precompute_freqs_cis(
     dim: int,
     end: int = int(32 * 1024),
@@ -49,21 +74,11 @@ def precompute_freqs_cis(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Cos and sin tables for positions ``0 .. end-1``, each ``[end, dim]`` in fp32.
 
-    With ``rope_scaling`` (a YaRN dict) and ``end > original_max_position_embeddings``, the
-    frequencies are scaled by ``(1 - gamma) + gamma / factor`` and both tables are multiplied by
-    ``attention_factor``. The two halves of the last dimension are identical (half-split layout).
+    The frequencies come from ``scaled_frequencies`` (YaRN-scaled when asked and ``end`` exceeds
+    the original length); both tables are multiplied by its attention factor. The two halves of
+    the last dimension are identical (half-split layout).
     """
-    freqs = rope_frequencies(dim, rope_base)
-    attn_factor = 1.0
-    if rope_scaling is not None:
-        orig_max = rope_scaling.get("original_max_position_embeddings", 2048)
-        factor = rope_scaling.get("factor", 16)
-        beta_fast = rope_scaling.get("beta_fast", 32.0)
-        beta_slow = rope_scaling.get("beta_slow", 1.0)
-        attn_factor = rope_scaling.get("attention_factor", 1.0)
-        if end / orig_max > 1.0:
-            ramp = yarn_ramp(dim, rope_base, orig_max, beta_fast, beta_slow)
-            freqs = freqs * (1 - ramp + ramp / factor)
+    freqs, attn_factor = scaled_frequencies(dim, end, rope_base, rope_scaling)
     positions = torch.arange(end, device=freqs.device)
     angles = torch.outer(positions, freqs).float()  # [end, dim // 2]
     cos = torch.cat([torch.cos(angles), torch.cos(angles)], dim=-1) * attn_factor

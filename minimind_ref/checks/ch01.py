@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from ..config import MiniMindConfig, minimind2_small
 from ..model import MiniMindForCausalLM
 from ..norm import RMSNorm
-from .core import ExerciseError, call, check, check_close
+from .core import ExerciseError, call, check, check_close, seeded
 
 __all__ = [
     "check_rms_norm",
@@ -30,10 +30,6 @@ __all__ = [
     "reference_rms_norm",
     "count_rmsnorm_modules",
 ]
-
-
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def reference_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
@@ -59,16 +55,16 @@ def _cases_fp32() -> List[Tuple[str, torch.Tensor, torch.Tensor, float]]:
     """(label, x, weight, eps): shapes, scales and eps values that catch the usual mistakes."""
     cases = []
     for n, shape in enumerate([(4, 16), (2, 3, 64), (1, 512), (8,), (2, 2, 2, 32)]):
-        x = torch.randn(shape, generator=_gen(10 + n)) * 2.0 + 0.5  # non-zero mean: centring shows
-        w = torch.rand(shape[-1], generator=_gen(20 + n)) + 0.5      # not all ones: the gain shows
+        x = torch.randn(shape, generator=seeded(10 + n)) * 2.0 + 0.5  # non-zero mean: centring shows
+        w = torch.rand(shape[-1], generator=seeded(20 + n)) + 0.5      # not all ones: the gain shows
         cases.append((f"shape {shape}", x, w, 1e-5))
-    x = torch.randn(3, 32, generator=_gen(30))
+    x = torch.randn(3, 32, generator=seeded(30))
     x[1] = 0.0  # an all-zero row: the output must be 0, not NaN
-    cases.append(("a batch with an all-zero row", x, torch.rand(32, generator=_gen(31)) + 0.5, 1e-5))
-    x = torch.randn(4, 64, generator=_gen(32)) * 1e-3  # mean of squares ~1e-6 < eps: eps matters
+    cases.append(("a batch with an all-zero row", x, torch.rand(32, generator=seeded(31)) + 0.5, 1e-5))
+    x = torch.randn(4, 64, generator=seeded(32)) * 1e-3  # mean of squares ~1e-6 < eps: eps matters
     cases.append(("tiny activations (|x| ~ 1e-3, where eps matters)", x, torch.ones(64), 1e-5))
-    x = torch.randn(2, 5, 48, generator=_gen(33))
-    cases.append(("eps=0.1 (the eps argument must be used)", x, torch.rand(48, generator=_gen(34)) + 0.5, 0.1))
+    x = torch.randn(2, 5, 48, generator=seeded(33))
+    cases.append(("eps=0.1 (the eps argument must be used)", x, torch.rand(48, generator=seeded(34)) + 0.5, 0.1))
     return cases
 
 
@@ -90,13 +86,13 @@ def check_rms_norm(fn: Callable[..., Any]) -> str:
         _unchanged(name, before, x)
         check_close(got, reference_rms_norm(x, w, eps), name=f"{name} on {label}", hint=_RMS_HINT)
     # default eps: the signature says eps=1e-5
-    x = torch.randn(3, 40, generator=_gen(40)) * 1e-3
+    x = torch.randn(3, 40, generator=seeded(40)) * 1e-3
     got = call(fn, x, torch.ones(40), name=name)
     check_close(got, reference_rms_norm(x, torch.ones(40), 1e-5), name=f"{name} called without eps",
                 hint="give eps the default value 1e-5 (MiniMind's rms_norm_eps): def rms_norm(x, weight, eps=1e-5).")
     # bf16 in, bf16 weight: bf16 out (the formula in any precision passes at bf16 tolerance)
-    xb = (torch.randn(4, 7, 128, generator=_gen(41)) * 3).to(torch.bfloat16)
-    wb = (torch.rand(128, generator=_gen(42)) + 0.5).to(torch.bfloat16)
+    xb = (torch.randn(4, 7, 128, generator=seeded(41)) * 3).to(torch.bfloat16)
+    wb = (torch.rand(128, generator=seeded(42)) + 0.5).to(torch.bfloat16)
     check_close(call(fn, xb, wb, eps=1e-5, name=name), reference_rms_norm(xb, wb), name=f"{name} in bfloat16",
                 hint="with a bf16 input and a bf16 weight the result should be bf16; do not return float32 "
                      "or convert the output to another dtype.")
@@ -113,14 +109,14 @@ def check_layer_norm(fn: Callable[..., Any]) -> str:
             "or ((x - mean)**2).mean(-1, keepdim=True).")
     count = 0
     for label, x, w, eps in _cases_fp32():
-        b = torch.randn(x.shape[-1], generator=_gen(int(x.shape[-1]) + 50)) * 0.5
+        b = torch.randn(x.shape[-1], generator=seeded(int(x.shape[-1]) + 50)) * 0.5
         before = x.clone()
         got = call(fn, x, w, b, eps=eps, name=name)
         _unchanged(name, before, x)
         expected = F.layer_norm(x, (x.shape[-1],), w, b, eps)
         check_close(got, expected, name=f"{name} on {label}", hint=hint)
         count += 1
-    x = torch.randn(2, 24, generator=_gen(60)) * 1e-3
+    x = torch.randn(2, 24, generator=seeded(60)) * 1e-3
     w, b = torch.ones(24), torch.zeros(24)
     check_close(call(fn, x, w, b, name=name), F.layer_norm(x, (24,), w, b, 1e-5), name=f"{name} called without eps",
                 hint="give eps the default value 1e-5: def layer_norm(x, weight, bias, eps=1e-5).")
@@ -149,19 +145,19 @@ def check_fp16_safe_rms_norm(fn: Callable[..., Any]) -> str:
                    "or not at all, rounds differently from MiniMind.")
     cases = []
     for n, (scale, shape) in enumerate([(300.0, (2, 8, 256)), (3000.0, (4, 64)), (2e4, (3, 512))]):
-        x = (torch.randn(shape, generator=_gen(70 + n)) * scale).clamp(-6e4, 6e4).to(torch.float16)
+        x = (torch.randn(shape, generator=seeded(70 + n)) * scale).clamp(-6e4, 6e4).to(torch.float16)
         cases.append((f"float16 x of magnitude ~{scale:g}, float16 weight", x,
-                      (torch.rand(shape[-1], generator=_gen(80 + n)) + 0.5).to(torch.float16)))
-    x = (torch.randn(2, 3, 128, generator=_gen(75)) * 300).to(torch.float16)
-    cases.append(("float16 x of magnitude ~300, float32 weight", x, torch.rand(128, generator=_gen(85)) + 0.5))
-    x = (torch.randn(4, 96, generator=_gen(76)) * 5).to(torch.bfloat16)
+                      (torch.rand(shape[-1], generator=seeded(80 + n)) + 0.5).to(torch.float16)))
+    x = (torch.randn(2, 3, 128, generator=seeded(75)) * 300).to(torch.float16)
+    cases.append(("float16 x of magnitude ~300, float32 weight", x, torch.rand(128, generator=seeded(85)) + 0.5))
+    x = (torch.randn(4, 96, generator=seeded(76)) * 5).to(torch.bfloat16)
     cases.append(("bfloat16 x, float32 weight (MiniMind's mixed-precision case)", x,
-                  torch.rand(96, generator=_gen(86)) + 0.5))
-    x = (torch.randn(4, 96, generator=_gen(77)) * 5).to(torch.bfloat16)
-    cases.append(("bfloat16 x, bfloat16 weight", x, (torch.rand(96, generator=_gen(87)) + 0.5).to(torch.bfloat16)))
-    x = torch.randn(3, 32, generator=_gen(78)) * 4 + 1
+                  torch.rand(96, generator=seeded(86)) + 0.5))
+    x = (torch.randn(4, 96, generator=seeded(77)) * 5).to(torch.bfloat16)
+    cases.append(("bfloat16 x, bfloat16 weight", x, (torch.rand(96, generator=seeded(87)) + 0.5).to(torch.bfloat16)))
+    x = torch.randn(3, 32, generator=seeded(78)) * 4 + 1
     x[0] = 0.0
-    cases.append(("float32 x with an all-zero row", x, torch.rand(32, generator=_gen(88)) + 0.5))
+    cases.append(("float32 x with an all-zero row", x, torch.rand(32, generator=seeded(88)) + 0.5))
     for label, x, w in cases:
         before = x.clone()
         got = call(fn, x, w, eps=1e-5, name=name)

@@ -17,7 +17,7 @@ import torch
 
 from .. import rope
 from ..config import YARN_ROPE_SCALING
-from .core import ExerciseError, call, check, check_close
+from .core import ExerciseError, call, check, check_close, expect_pair, seeded
 
 __all__ = [
     "check_rotate_half",
@@ -28,16 +28,6 @@ __all__ = [
 ]
 
 
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
-def _pair(got: Any, name: str, what: str) -> tuple:
-    if not isinstance(got, (tuple, list)) or len(got) != 2:
-        raise ExerciseError(f"[{name}] expected a tuple of two tensors ({what}), got {type(got).__name__}: {got!r:.80}")
-    return got[0], got[1]
-
-
 # --------------------------------------------------------------------------- rotate_half
 @check("rotate_half")
 def check_rotate_half(fn: Callable[[torch.Tensor], torch.Tensor]) -> str:
@@ -45,7 +35,7 @@ def check_rotate_half(fn: Callable[[torch.Tensor], torch.Tensor]) -> str:
     name = "rotate_half"
     shapes = [(2,), (8,), (3, 6), (2, 5, 4, 64), (1, 3, 2, 96)]
     for n, shape in enumerate(shapes):
-        x = torch.randn(shape, generator=_gen(100 + n))
+        x = torch.randn(shape, generator=seeded(100 + n))
         x_before = x.clone()
         got = call(fn, x, name=name)
         check_close(
@@ -56,7 +46,7 @@ def check_rotate_half(fn: Callable[[torch.Tensor], torch.Tensor]) -> str:
         )
         if not torch.equal(x, x_before):
             raise ExerciseError(f"[{name}] your function changed its input in place; return a new tensor instead.")
-    x = torch.randn(2, 3, 16, generator=_gen(7)).to(torch.bfloat16)
+    x = torch.randn(2, 3, 16, generator=seeded(7)).to(torch.bfloat16)
     check_close(call(fn, x, name=name), rope.rotate_half(x), name=f"{name} in bfloat16",
                 hint="keep the input's dtype (torch.cat of slices does that).")
     return f"{len(shapes) + 1} shapes/dtypes match minimind_ref.rope.rotate_half"
@@ -80,7 +70,7 @@ def check_precompute_freqs_cis(fn: Callable[..., Any]) -> str:
     name = "precompute_freqs_cis"
     for dim, end, base in _TABLE_CASES:
         case = f"{name}(dim={dim}, end={end}, rope_base={base:g})"
-        cos, sin = _pair(call(fn, dim, end, base, name=name), case, "cos, sin")
+        cos, sin = expect_pair(call(fn, dim, end, base, name=name), case, "cos, sin")
         ref_cos, ref_sin = rope.precompute_freqs_cis(dim, end, base)
         # Equivalent formulas for rope_base ** (-2i/dim) differ in the last fp32 bits of a frequency,
         # and the angle m * freq multiplies that by the position: the tolerance grows with ``end``
@@ -109,13 +99,13 @@ def check_apply_rotary_pos_emb(fn: Callable[..., Any]) -> str:
         (1, 6, 8, 2, 64, 0, torch.bfloat16),
     ]
     for n, (b, s, h, kv, d, start, dtype) in enumerate(cases):
-        g = _gen(200 + n)
+        g = seeded(200 + n)
         q = torch.randn(b, s, h, d, generator=g).to(dtype)
         k = torch.randn(b, s, kv, d, generator=g).to(dtype)
         cos, sin = rope.precompute_freqs_cis(d, start + s, 1e6)
         cos, sin = cos[start:start + s], sin[start:start + s]
         case = f"{name} with q {tuple(q.shape)}, k {tuple(k.shape)}, positions {start}..{start + s - 1}, {dtype}"
-        got_q, got_k = _pair(call(fn, q, k, cos, sin, name=name), case, "q_embed, k_embed")
+        got_q, got_k = expect_pair(call(fn, q, k, cos, sin, name=name), case, "q_embed, k_embed")
         ref_q, ref_k = rope.apply_rotary_pos_emb(q, k, cos, sin)
         hint = ("x_embed = x * cos + rotate_half(x) * sin, with cos/sin unsqueezed to [seq, 1, dim] so they "
                 "broadcast over heads; cast the results back to q.dtype / k.dtype.")
@@ -127,19 +117,8 @@ def check_apply_rotary_pos_emb(fn: Callable[..., Any]) -> str:
 # --------------------------------------------------------------------------- YaRN frequencies
 def reference_yarn_frequencies(dim: int, end: int, rope_base: float = 1e6,
                                rope_scaling: Optional[Dict[str, Any]] = None) -> torch.Tensor:
-    """The frequencies ``minimind_ref.rope.precompute_freqs_cis`` uses, shape ``[dim // 2]``, fp32.
-
-    Built from ``rope.rope_frequencies`` and ``rope.yarn_ramp`` with the same defaults and the same
-    condition (``end / original_max > 1``); the tests prove the tables agree.
-    """
-    freqs = rope.rope_frequencies(dim, rope_base)
-    if rope_scaling is None:
-        return freqs
-    orig_max = rope_scaling.get("original_max_position_embeddings", 2048)
-    if end / orig_max <= 1.0:
-        return freqs
-    ramp = rope.yarn_ramp(dim, rope_base, orig_max, rope_scaling.get("beta_fast", 32.0), rope_scaling.get("beta_slow", 1.0))
-    return freqs * (1 - ramp + ramp / rope_scaling.get("factor", 16))
+    """The frequencies ``minimind_ref.rope.precompute_freqs_cis`` uses, shape ``[dim // 2]``, fp32."""
+    return rope.scaled_frequencies(dim, end, rope_base, rope_scaling)[0]
 
 
 _YARN_CASES = [

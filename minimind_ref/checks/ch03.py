@@ -24,7 +24,7 @@ from ..attention import Attention
 from ..attention import repeat_kv as _ref_repeat_kv
 from ..config import MiniMindConfig
 from ..rope import precompute_freqs_cis
-from .core import ExerciseError, call, check, check_close
+from .core import ExerciseError, call, check, check_close, seeded
 
 __all__ = [
     "check_stable_softmax",
@@ -33,10 +33,6 @@ __all__ = [
     "check_repeat_kv",
     "check_gqa_attention",
 ]
-
-
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def _require_finite(got: torch.Tensor, name: str, what: str, hint: str) -> None:
@@ -50,7 +46,7 @@ def _require_finite(got: torch.Tensor, name: str, what: str, hint: str) -> None:
 def check_stable_softmax(fn: Callable[..., torch.Tensor]) -> str:
     """``fn(x, dim=-1)`` must equal ``torch.softmax(x, dim)``, also for logits in the thousands."""
     name = "stable_softmax"
-    g = _gen(301)
+    g = seeded(301)
     cases = [
         ("random logits, dim=-1", torch.randn(4, 7, generator=g) * 3, -1),
         ("random logits, dim=0", torch.randn(5, 3, generator=g) * 3, 0),
@@ -84,7 +80,7 @@ def check_scaled_dot_product_attention(fn: Callable[..., torch.Tensor]) -> str:
     """``fn(q, k, v, mask=None)`` must equal ``F.scaled_dot_product_attention(q, k, v, attn_mask=mask)``
     for an additive float mask (0 = visible, -inf = hidden)."""
     name = "scaled_dot_product_attention"
-    g = _gen(302)
+    g = seeded(302)
     causal5 = torch.full((5, 5), float("-inf")).triu(1)
     cases = [
         ("no mask, head_dim 16", (2, 3, 5, 5, 16), None),
@@ -136,7 +132,7 @@ def check_causal_mask(fn: Callable[..., torch.Tensor]) -> str:
 def check_repeat_kv(fn: Callable[..., torch.Tensor]) -> str:
     """``fn(x, n_rep)``: ``[b, t, n_kv, d] -> [b, t, n_kv * n_rep, d]``, output head ``j`` = KV head ``j // n_rep``."""
     name = "repeat_kv"
-    g = _gen(304)
+    g = seeded(304)
     for b, t, n_kv, d, n_rep in [(2, 5, 2, 4, 4), (1, 3, 4, 8, 2), (2, 3, 2, 6, 1), (1, 4, 1, 4, 8), (1, 2, 3, 2, 3)]:
         x = torch.randn(b, t, n_kv, d, generator=g)
         got = call(fn, x.clone(), n_rep, name=name)
@@ -182,7 +178,7 @@ def check_gqa_attention(fn: Callable[..., tuple]) -> str:
     """``fn(attn, x, cos, sin, attention_mask=None, past_key_value=None) -> (out, (k, v))`` must equal
     ``attn(x, (cos, sin), past_key_value, use_cache=True, attention_mask=attention_mask)`` for MHA, GQA
     and MQA layers, full prefill (the reference's SDPA path), padding and a KV cache (its explicit path)."""
-    g = _gen(305)
+    g = seeded(305)
     base_hint = ("project with attn.q_proj/k_proj/v_proj, view as [b, s, heads, head_dim], apply RoPE "
                  "(apply_rotary_pos_emb), append the cache, repeat_kv, transpose to [b, heads, s, head_dim], "
                  "softmax(q k^T / sqrt(head_dim) + causal + padding) v, merge heads, attn.o_proj.")

@@ -22,17 +22,13 @@ import torch.nn.functional as F
 
 from ..config import MiniMindConfig, default_intermediate_size
 from ..ffn import FeedForward
-from .core import ExerciseError, call, check, check_close, check_equal
+from .core import ExerciseError, call, check, check_close, check_equal, seeded
 
 __all__ = ["check_silu", "check_silu_grad", "check_swiglu_ffn", "check_intermediate_size"]
 
 
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
 def _inputs(seed: int):
-    g = _gen(seed)
+    g = seeded(seed)
     edge = torch.tensor([0.0, 1.0, -1.0, -1.2785, 3.0, -3.0, 20.0, -20.0, 100.0, -100.0])
     return [
         ("random values [5, 7]", torch.randn(5, 7, generator=g) * 3),
@@ -88,7 +84,7 @@ def check_swiglu_ffn(fn: Callable[..., torch.Tensor]) -> str:
     ``[intermediate, hidden]``, ``w_down`` is ``[hidden, intermediate]``.
     """
     name = "swiglu_ffn"
-    g = _gen(403)
+    g = seeded(403)
     hint = ("down( silu(x @ w_gate.T) * (x @ w_up.T) ) with down(z) = z @ w_down.T: the SiLU goes on the "
             "gate branch only, the up branch stays linear, and the product is elementwise.")
     for hidden, inter, shape in [(32, 96, (2, 5)), (48, 128, (7,)), (16, 64, ())]:

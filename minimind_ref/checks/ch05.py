@@ -25,13 +25,9 @@ from ..config import MiniMindConfig, minimind2, minimind2_small
 from ..model import MiniMindBlock, MiniMindForCausalLM
 from ..params import count_parameters
 from ..rope import precompute_freqs_cis
-from .core import ExerciseError, call, check, check_close, check_equal
+from .core import ExerciseError, call, check, check_close, check_equal, seeded
 
 __all__ = ["check_block_forward", "check_count_parameters", "check_tie_weights", "check_shifted_cross_entropy"]
-
-
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def _small(**kw) -> MiniMindConfig:
@@ -60,7 +56,7 @@ def check_block_forward(fn: Callable[..., torch.Tensor]) -> str:
     ``(out, present)``), ``post_attention_layernorm``, ``mlp``.
     """
     name = "block_forward"
-    g = _gen(501)
+    g = seeded(501)
     hint = ("pre-norm: h = h + self_attn(input_layernorm(h), position_embeddings)[0], then "
             "h = h + mlp(post_attention_layernorm(h)). Normalize the *input* of each sub-layer and add its "
             "output to the un-normalized residual stream; never normalize the sum.")
@@ -133,7 +129,7 @@ def check_tie_weights(fn: Callable[[nn.Module], object]) -> str:
     name = "tie_weights"
     hint = ("assign the Parameter object itself, not its values: model.model.embed_tokens.weight = "
             "model.lm_head.weight. Copying (.data.copy_, clone) gives two matrices that drift apart in training.")
-    g = _gen(503)
+    g = seeded(503)
     cfg = _small()
     model = MiniMindForCausalLM(cfg)
     _randomize(model, g)
@@ -176,7 +172,7 @@ def check_shifted_cross_entropy(fn: Callable[[torch.Tensor, torch.Tensor], torch
     name = "shifted_cross_entropy"
     hint = ("drop the last position of the logits and the first of the labels: "
             "F.cross_entropy(logits[:, :-1].reshape(-1, V), labels[:, 1:].reshape(-1), ignore_index=-100).")
-    g = _gen(504)
+    g = seeded(504)
     # against the reference model's own loss
     cfg = _small()
     torch.manual_seed(504)

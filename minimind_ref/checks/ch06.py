@@ -13,14 +13,14 @@ one ``✓`` line, or raises ``AssertionError`` saying what was expected, what ca
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Tuple
+from typing import Callable, Tuple
 
 import torch
 
 from ..generation import apply_repetition_penalty as _ref_repetition_penalty
 from ..generation import top_p_filter as _ref_top_p_filter
 from ..rope import precompute_freqs_cis
-from .core import ExerciseError, call, check, check_close, check_equal
+from .core import ExerciseError, call, check, check_close, expect_pair, seeded
 
 __all__ = [
     "check_update_cache",
@@ -28,10 +28,6 @@ __all__ = [
     "check_top_p_filter",
     "check_repetition_penalty",
 ]
-
-
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def _call(fn: Callable, *args, name: str, label: str, hint: str):
@@ -44,13 +40,6 @@ def _call(fn: Callable, *args, name: str, label: str, hint: str):
         raise ExerciseError(f"{err} (case: {label})\n  hint: {hint}") from None
 
 
-def _pair(got, name: str, what: str) -> Tuple[torch.Tensor, torch.Tensor]:
-    if not (isinstance(got, (tuple, list)) and len(got) == 2):
-        raise ExerciseError(f"[{name}] expected a pair {what}, got {type(got).__name__}: {got!r:.80}\n"
-                            f"  hint: end with `return a, b`.")
-    return got[0], got[1]
-
-
 # ----------------------------------------------------------------------------- 6.1 cache update
 @check("update_cache")
 def check_update_cache(fn: Callable[..., Tuple[torch.Tensor, torch.Tensor]]) -> str:
@@ -60,7 +49,7 @@ def check_update_cache(fn: Callable[..., Tuple[torch.Tensor, torch.Tensor]]) -> 
     name = "update_cache"
     hint = ("keys and values are [batch, seq, n_kv_heads, head_dim]; the cache grows along the sequence "
             "axis: torch.cat([past_k, k_new], dim=1) (old positions first). With past=None return (k_new, v_new).")
-    g = _gen(601)
+    g = seeded(601)
     # (batch, past_len, new_len, n_kv_heads, head_dim); past_len 0 means past=None
     cases = [(2, 0, 5, 2, 8), (2, 5, 1, 2, 8), (1, 1, 1, 2, 4), (3, 7, 2, 4, 6), (2, 2, 2, 2, 2)]
     for b, past_len, new_len, h, d in cases:
@@ -74,7 +63,7 @@ def check_update_cache(fn: Callable[..., Tuple[torch.Tensor, torch.Tensor]]) -> 
         arg_past = None if past is None else (past[0].clone(), past[1].clone())
         label = f"past_len={past_len}, new={new_len}, batch={b}, kv_heads={h}"
         got = _call(fn, arg_past, k_new.clone(), v_new.clone(), name=name, label=label, hint=hint)
-        got_k, got_v = _pair(got, name, "(k, v)")
+        got_k, got_v = expect_pair(got, name, "(k, v)")
         check_close(got_k, exp_k, name=f"{name}: keys ({label})", hint=hint, rtol=0, atol=0)
         check_close(got_v, exp_v, name=f"{name}: values ({label})",
                     hint=hint + " Keys and values are separate caches: do not mix them up.", rtol=0, atol=0)
@@ -94,7 +83,7 @@ def check_rope_for_new_tokens(fn: Callable[..., Tuple[torch.Tensor, torch.Tensor
     for past_len, n_new in cases:
         label = f"past_len={past_len}, n_new={n_new}"
         got = _call(fn, cos.clone(), sin.clone(), past_len, n_new, name=name, label=label, hint=hint)
-        got_cos, got_sin = _pair(got, name, "(cos, sin)")
+        got_cos, got_sin = expect_pair(got, name, "(cos, sin)")
         extra = ""
         if isinstance(got_cos, torch.Tensor) and got_cos.shape == (n_new, 16) and past_len > 0:
             if torch.equal(got_cos, cos[:n_new]):
@@ -115,7 +104,7 @@ def check_top_p_filter(fn: Callable[..., torch.Tensor]) -> str:
     hint = ("sort descending, softmax, cumulative sum. Keep a token if the probability of all *more likely* "
             "tokens is still below top_p (cumsum - p < top_p): the token that crosses the threshold is kept, "
             "and so is the most likely token. Removed tokens get -inf at their original positions.")
-    g = _gen(603)
+    g = seeded(603)
     peaked = torch.tensor([[6.0, 1.0, 0.5, 0.0, -1.0, -2.0]])  # top token alone has ~0.98 of the mass
     cases = [
         ("random [4, 40], top_p=0.9", torch.randn(4, 40, generator=g) * 2, 0.9),
@@ -152,7 +141,7 @@ def check_repetition_penalty(fn: Callable[..., torch.Tensor]) -> str:
     hint = ("for every token id that occurs in previous_ids (once, however often it occurs): a positive logit "
             "is divided by the penalty, a negative one multiplied by it, so both become less likely. Other "
             "tokens are untouched. gather -> torch.where(x > 0, x / penalty, x * penalty) -> scatter.")
-    g = _gen(604)
+    g = seeded(604)
     cases = []
     for b, vocab, t, penalty in [(2, 20, 6, 1.3), (3, 50, 10, 2.0), (1, 12, 8, 1.1), (2, 16, 5, 0.8), (2, 10, 4, 1.0)]:
         logits = torch.randn(b, vocab, generator=g) * 2

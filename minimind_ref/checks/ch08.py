@@ -20,11 +20,7 @@ from ..tokenizer import merge_pair as ref_merge_pair
 from ..train import causal_lm_loss as ref_causal_lm_loss
 from ..train import lr_at as ref_lr_at
 from ..train import train_step as ref_train_step
-from .core import ExerciseError, call, check, check_close
-
-
-def _fail(name: str, what: str, hint: str) -> None:
-    raise ExerciseError(f"[{name}] {what}\n  hint: {hint}")
+from .core import call, check, check_close, fail
 
 
 # ---------------------------------------------------------------------- 8.1 BPE merge
@@ -48,11 +44,11 @@ def check_merge_pair(merge_pair: Callable[..., Any]) -> str:
         got = call(merge_pair, list(ids), pair, new_id, name=name)
         expected = ref_merge_pair(ids, pair, new_id)
         if got is None or list(got) != expected:
-            _fail(name, f"merge_pair({ids}, {pair}, {new_id}): expected {expected}, got {got}",
+            fail(name, f"merge_pair({ids}, {pair}, {new_id}): expected {expected}, got {got}",
                   "scan left to right; when ids[i], ids[i+1] equal the pair, append new_id and jump by 2, "
                   "else append ids[i] and move by 1. Merged pairs never overlap.")
         if ids != list(ids):
-            _fail(name, "the input list was modified", "build a new list instead of editing ids in place.")
+            fail(name, "the input list was modified", "build a new list instead of editing ids in place.")
     return f"{len(cases)} cases, overlaps and edge cases included"
 
 
@@ -75,7 +71,7 @@ def check_causal_lm_loss(causal_lm_loss: Callable[..., Any]) -> str:
         got = call(causal_lm_loss, logits.clone(), ids.clone(), mask.clone(), name=name)
         expected = ref_causal_lm_loss(logits, ids, mask)
         if isinstance(got, torch.Tensor) and got.dim() != 0:
-            _fail(name, f"expected a scalar (0-d tensor), got shape {tuple(got.shape)}",
+            fail(name, f"expected a scalar (0-d tensor), got shape {tuple(got.shape)}",
                   "F.cross_entropy averages for you (reduction='mean'); do not return per-token losses.")
         check_close(got, expected, name=name, rtol=1e-5, atol=1e-6,
                     hint="logits[:, :-1] predict input_ids[:, 1:]; a target that is padding (attention_mask 0 at "
@@ -102,7 +98,7 @@ def check_lr_at(lr_at: Callable[..., Any]) -> str:
                 ok = False
             if not ok:
                 phase = "warmup" if step < warmup else ("after max_steps" if step >= max_steps else "cosine decay")
-                _fail(name, f"lr_at(step={step}, max_steps={max_steps}, warmup_steps={warmup}, max_lr={hi}, "
+                fail(name, f"lr_at(step={step}, max_steps={max_steps}, warmup_steps={warmup}, max_lr={hi}, "
                             f"min_lr={lo}) ({phase}): expected {expected!r}, got {got!r}",
                       "warmup: max_lr * (step + 1) / warmup_steps (so step 0 is not 0); then "
                       "progress = min(1, (step - warmup_steps) / max(1, max_steps - warmup_steps)) and "
@@ -146,7 +142,7 @@ def check_training_step(training_step: Callable[..., Any]) -> str:
                     diff = float((p_mine - p_ref).detach().abs().max())
                     moe_hint = (" For a MoE model the loss to minimize is out.loss + out.aux_loss (the router's "
                                 "load-balancing term).") if "gate" in pname else ""
-                    _fail(name, f"{kind} model, after step {step + 1}: parameter {pname} differs from the reference "
+                    fail(name, f"{kind} model, after step {step + 1}: parameter {pname} differs from the reference "
                                 f"(max abs diff {diff:.3g})",
                           "order: loss = out.loss + out.aux_loss; loss.backward(); "
                           "torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm); optimizer.step(); "

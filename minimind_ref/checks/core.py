@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Tuple
 
 import torch
 
@@ -21,7 +21,13 @@ class ExerciseError(AssertionError):
     """Raised by every check; an ``AssertionError`` so plain ``assert``-based tooling sees it."""
 
 
-def _fail(name: str, what: str, hint: Optional[str]) -> None:
+def seeded(seed: int) -> torch.Generator:
+    """A CPU generator of its own, so a check never disturbs the notebook's random stream."""
+    return torch.Generator().manual_seed(seed)
+
+
+def fail(name: str, what: str, hint: Optional[str] = None) -> None:
+    """Raise the check failure ``[name] what`` (plus the hint)."""
     msg = f"[{name}] {what}"
     if hint:
         msg += f"\n  hint: {hint}"
@@ -44,11 +50,11 @@ def check_close(
     and the first mismatching index.
     """
     if not isinstance(got, torch.Tensor):
-        _fail(name, f"expected a torch.Tensor, got {type(got).__name__}: {got!r:.80}", hint)
+        fail(name, f"expected a torch.Tensor, got {type(got).__name__}: {got!r:.80}", hint)
     if tuple(got.shape) != tuple(expected.shape):
-        _fail(name, f"shape mismatch: expected {tuple(expected.shape)}, got {tuple(got.shape)}", hint)
+        fail(name, f"shape mismatch: expected {tuple(expected.shape)}, got {tuple(got.shape)}", hint)
     if check_dtype and got.dtype != expected.dtype:
-        _fail(name, f"dtype mismatch: expected {expected.dtype}, got {got.dtype}", hint)
+        fail(name, f"dtype mismatch: expected {expected.dtype}, got {got.dtype}", hint)
     d_rtol, d_atol = default_tolerance(expected.device, expected.dtype)
     rtol = d_rtol if rtol is None else rtol
     atol = d_atol if atol is None else atol
@@ -64,7 +70,7 @@ def check_close(
     if bool(bad.any()):
         idx = tuple(int(i) for i in torch.nonzero(bad)[0])
         max_diff = float(diff[finite].max()) if bool(finite.any()) else float("nan")
-        _fail(
+        fail(
             name,
             f"values differ at {int(bad.sum())} of {bad.numel()} positions (rtol={rtol:g}, atol={atol:g}); "
             f"max abs diff {max_diff:.3g}; first at index {idx}: expected {float(e[idx]):.6g}, got {float(g[idx]):.6g}",
@@ -76,10 +82,17 @@ def check_equal(got: Any, expected: Any, name: str = "check", hint: Optional[str
     """Exact equality for non-tensor answers (counts, shapes, ints)."""
     if isinstance(expected, torch.Tensor):
         if not isinstance(got, torch.Tensor) or got.shape != expected.shape or not torch.equal(got.to(expected.device), expected):
-            _fail(name, f"expected {expected.tolist()!r:.200}, got {got.tolist() if isinstance(got, torch.Tensor) else got!r:.200}", hint)
+            fail(name, f"expected {expected.tolist()!r:.200}, got {got.tolist() if isinstance(got, torch.Tensor) else got!r:.200}", hint)
         return
     if got != expected:
-        _fail(name, f"expected {expected!r}, got {got!r}", hint)
+        fail(name, f"expected {expected!r}, got {got!r}", hint)
+
+
+def expect_pair(got: Any, name: str, what: str) -> Tuple[Any, Any]:
+    """Unpack a learner's ``(a, b)`` result, failing clearly when it is not a pair."""
+    if not isinstance(got, (tuple, list)) or len(got) != 2:
+        fail(name, f"expected a pair ({what}), got {type(got).__name__}: {got!r:.80}", "end with `return a, b`.")
+    return got[0], got[1]
 
 
 @contextlib.contextmanager
