@@ -10,39 +10,24 @@ from __future__ import annotations
 import os
 import platform
 import statistics
-import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict
 
 import torch
 
+from minimind_ref.utils import device_name, synchronize, time_calls
+
 
 def timeit(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> Dict[str, float]:
-    """Median/min/max wall time in seconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs."""
-    for _ in range(warmup):
-        fn()
-    times: List[float] = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
+    """Median/min/max wall time in seconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs
+    (the callers synchronize the device inside ``fn``)."""
+    times = time_calls({"fn": fn}, repeats=repeats, warmup=warmup)["fn"]
     return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times), "repeats": repeats}
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def environment(device: torch.device) -> Dict[str, object]:
     env: Dict[str, object] = {
         "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
+        "device_name": device_name(device),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(),
@@ -58,6 +43,4 @@ def environment(device: torch.device) -> Dict[str, object]:
     return env
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+sync = synchronize

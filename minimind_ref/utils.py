@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import platform
 import random
-from typing import Optional, Tuple, Union
+import time
+from typing import Callable, Dict, Hashable, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -52,3 +54,55 @@ def default_tolerance(device: Union[str, torch.device] = "cpu", dtype: torch.dty
     if kind in ("cuda", "mps"):
         return 1e-3, 1e-3
     return 1e-5, 1e-5
+
+
+def device_name(device: Union[str, torch.device]) -> str:
+    """What a timing ran on, for printing next to it: the GPU's name, or the CPU's model and the
+    number of threads torch uses."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "cpu":
+        name = platform.processor() or platform.machine()
+        try:
+            with open("/proc/cpuinfo") as fh:
+                name = next(ln for ln in fh if ln.startswith("model name")).split(":", 1)[1].strip()
+        except (OSError, StopIteration):
+            pass
+        return f"CPU {name}, {torch.get_num_threads()} threads"
+    return str(device)
+
+
+def synchronize(device: Union[str, torch.device]) -> None:
+    """Wait for queued GPU work, so a timer measures the work and not just its launch."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def time_calls(
+    fns: Mapping[Hashable, Callable[[], object]],
+    repeats: int = 5,
+    warmup: int = 1,
+    device: Union[str, torch.device] = "cpu",
+) -> Dict[Hashable, List[float]]:
+    """Wall-clock seconds of every call of each function, ``repeats`` samples per function.
+
+    The functions take turns (one call of each per round), so a busy moment of the machine hits
+    all of them alike and their ratios stay meaningful. Reduce the samples yourself: the median is
+    robust, the minimum estimates the undisturbed time.
+    """
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times: Dict[Hashable, List[float]] = {key: [] for key in fns}
+    for _ in range(repeats):
+        for key, fn in fns.items():
+            synchronize(device)
+            start = time.perf_counter()
+            fn()
+            synchronize(device)
+            times[key].append(time.perf_counter() - start)
+    return times
