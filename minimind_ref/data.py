@@ -7,8 +7,9 @@ The generated corpus mixes two kinds of documents, both deterministic functions 
 * **drills**: lines of two-digit addition, in fixed width: ``"37+45=082"``, ``"07+05=012"``.
 
 The addition problems are split once into a training and a held-out test set
-(``arithmetic_split``). Test problems never appear in the training corpus (neither in drills nor
-inside stories), so accuracy on them measures a learned skill, not memorization.
+(``arithmetic_split``), by unordered pair: ``a+b`` and ``b+a`` fall on the same side. Test
+problems never appear in the training corpus (neither in drills nor inside stories, in either
+order), so accuracy on them measures a learned skill, not memorization.
 
 Any text file works instead: ``read_text_documents(path)`` splits it into documents at blank
 lines. ``encode_documents`` turns documents into one token stream (``<|im_start|> doc <|im_end|>``
@@ -30,12 +31,27 @@ Problem = Tuple[int, int]
 
 # ---------------------------------------------------------------------- arithmetic
 def arithmetic_split(max_operand: int = 99, test_fraction: float = 0.05, seed: int = 1234) -> Tuple[List[Problem], List[Problem]]:
-    """All problems ``a+b`` with ``0 <= a, b <= max_operand``, shuffled with ``seed`` and split into
-    ``(train, test)``; the test set holds ``test_fraction`` of them. Deterministic."""
-    problems = [(a, b) for a in range(max_operand + 1) for b in range(max_operand + 1)]
-    random.Random(seed).shuffle(problems)
-    n_test = max(1, int(round(len(problems) * test_fraction)))
-    return problems[n_test:], problems[:n_test]
+    """All problems ``a+b`` with ``0 <= a, b <= max_operand``, split into ``(train, test)``.
+
+    The split holds out **unordered** pairs: ``a+b`` and ``b+a`` are always on the same side, so
+    a model cannot pass a test problem by having learned its swapped twin. The unordered pairs are
+    shuffled with ``seed`` and taken for the test set until it holds at least ``test_fraction`` of
+    all problems; both lists come back shuffled. Deterministic."""
+    unordered = [(a, b) for a in range(max_operand + 1) for b in range(a, max_operand + 1)]
+    rng = random.Random(seed)
+    rng.shuffle(unordered)
+    n_total = (max_operand + 1) ** 2
+    n_test_target = max(1, int(round(n_total * test_fraction)))
+    test: List[Problem] = []
+    k = 0
+    while len(test) < n_test_target:
+        a, b = unordered[k]
+        test.extend([(a, b)] if a == b else [(a, b), (b, a)])
+        k += 1
+    train = [p for a, b in unordered[k:] for p in ([(a, b)] if a == b else [(a, b), (b, a)])]
+    rng.shuffle(test)
+    rng.shuffle(train)
+    return train, test
 
 
 def format_problem(a: int, b: int, answer: bool = True) -> str:

@@ -18,7 +18,8 @@ def test_check_close_accepts_equal_and_within_tolerance():
         ([1.0, 2.0], "expected a torch.Tensor"),
         (torch.zeros(3), r"shape mismatch: expected \(3, 4\), got \(3,\)"),
         (torch.zeros(3, 4, dtype=torch.float64), "dtype mismatch"),
-        (torch.full((3, 4), float("nan")), "values differ"),
+        (torch.full((3, 4), float("nan")), "your result has NaN at 12 of 12 positions"),
+        (torch.ones(3, 4), "values differ at 12 of 12 positions"),
     ],
 )
 def test_check_close_rejects_with_specific_message(got, fragment):
@@ -82,3 +83,54 @@ def test_check_decorator_prints_success(capsys):
     assert capsys.readouterr().out.strip() == "✓ Exercise 9.9 passed: 1 case"
     with pytest.raises(AssertionError):
         check_thing(lambda: 2)
+
+
+def test_scalar_mismatch_reads_like_a_number():
+    with pytest.raises(ExerciseError) as err:
+        check_close(torch.tensor(1.5), torch.tensor(1.0), name="Exercise 0.4")
+    msg = str(err.value)
+    assert "expected 1, got 1.5" in msg and "index ()" not in msg and "positions" not in msg
+
+
+def test_nan_is_reported_as_nan_not_as_a_small_difference():
+    got = torch.tensor([0.0, float("nan"), 1.0])
+    with pytest.raises(ExerciseError, match=r"your result has NaN at 1 of 3 positions at index \(1,\)"):
+        check_close(got, torch.tensor([0.0, 0.0, 1.0]), name="Exercise 0.5")
+
+
+def test_missing_minus_infinity_is_explained():
+    expected = torch.tensor([float("-inf"), 2.0])
+    with pytest.raises(ExerciseError, match="the reference removes this entry with -inf"):
+        check_close(torch.tensor([1.5, 2.0]), expected, name="Exercise 0.6")
+
+
+def test_known_mistake_is_named_before_the_hint_and_recipe_comes_last():
+    x = torch.tensor([3.0, 4.0])
+    expected = x / x.pow(2).mean().add(1e-6).sqrt()
+    wrong = x / x.pow(2).mean().sqrt() * 2
+    with pytest.raises(ExerciseError) as err:
+        check_close(wrong, expected, name="Exercise 0.7", hint="look at the scale", recipe="x / sqrt(mean(x^2) + eps)",
+                    mistakes={"a result scaled by 2": lambda: x / x.pow(2).mean().sqrt() * 2,
+                              "never matching": torch.zeros(2)})
+    msg = str(err.value)
+    assert msg.index("this looks like a result scaled by 2") < msg.index("hint: look at the scale") < msg.index(
+        "if you are stuck: x / sqrt")
+
+
+def test_crash_reports_the_case_and_the_hint():
+    with pytest.raises(ExerciseError) as err:
+        call(lambda x: x @ x, torch.zeros(2, 3), name="Exercise 0.8", hint="mind the transpose", case="input (2, 3)")
+    msg = str(err.value)
+    assert "your function raised RuntimeError" in msg and "(on input (2, 3))" in msg and "hint: mind the transpose" in msg
+
+
+def test_in_place_edits_are_caught_when_asked():
+    def edits(ids):
+        ids[0] = 9
+        return ids
+
+    with pytest.raises(ExerciseError, match="changed its input"):
+        call(edits, [1, 2], name="Exercise 0.9", check_inputs=True)
+    with pytest.raises(ExerciseError, match="changed its input"):
+        call(lambda t: t.mul_(2), torch.ones(2), name="Exercise 0.9", check_inputs=True)
+    assert call(lambda ids: ids + [3], [1, 2], name="Exercise 0.9", check_inputs=True) == [1, 2, 3]

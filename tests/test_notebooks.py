@@ -34,14 +34,10 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
 def colab_cell() -> str:
-    """The Colab cell, as CONTRIBUTING.md spells it (its first python block naming google.colab)."""
-    text = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
-    for block in re.findall(r"```python\n(.*?)```", text, re.S):
-        if "google.colab" in block:
-            lines = block.splitlines()
-            indent = min(len(line) - len(line.lstrip()) for line in lines if line.strip())
-            return "\n".join(line[indent:] for line in lines).strip()
-    raise AssertionError("CONTRIBUTING.md has no ```python block with the Colab cell")
+    """The Colab cell as tools/sync_colab_cells.py writes it from _config.yml's repository.url."""
+    import sync_colab_cells
+
+    return sync_colab_cells.colab_cell()
 
 
 def code_cells(nb):
@@ -88,7 +84,8 @@ def test_outputs_hold_figures_and_no_errors(nb):
 
 def test_first_code_cell_is_the_colab_cell(nb):
     first = code_cells(nb)[0].source.strip()
-    assert first == colab_cell(), f"the first code cell must be the Colab cell of CONTRIBUTING.md, got:\n{first}"
+    assert first == colab_cell(), (
+        f"the first code cell must be the Colab cell that tools/sync_colab_cells.py writes (run it), got:\n{first}")
 
 
 def test_ignored_outputs_say_why(nb):

@@ -6,8 +6,9 @@ Usage in a notebook::
     ch01.check_rms_norm(rms_norm)
 """
 
-from .core import ExerciseError, call, check, check_close, check_equal, exercise, expect_pair, fail, passed, seeded
+from .core import (ExerciseError, call, check, check_close, check_equal, diagnose, exercise, expect_pair, fail, passed,
+                   seeded)
 
 __all__ = [
-    "ExerciseError", "call", "check", "check_close", "check_equal", "exercise", "expect_pair", "fail", "passed", "seeded",
+    "ExerciseError", "call", "check", "check_close", "check_equal", "diagnose", "exercise", "expect_pair", "fail", "passed", "seeded",
 ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Callable, Iterator, Optional, Tuple
+from typing import Any, Callable, Iterator, Mapping, NoReturn, Optional, Tuple
 
 import torch
 
@@ -26,12 +26,49 @@ def seeded(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def fail(name: str, what: str, hint: Optional[str] = None) -> None:
-    """Raise the check failure ``[name] what`` (plus the hint)."""
+def fail(name: str, what: str, hint: Optional[str] = None, recipe: Optional[str] = None) -> NoReturn:
+    """Raise the check failure ``[name] what``, then the hint about the mistake, then (last) the
+    recipe for a learner who is stuck."""
     msg = f"[{name}] {what}"
     if hint:
         msg += f"\n  hint: {hint}"
+    if recipe:
+        msg += f"\n  if you are stuck: {recipe}"
     raise ExerciseError(msg)
+
+
+def _on(case: Optional[str]) -> str:
+    return f" (on {case})" if case else ""
+
+
+def _fmt_index(idx: Tuple[int, ...]) -> str:
+    return "" if not idx else f" at index {idx}"
+
+
+def _matches(got: torch.Tensor, candidate: Any, rtol: float, atol: float) -> bool:
+    if callable(candidate):
+        try:
+            candidate = candidate()
+        except Exception:  # a mistake that cannot even be computed for this input matches nothing
+            return False
+    if not isinstance(candidate, torch.Tensor) or tuple(candidate.shape) != tuple(got.shape):
+        return False
+    g = got.detach().to(device=candidate.device, dtype=torch.float64)
+    c = candidate.detach().to(torch.float64)
+    both_nan = torch.isnan(g) & torch.isnan(c)
+    close = torch.isclose(g, c, rtol=rtol, atol=atol) | both_nan
+    return bool(close.all())
+
+
+def diagnose(got: torch.Tensor, mistakes: Optional[Mapping[str, Any]], rtol: float, atol: float) -> Optional[str]:
+    """The description of the first known mistake whose output ``got`` equals, or None.
+
+    ``mistakes`` maps a description ("normalised without eps") to the tensor that mistake
+    produces on the same input, or to a zero-argument function computing it (evaluated lazily)."""
+    for description, candidate in (mistakes or {}).items():
+        if _matches(got, candidate, rtol, atol):
+            return description
+    return None
 
 
 def check_close(
@@ -42,40 +79,77 @@ def check_close(
     rtol: Optional[float] = None,
     atol: Optional[float] = None,
     check_dtype: bool = True,
+    mistakes: Optional[Mapping[str, Any]] = None,
+    recipe: Optional[str] = None,
+    case: Optional[str] = None,
 ) -> None:
     """Assert ``got`` equals ``expected`` within tolerance, with a learner-friendly message.
 
-    Default tolerances come from ``minimind_ref.utils.default_tolerance`` for the expected
-    tensor's device and dtype (fp32 on CPU: rtol = atol = 1e-5). Reports the max abs difference
-    and the first mismatching index.
+    Order of the comparison: type, shape, dtype, NaN, infinities, then values. Default
+    tolerances come from ``minimind_ref.utils.default_tolerance`` for the expected tensor's device
+    and dtype (fp32 on CPU: rtol = atol = 1e-5). A mismatch names, when it can, the known mistake
+    (``mistakes``: description -> what that mistake outputs) that produces exactly ``got``; then it
+    reports the first mismatching index, the hint, and the recipe last. ``case`` says which input
+    failed ("batch 2, padded on the left").
     """
     if not isinstance(got, torch.Tensor):
-        fail(name, f"expected a torch.Tensor, got {type(got).__name__}: {got!r:.80}", hint)
-    if tuple(got.shape) != tuple(expected.shape):
-        fail(name, f"shape mismatch: expected {tuple(expected.shape)}, got {tuple(got.shape)}", hint)
-    if check_dtype and got.dtype != expected.dtype:
-        fail(name, f"dtype mismatch: expected {expected.dtype}, got {got.dtype}", hint)
+        fail(name, f"expected a torch.Tensor, got {type(got).__name__}: {got!r:.80}{_on(case)}", hint, recipe)
     d_rtol, d_atol = default_tolerance(expected.device, expected.dtype)
     rtol = d_rtol if rtol is None else rtol
     atol = d_atol if atol is None else atol
+    if tuple(got.shape) != tuple(expected.shape):
+        seen = diagnose(got, mistakes, rtol, atol)
+        what = f"shape mismatch: expected {tuple(expected.shape)}, got {tuple(got.shape)}{_on(case)}"
+        fail(name, (f"this looks like {seen}: " if seen else "") + what, hint, recipe)
+    if check_dtype and got.dtype != expected.dtype:
+        fail(name, f"dtype mismatch: expected {expected.dtype}, got {got.dtype}{_on(case)}", hint, recipe)
     g = got.detach().to(device=expected.device, dtype=torch.float64)
     e = expected.detach().to(torch.float64)
     nan_g, nan_e = torch.isnan(g), torch.isnan(e)
-    inf_any = torch.isinf(g) | torch.isinf(e)
-    finite = ~(nan_g | nan_e | inf_any)
+    inf_g, inf_e = torch.isinf(g), torch.isinf(e)
+    finite = ~(nan_g | nan_e | inf_g | inf_e)
     diff = torch.where(finite, (g - e).abs(), torch.zeros_like(g))
-    bad = (nan_g != nan_e)  # NaN where none is expected, or a missing NaN
-    bad |= inf_any & ~(nan_g | nan_e) & (g != e)  # infinities must match exactly (e.g. masked logits)
-    bad |= finite & (diff > atol + rtol * e.abs())
-    if bool(bad.any()):
-        idx = tuple(int(i) for i in torch.nonzero(bad)[0])
-        max_diff = float(diff[finite].max()) if bool(finite.any()) else float("nan")
-        fail(
-            name,
-            f"values differ at {int(bad.sum())} of {bad.numel()} positions (rtol={rtol:g}, atol={atol:g}); "
-            f"max abs diff {max_diff:.3g}; first at index {idx}: expected {float(e[idx]):.6g}, got {float(g[idx]):.6g}",
-            hint,
-        )
+    bad_nan = nan_g != nan_e
+    bad_inf = (inf_g | inf_e) & ~(nan_g | nan_e) & (g != e)
+    bad_val = finite & (diff > atol + rtol * e.abs())
+    if not bool((bad_nan | bad_inf | bad_val).any()):
+        return
+    seen = diagnose(got, mistakes, rtol, atol)
+    prefix = f"this looks like {seen}. " if seen else ""
+    scalar = g.dim() == 0
+    if bool(bad_nan.any()):
+        idx = tuple(int(i) for i in torch.nonzero(bad_nan)[0]) if not scalar else ()
+        n = int(bad_nan.sum())
+        if bool((nan_g & ~nan_e).any()):
+            what = (f"your result has NaN at {n} of {g.numel()} positions{_fmt_index(idx)} where the reference is "
+                    f"{float(e[idx]):.6g}{_on(case)}. NaN comes from 0/0, inf - inf, or the sqrt/log of a negative "
+                    "number or zero somewhere in the computation")
+        else:
+            what = f"expected NaN{_fmt_index(idx)}, got {float(g[idx]):.6g}{_on(case)}"
+        fail(name, prefix + what, hint, recipe)
+    if bool(bad_inf.any()):
+        idx = tuple(int(i) for i in torch.nonzero(bad_inf)[0]) if not scalar else ()
+        n = int(bad_inf.sum())
+        what = (f"infinities differ at {n} of {g.numel()} positions; first{_fmt_index(idx) or ''}: "
+                f"expected {float(e[idx]):.6g}, got {float(g[idx]):.6g}{_on(case)}")
+        if bool(torch.isinf(e[idx])) and not bool(torch.isinf(g[idx])):
+            what += " (the reference removes this entry with -inf; yours keeps a finite value)"
+        elif bool(torch.isinf(g[idx])) and not bool(torch.isinf(e[idx])):
+            what += " (yours removes or overflows an entry the reference keeps finite)"
+        fail(name, prefix + what, hint, recipe)
+    if scalar:
+        fail(name, prefix + f"expected {float(e):.6g}, got {float(g):.6g} (difference {float(diff):.3g}, tolerance "
+             f"rtol={rtol:g}, atol={atol:g}){_on(case)}", hint, recipe)
+    idx = tuple(int(i) for i in torch.nonzero(bad_val)[0])
+    max_diff = float(diff[finite].max())
+    fail(
+        name,
+        prefix + f"values differ at {int(bad_val.sum())} of {bad_val.numel()} positions (rtol={rtol:g}, atol={atol:g}); "
+        f"max abs diff {max_diff:.3g}; first at index {idx}: expected {float(e[idx]):.6g}, got {float(g[idx]):.6g}"
+        f"{_on(case)}",
+        hint,
+        recipe,
+    )
 
 
 def check_equal(got: Any, expected: Any, name: str = "check", hint: Optional[str] = None) -> None:
@@ -104,17 +178,64 @@ def exercise(name: str) -> Iterator[None]:
         raise ExerciseError(f"[{name}] not implemented yet: {err}. Replace the stub with your code and run the cell again.") from None
 
 
-def call(fn: Callable[..., Any], *args: Any, name: str = "check", **kwargs: Any) -> Any:
-    """Call the learner's function; stubs and crashes become check failures that say so."""
+def _snapshot(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, list):
+        return [_snapshot(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _snapshot(v) for k, v in value.items()}
+    if isinstance(value, (int, float, str, bool, tuple)):
+        return ("value", value)
+    return None
+
+
+def _same(before: Any, after: Any) -> bool:
+    if before is None:
+        return True
+    if isinstance(before, torch.Tensor):
+        return isinstance(after, torch.Tensor) and before.shape == after.shape and bool(
+            torch.equal(before.nan_to_num(0.0) if before.is_floating_point() else before,
+                        after.detach().nan_to_num(0.0) if after.is_floating_point() else after.detach()))
+    if isinstance(before, list):
+        return isinstance(after, list) and len(before) == len(after) and all(_same(b, a) for b, a in zip(before, after))
+    if isinstance(before, dict):
+        return isinstance(after, dict) and before.keys() == after.keys() and all(_same(before[k], after[k]) for k in before)
+    if isinstance(before, tuple) and len(before) == 2 and before[0] == "value":
+        return before[1] == after
+    return True
+
+
+def call(
+    fn: Callable[..., Any],
+    *args: Any,
+    name: str = "check",
+    hint: Optional[str] = None,
+    case: Optional[str] = None,
+    check_inputs: bool = False,
+    **kwargs: Any,
+) -> Any:
+    """Call the learner's function; stubs and crashes become check failures that say so.
+
+    A crash is reported with the input that caused it (``case``) and the ``hint``.
+    ``check_inputs=True``: tensors, lists and dicts passed in must come back unchanged (an
+    exercise that asks for a *new* tensor or list fails when the function edits its input)."""
+    before = [_snapshot(a) for a in args] if check_inputs else []
     with exercise(name):
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
         except NotImplementedError:
             raise
         except ExerciseError:
             raise
         except Exception as err:  # the learner's code raised: report it as part of the check
-            raise ExerciseError(f"[{name}] your function raised {type(err).__name__}: {err}") from err
+            fail(name, f"your function raised {type(err).__name__}: {err}{_on(case)}", hint)
+    for position, (snap, arg) in enumerate(zip(before, args)):
+        if not _same(snap, arg):
+            fail(name, f"your function changed its input (argument {position + 1}) in place{_on(case)}; the exercise "
+                 "asks you to return a new result and leave the input as it was",
+                 "build a new list/tensor (or work on x.clone() / list(ids)) instead of assigning into the argument.")
+    return result
 
 
 def passed(name: str, detail: str = "") -> None:
