@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import random
 import time
-from typing import Callable, Dict, Hashable, List, Mapping, Optional, Tuple, Union
+from typing import Callable, Dict, Hashable, Iterator, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -71,6 +72,22 @@ def device_name(device: Union[str, torch.device]) -> str:
             pass
         return f"CPU {name}, {torch.get_num_threads()} threads"
     return str(device)
+
+
+@contextlib.contextmanager
+def single_thread() -> Iterator[None]:
+    """Run the block with one intra-op thread, then restore the previous count.
+
+    For tiny CPU experiments (a few thousand parameters, many small ops): extra OpenMP threads buy
+    nothing there, and on a shared machine (Colab, a laptop with other kernels busy) threads that
+    spin-wait for a busy core can make a one-second cell take minutes. One thread also makes the
+    float reductions independent of the machine's core count."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def synchronize(device: Union[str, torch.device]) -> None:
