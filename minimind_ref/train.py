@@ -1,8 +1,9 @@
-"""Pretraining MiniMind: the loop, its pieces, and a command line that also runs under torchrun.
+"""The training loop of every stage (pretraining, SFT, LoRA, DPO, GRPO), its pieces, and a
+command line that also runs under torchrun.
 
-    python -m minimind_ref.train --config configs/ch08_cpu.json
-    python -m minimind_ref.train --config configs/ch08_cpu.json --set max_steps=100 lr=1e-3
-    torchrun --standalone --nproc_per_node 2 -m minimind_ref.train --config configs/ch08_cpu.json
+    python -m minimind_ref.train --config ch08_cpu            # a config shipped with the package
+    python -m minimind_ref.train --config my_run.json --set max_steps=100 lr=1e-3
+    torchrun --standalone --nproc_per_node 2 -m minimind_ref.train --config ch08_cpu
 
 One optimizer step (``train_step``)::
 
@@ -18,6 +19,10 @@ so N processes with batch B/N follow the same trajectory as one process with bat
 Checkpoints are ``save_checkpoint`` files (``minimind_ref.load_checkpoint`` reads them) whose
 ``extra`` holds the step, the optimizer state, the loss history and the RNG state, so a resumed
 run continues the same loss curve. Needs the optional dependencies ``tokenizers`` and ``tqdm``.
+
+Fine-tuning stages reuse the same loop through hooks (``train(cfg, objective=..., data=...)``): an
+*objective* maps ``(model, batch)`` to ``{"loss": ..., metrics}``; ``minimind_ref.sft``,
+``lora``, ``dpo`` and ``grpo`` provide theirs.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -47,9 +53,26 @@ TOKENIZER_NAME = "tokenizer.json"
 
 
 # ---------------------------------------------------------------------- configuration
+CONFIG_DIR = Path(__file__).with_name("configs")
+# Options a resumed run may change; any other difference from the checkpoint's run is an error.
+RESUMABLE_CHANGES = frozenset({"eval_every", "eval_batches", "eval_problems", "log_every", "save_every", "out_dir",
+                               "resume", "device", "dtype", "progress", "deterministic"})
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 @dataclass
 class TrainConfig:
-    """Everything a run needs; a JSON file with any subset of these keys is a config file."""
+    """Everything a run needs; a JSON file with any subset of these keys is a config file.
+
+    Every value is checked when the config is made: a wrong type or an out-of-range value raises
+    ``ValueError`` naming the option, the value and what is allowed."""
 
     # data: "generated" (stories + addition drills, see minimind_ref.data) or a path to a .txt file
     data: str = "generated"
@@ -75,7 +98,7 @@ class TrainConfig:
     warmup_steps: int = 20
     weight_decay: float = 0.01
     betas: Tuple[float, float] = (0.9, 0.95)
-    grad_clip: float = 1.0
+    grad_clip: Optional[float] = 1.0  # max global gradient norm; None: no clipping
     # evaluation, logging, checkpoints
     eval_every: int = 100
     eval_batches: int = 4
@@ -91,6 +114,51 @@ class TrainConfig:
     progress: bool = True  # tqdm bar on the first process
     deterministic: bool = False  # torch.use_deterministic_algorithms(True)
 
+    def __post_init__(self) -> None:
+        def bad(option: str, value: Any, allowed: str) -> None:
+            raise ValueError(f"training option {option}={value!r} is invalid: {allowed}.")
+
+        for name in ("n_docs", "n_val_docs", "batch_size", "max_steps", "eval_batches", "seq_len", "vocab_size"):
+            v = getattr(self, name)
+            if not _is_int(v) or v < 1:
+                bad(name, v, "expected a whole number >= 1")
+        if self.seq_len < 2:
+            bad("seq_len", self.seq_len, "a window needs at least 2 tokens (one input and the token it predicts)")
+        for name in ("data_seed", "seed", "warmup_steps", "eval_every", "eval_problems", "log_every", "save_every"):
+            v = getattr(self, name)
+            if not _is_int(v) or v < 0:
+                bad(name, v, "expected a whole number >= 0")
+        if not _is_number(self.lr) or self.lr <= 0:
+            bad("lr", self.lr, "expected a positive finite number such as 3e-3")
+        if not _is_number(self.min_lr) or not 0 <= self.min_lr <= self.lr:
+            bad("min_lr", self.min_lr, f"expected a number between 0 and lr={self.lr!r}")
+        if not _is_number(self.weight_decay) or self.weight_decay < 0:
+            bad("weight_decay", self.weight_decay, "expected a number >= 0")
+        if not _is_number(self.story_fraction) or not 0 <= self.story_fraction <= 1:
+            bad("story_fraction", self.story_fraction, "expected a number between 0 and 1")
+        betas = tuple(self.betas) if isinstance(self.betas, (list, tuple)) else None
+        if betas is None or len(betas) != 2 or not all(_is_number(b) and 0 <= b < 1 for b in betas):
+            bad("betas", self.betas, "expected two numbers in [0, 1), e.g. [0.9, 0.95]")
+        self.betas = betas  # type: ignore[assignment]
+        if self.grad_clip is not None and not (isinstance(self.grad_clip, (int, float)) and not isinstance(self.grad_clip, bool)
+                                               and self.grad_clip > 0 and not math.isnan(self.grad_clip)):
+            bad("grad_clip", self.grad_clip, "expected a positive number (the largest allowed gradient norm), or null "
+                "for no clipping; 0 would zero every update and a negative value would reverse it")
+        for name in ("data", "device", "dtype"):
+            if not isinstance(getattr(self, name), str):
+                bad(name, getattr(self, name), "expected a string")
+        if self.dtype not in ("auto", "float32", "bfloat16"):
+            bad("dtype", self.dtype, "expected 'auto', 'float32' or 'bfloat16'")
+        for name in ("tokenizer", "out_dir", "resume"):
+            v = getattr(self, name)
+            if v is not None and not isinstance(v, str):
+                bad(name, v, "expected a path (string) or null")
+        for name in ("split_digits", "progress", "deterministic"):
+            if not isinstance(getattr(self, name), bool):
+                bad(name, getattr(self, name), "expected true or false")
+        if not isinstance(self.model, dict):
+            bad("model", self.model, "expected a mapping of MiniMindConfig keyword arguments")
+
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "TrainConfig":
         names = {f.name for f in dataclasses.fields(cls)}
@@ -98,16 +166,17 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"unknown training option(s) {unknown}; valid: {sorted(names)}.")
         d = {k: v for k, v in d.items() if k in names}
-        if "betas" in d:
-            d["betas"] = tuple(d["betas"])
         if "model" in d:
+            if not isinstance(d["model"], dict):
+                raise ValueError(f"training option model={d['model']!r} is invalid: expected a mapping of MiniMindConfig keyword arguments.")
             d["model"] = {**cls().model, **d["model"]}
         return cls(**d)
 
     @classmethod
     def from_json(cls, path: str) -> "TrainConfig":
-        with open(path, encoding="utf-8") as f:
-            return cls.from_dict(json.load(f))
+        """Read a config file: a path, or the name of a config shipped with the package
+        (``"ch08_cpu"``, ``"ch08_gpu"``, ``"tiny_test"``; see ``named_configs()``)."""
+        return cls.from_dict(_read_config_file(path))
 
     def to_dict(self) -> Dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -116,6 +185,29 @@ class TrainConfig:
 
     def replace(self, **changes: Any) -> "TrainConfig":
         return TrainConfig.from_dict({**self.to_dict(), **changes})
+
+
+def named_configs() -> List[str]:
+    """Names of the configs shipped in ``minimind_ref/configs/`` (usable as ``--config NAME``)."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.json"))
+
+
+def _read_config_file(path_or_name: str) -> Dict[str, Any]:
+    path = Path(path_or_name)
+    if not path.is_file():
+        shipped = CONFIG_DIR / f"{path_or_name}.json"
+        if path.suffix or not shipped.is_file():
+            raise FileNotFoundError(f"no config file {path_or_name!r}; give a path to a JSON file or one of the "
+                                    f"shipped configs: {', '.join(named_configs())}.")
+        path = shipped
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON: {err}") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"{path} must hold a JSON object of training options, got {type(d).__name__}.")
+    return d
 
 
 # ---------------------------------------------------------------------- the pieces
@@ -145,33 +237,123 @@ def causal_lm_loss(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask
     )
 
 
+# An objective turns (model, batch) into a dict of scalar tensors: "loss" is what the optimizer
+# minimises (it must carry gradients); every other entry is a detached metric that the loop logs
+# (history[name]). An optional "tokens" entry counts the supervised targets of the batch: when it
+# is 0 the step is skipped (no update, counted in history["skipped"]) instead of stepping on a
+# loss that has no data behind it.
+Objective = Callable[[torch.nn.Module, Any], Dict[str, torch.Tensor]]
+
+
+def lm_objective(model: torch.nn.Module, batch: Tuple[torch.Tensor, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """Next-token prediction: ``batch = (input_ids, labels)``, labels -100 where no loss counts.
+
+    ``loss = out.loss + out.aux_loss`` (the MoE load-balancing term, 0 for dense models), as
+    upstream's trainers add them; ``aux_loss`` is logged separately."""
+    input_ids, labels = batch
+    out = model(input_ids, labels=labels)
+    return {"loss": out.loss + out.aux_loss, "aux_loss": out.aux_loss.detach(),
+            "tokens": (labels[:, 1:] != -100).sum()}
+
+
+def _check_finite(name: str, value: torch.Tensor, what: str) -> None:
+    if not bool(torch.isfinite(value).all()):
+        raise FloatingPointError(f"{name} is {float(value)} {what}; the weights were NOT updated. Lower the learning "
+                                 "rate (or check the data and the model's inputs) and resume from the last checkpoint.")
+
+
+def objective_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Any,
+    objective: Objective = lm_objective,
+    max_grad_norm: Optional[float] = 1.0,
+    autocast: Optional[Callable[[], Any]] = None,
+) -> Dict[str, torch.Tensor]:
+    """One optimizer step on any objective; returns its metrics (detached) plus ``grad_norm``.
+
+    Forward (under ``autocast()`` if given) -> ``objective(model, batch)["loss"]`` -> backward ->
+    clip the global gradient norm to ``max_grad_norm`` (None: no clipping) -> ``optimizer.step()``
+    -> ``zero_grad``. A non-finite loss or gradient norm raises ``FloatingPointError`` *before*
+    the update, so the weights (and any checkpoint saved later) stay finite. A batch whose
+    ``tokens`` metric is 0 is skipped: no update, ``skipped`` = 1 in the metrics."""
+    with (autocast() if autocast is not None else contextlib.nullcontext()):
+        metrics = objective(model, batch)
+    loss = metrics["loss"]
+    if "tokens" in metrics and int(metrics["tokens"]) == 0:
+        optimizer.zero_grad(set_to_none=True)
+        out = {k: v.detach() for k, v in metrics.items()}
+        out.update(grad_norm=torch.tensor(0.0), skipped=torch.tensor(1.0))
+        return out
+    _check_finite("the loss", loss.detach(), "before the update")
+    loss.backward()
+    params = [p for p in model.parameters() if p.grad is not None]
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, math.inf if max_grad_norm is None else max_grad_norm)
+    if not bool(torch.isfinite(grad_norm)):
+        optimizer.zero_grad(set_to_none=True)
+        _check_finite("the gradient norm", grad_norm, "before the update")
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    out = {k: v.detach() for k, v in metrics.items()}
+    out.update(grad_norm=grad_norm.detach(), skipped=torch.tensor(0.0))
+    return out
+
+
 def train_step(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     input_ids: torch.Tensor,
     labels: torch.Tensor,
-    max_grad_norm: float = 1.0,
+    max_grad_norm: Optional[float] = 1.0,
     autocast: Optional[Callable[[], Any]] = None,
 ) -> Dict[str, torch.Tensor]:
-    """One optimizer step; returns ``{"loss", "aux_loss", "grad_norm"}`` (detached tensors).
-
-    Forward (under ``autocast()`` if given) -> ``loss = out.loss + out.aux_loss`` (the auxiliary
-    load-balancing loss is 0 for dense models) -> backward -> clip the global gradient norm to
-    ``max_grad_norm`` -> ``optimizer.step()`` -> ``zero_grad``. ``grad_norm`` is the norm before
-    clipping (what ``clip_grad_norm_`` returns)."""
-    with (autocast() if autocast is not None else contextlib.nullcontext()):
-        out = model(input_ids, labels=labels)
-        loss = out.loss + out.aux_loss
-    loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return {"loss": out.loss.detach(), "aux_loss": out.aux_loss.detach(), "grad_norm": grad_norm.detach()}
+    """One pretraining step (``objective_step`` with ``lm_objective``); returns detached
+    ``{"loss", "aux_loss", "grad_norm", ...}``. ``loss`` is ``out.loss + out.aux_loss``, what was
+    minimised; ``grad_norm`` is the norm before clipping (what ``clip_grad_norm_`` returns)."""
+    return objective_step(model, optimizer, (input_ids, labels), lm_objective, max_grad_norm, autocast)
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW over every parameter (the tied embedding/head once), as upstream MiniMind does."""
-    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+    """AdamW over every trainable parameter (the tied embedding/head once), as upstream MiniMind
+    does; frozen parameters (``requires_grad=False``, e.g. under LoRA) are left out."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("the model has no trainable parameter (every requires_grad is False).")
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+
+
+def move_to(batch: Any, device: torch.device) -> Any:
+    """``batch`` with every tensor inside (tuples, lists, dicts) moved to ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(move_to(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: move_to(v, device) for k, v in batch.items()}
+    return batch
+
+
+@torch.no_grad()
+def evaluate_objective(model: torch.nn.Module, dataset: Any, objective: Objective, batch_size: int, n_batches: int,
+                       device: torch.device, autocast: Optional[Callable[[], Any]] = None) -> Dict[str, float]:
+    """Every metric of ``objective`` averaged (weighted by batch size) over the first
+    ``n_batches * batch_size`` items of ``dataset``, in eval mode and without gradients."""
+    was_training = model.training
+    model.eval()
+    totals: Dict[str, float] = {}
+    count = 0
+    try:
+        n = min(len(dataset), n_batches * batch_size)
+        for start in range(0, n, batch_size):
+            idx = torch.arange(start, min(n, start + batch_size))
+            with (autocast() if autocast is not None else contextlib.nullcontext()):
+                metrics = objective(model, move_to(dataset.batch(idx), device))
+            for k, v in metrics.items():
+                totals[k] = totals.get(k, 0.0) + float(v) * len(idx)
+            count += len(idx)
+    finally:
+        model.train(was_training)
+    return {k: v / max(1, count) for k, v in totals.items()}
 
 
 @torch.no_grad()
@@ -247,12 +429,30 @@ def sample_text(model: torch.nn.Module, tokenizer, prompt: str = "", max_new_tok
 # ---------------------------------------------------------------------- data for a run
 @dataclass
 class RunData:
-    """A run's tokenizer, datasets and held-out problems (``build_data`` makes one)."""
+    """A run's tokenizer, datasets and held-out problems (``build_data`` makes one for
+    pretraining; the post-training chapters build theirs from their own datasets).
+
+    ``train`` (and ``val``, if given) is any dataset with ``len()`` and ``batch(indices)``
+    returning what the run's objective takes (pretraining: ``(input_ids, labels)``)."""
 
     tokenizer: Any
-    train: data_mod.PackedDataset
-    val: data_mod.PackedDataset
-    test_problems: List[Tuple[int, int]]
+    train: Any
+    val: Any = None
+    test_problems: List[Tuple[int, int]] = field(default_factory=list)
+
+
+def data_fingerprint(dataset: Any) -> Optional[str]:
+    """A short hash of a dataset's content (``dataset.fingerprint()`` if it has one, else the
+    bytes of its ``data`` tensor), stored in checkpoints so a resumed run can tell it is being
+    given the same data. None when the dataset offers neither."""
+    import hashlib
+
+    if hasattr(dataset, "fingerprint"):
+        return str(dataset.fingerprint())
+    tensor = getattr(dataset, "data", None)
+    if isinstance(tensor, torch.Tensor):
+        return hashlib.sha256(tensor.detach().cpu().contiguous().numpy().tobytes()).hexdigest()[:16]
+    return None
 
 
 def build_data(cfg: TrainConfig, tokenizer=None) -> RunData:
@@ -335,7 +535,7 @@ class TrainResult:
 
 
 def _new_history() -> Dict[str, List[float]]:
-    return {k: [] for k in ("step", "loss", "aux_loss", "lr", "grad_norm", "eval_step", "eval_loss", "eval_acc")}
+    return {k: [] for k in ("step", "loss", "aux_loss", "lr", "grad_norm", "skipped", "eval_step", "eval_loss", "eval_acc")}
 
 
 def _rng_state(device: torch.device) -> Dict[str, Any]:
@@ -345,20 +545,104 @@ def _rng_state(device: torch.device) -> Dict[str, Any]:
     return state
 
 
+def _write_json_atomic(path: str, obj: Any) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2)
+    os.replace(tmp, path)
+
+
+def _resume_path(cfg: TrainConfig) -> Optional[str]:
+    if cfg.resume is None:
+        return None
+    if cfg.resume == "auto":
+        if not cfg.out_dir:
+            raise ValueError("resume='auto' looks for ckpt.pt in out_dir, but out_dir is not set; set out_dir to the "
+                             "run's folder, or give resume the path of a checkpoint.")
+        candidate = os.path.join(cfg.out_dir, CHECKPOINT_NAME)
+        return candidate if os.path.exists(candidate) else None
+    if not os.path.isfile(cfg.resume):
+        raise FileNotFoundError(f"resume={cfg.resume!r}: no such checkpoint file.")
+    return cfg.resume
+
+
+def _load_resume_blob(path: str) -> Dict[str, Any]:
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # truncated, not a checkpoint, or a pickle that is not plain data
+        raise ValueError(f"cannot resume from {path}: it is not a readable minimind_ref training checkpoint "
+                         f"({type(err).__name__}: {str(err).splitlines()[0][:200]}).") from None
+    if not (isinstance(blob, dict) and isinstance(blob.get("extra"), dict) and "optimizer" in blob["extra"]
+            and "state_dict" in blob):
+        raise ValueError(f"cannot resume from {path}: it holds weights but no training state (optimizer, step); "
+                         "load it with load_checkpoint and start a new run instead.")
+    return blob
+
+
+def _check_resumable(cfg: TrainConfig, previous: Dict[str, Any], path: str) -> None:
+    """The new config may differ from the checkpoint's run only in RESUMABLE_CHANGES."""
+    now = cfg.to_dict()
+    before = TrainConfig.from_dict(previous).to_dict() if previous else now
+    different = [k for k in now if k not in RESUMABLE_CHANGES and now[k] != before.get(k)]
+    if different:
+        detail = "; ".join(f"{k}: checkpoint {before.get(k)!r}, now {now[k]!r}" for k in different)
+        raise ValueError(f"cannot resume from {path}: the run was made with other settings ({detail}). Use the "
+                         "checkpoint's settings (its train_config.json), or start a new run in another out_dir.")
+
+
+def _lm_eval(cfg: TrainConfig, data: RunData, objective: Objective, device: torch.device,
+             autocast: Optional[Callable[[], Any]]) -> Callable[[torch.nn.Module, int], Dict[str, float]]:
+    """The default evaluation: the objective's mean loss on ``data.val`` and, for generated
+    data, the greedy accuracy on the held-out additions."""
+
+    def evaluate(model: torch.nn.Module, step: int) -> Dict[str, float]:
+        out: Dict[str, float] = {}
+        if data.val is not None and len(data.val):
+            out["loss"] = evaluate_objective(model, data.val, objective, cfg.batch_size, cfg.eval_batches, device,
+                                             autocast)["loss"]
+        if cfg.eval_problems and data.test_problems:
+            out["acc"] = arithmetic_accuracy(model, data.tokenizer, data.test_problems[: cfg.eval_problems], device)
+        return out
+
+    return evaluate
+
+
 def train(
     cfg: TrainConfig,
     model: Optional[MiniMindForCausalLM] = None,
     data: Optional[RunData] = None,
     stop_at: Optional[int] = None,
     log: Optional[Callable[[str], None]] = None,
+    objective: Optional[Objective] = None,
+    evaluate: Optional[Callable[[torch.nn.Module, int], Dict[str, float]]] = None,
+    lr_schedule: Optional[Callable[[int, int, int, float, float], float]] = None,
+    step_fn: Optional[Callable[..., Any]] = None,
 ) -> TrainResult:
     """Train (or resume) according to ``cfg`` and return the model and its history.
 
-    ``model``/``data``: use these instead of building them from ``cfg`` (e.g. an ablated model,
-    or data already built). ``stop_at``: stop after this many steps although the schedule is
-    planned for ``cfg.max_steps`` (to simulate an interruption). ``log``: where progress lines go
-    (default: ``print`` on the first process; lines appear every ``cfg.log_every`` steps).
-    Under torchrun (``WORLD_SIZE`` > 1) the process group is created here if needed.
+    One loop for every stage of the course (pretraining, SFT, LoRA, DPO, GRPO); what differs is
+    passed in:
+
+    * ``model`` / ``data``: use these instead of building them from ``cfg`` (an ablated model,
+      data already built, a fine-tuning dataset);
+    * ``objective(model, batch) -> {"loss": ..., other metrics}`` (default ``lm_objective``);
+    * ``evaluate(model, step) -> {name: float}``, run every ``cfg.eval_every`` steps and logged
+      as ``history["eval_<name>"]`` (default: the objective's loss on ``data.val`` and, for
+      generated data, held-out addition accuracy);
+    * ``lr_schedule(step, max_steps, warmup_steps, max_lr, min_lr)`` (default ``lr_at``);
+    * ``step_fn(model, optimizer, batch, max_grad_norm) -> loss`` (a float, or a dict with
+      ``"loss"``): your own optimizer step instead of ``objective_step`` (chapter 08 trains with
+      the learner's ``training_step``); it runs under the run's autocast.
+
+    ``stop_at``: stop after this many steps although the schedule is planned for
+    ``cfg.max_steps`` (to simulate an interruption). ``log``: where progress lines go (default:
+    ``print`` on the first process). Under torchrun (``WORLD_SIZE`` > 1) the process group is
+    created here if needed.
+
+    Safety: resuming checks the checkpoint's settings, tokenizer and data fingerprint *before*
+    anything in ``out_dir`` is written; a non-finite loss or gradient raises before the update,
+    so no checkpoint ever holds diverged weights; checkpoints and run files are written to a
+    temporary name and renamed.
     """
     rank, world, local_rank = dist_info()
     device = resolve_device(cfg, local_rank, world)
@@ -372,30 +656,45 @@ def train(
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True)
     torch.manual_seed(cfg.seed)
+    objective = objective or lm_objective
+    lr_schedule = lr_schedule or lr_at
 
-    # ---- data and tokenizer (trained once, by the first process, then shared through the file)
+    # ---- what are we resuming? (read only: nothing is written before every check has passed)
+    resume = _resume_path(cfg)
+    blob = None
+    if resume:
+        blob = _load_resume_blob(resume)
+        _check_resumable(cfg, blob["extra"].get("train_config", {}), resume)
+
+    # ---- data and tokenizer (a resumed run reuses its own tokenizer file; a new one trains it
+    # once, on the first process, and shares it through the file)
     if data is None:
         tokenizer = None
-        if world > 1 and not cfg.tokenizer:
+        run_tokenizer = os.path.join(cfg.out_dir, TOKENIZER_NAME) if cfg.out_dir else None
+        if resume and not cfg.tokenizer and run_tokenizer and os.path.exists(run_tokenizer):
+            tokenizer = load_tokenizer(run_tokenizer)
+        if tokenizer is None and world > 1 and not cfg.tokenizer:
             import torch.distributed as dist
 
             if cfg.out_dir is None:
                 raise ValueError("distributed runs need out_dir (or a tokenizer file) to share the tokenizer.")
-            path = os.path.join(cfg.out_dir, TOKENIZER_NAME)
             if is_main:
                 data = build_data(cfg)
-                save_tokenizer(data.tokenizer, path)
+                os.makedirs(cfg.out_dir, exist_ok=True)
+                save_tokenizer(data.tokenizer, run_tokenizer)
             dist.barrier()
             if not is_main:
-                data = build_data(cfg, tokenizer=load_tokenizer(path))
+                data = build_data(cfg, tokenizer=load_tokenizer(run_tokenizer))
         else:
             data = build_data(cfg, tokenizer)
     tokenizer = data.tokenizer
-    if cfg.out_dir and is_main:
-        os.makedirs(cfg.out_dir, exist_ok=True)
-        save_tokenizer(tokenizer, os.path.join(cfg.out_dir, TOKENIZER_NAME))
-        with open(os.path.join(cfg.out_dir, "train_config.json"), "w", encoding="utf-8") as f:
-            json.dump(cfg.to_dict(), f, indent=2)
+    fingerprint = data_fingerprint(data.train)
+    if blob is not None:
+        saved = blob["extra"].get("data_fingerprint")
+        if saved is not None and fingerprint is not None and saved != fingerprint:
+            raise ValueError(f"cannot resume from {resume}: the training data differ from the data of that run "
+                             "(another corpus, tokenizer or seq_len). Resume with the run's own data and tokenizer "
+                             "(out_dir/tokenizer.json), or start a new run in another out_dir.")
 
     # ---- model, optimizer, resume
     if model is None:
@@ -405,12 +704,7 @@ def train(
     optimizer = make_optimizer(model, cfg)
     history = _new_history()
     start_step = 0
-    resume = cfg.resume
-    if resume == "auto":
-        candidate = os.path.join(cfg.out_dir or ".", CHECKPOINT_NAME)
-        resume = candidate if os.path.exists(candidate) else None
-    if resume:
-        blob = torch.load(resume, map_location="cpu", weights_only=True)
+    if blob is not None:
         state = {k: v for k, v in blob["state_dict"].items() if not k.endswith(("freqs_cos", "freqs_sin"))}
         load_state_dict_strict(model, state)
         extra = blob["extra"]
@@ -422,12 +716,22 @@ def train(
             torch.cuda.set_rng_state(extra["rng"]["cuda"], device)
         log(f"resumed from {resume} at step {start_step}")
 
+    # ---- every check passed: now the run folder may be written
+    if cfg.out_dir and is_main:
+        os.makedirs(cfg.out_dir, exist_ok=True)
+        tok_path = os.path.join(cfg.out_dir, TOKENIZER_NAME)
+        if hasattr(tokenizer, "save") and not (resume and os.path.exists(tok_path)):
+            save_tokenizer(tokenizer, tok_path + ".tmp")
+            os.replace(tok_path + ".tmp", tok_path)
+        _write_json_atomic(os.path.join(cfg.out_dir, "train_config.json"), cfg.to_dict())
+
     raw_model = model
     if world > 1:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     autocast = autocast_for(cfg, device)
+    evaluate = evaluate or _lm_eval(cfg, data, objective, device, autocast)
     end_step = cfg.max_steps if stop_at is None else min(stop_at, cfg.max_steps)
     n_train = len(data.train)
 
@@ -436,20 +740,23 @@ def train(
             return None
         path = os.path.join(cfg.out_dir, CHECKPOINT_NAME)
         extra = {"step": step, "optimizer": optimizer.state_dict(), "history": history,
-                 "train_config": cfg.to_dict(), "rng": _rng_state(device)}
+                 "train_config": cfg.to_dict(), "rng": _rng_state(device), "data_fingerprint": fingerprint}
+        for name, tensor in raw_model.state_dict().items():
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                raise FloatingPointError(f"not saving step {step}: weight {name} is not finite; the previous "
+                                         f"checkpoint in {cfg.out_dir} is kept.")
         save_checkpoint(raw_model, path + ".tmp", extra=extra)
         os.replace(path + ".tmp", path)  # never leave a half-written checkpoint behind
         return path
 
     def run_eval(step: int) -> None:
-        loss = evaluate_loss(raw_model, data.val, cfg.batch_size, cfg.eval_batches, device, autocast)
-        acc = float("nan")
-        if cfg.eval_problems and data.test_problems:
-            acc = arithmetic_accuracy(raw_model, tokenizer, data.test_problems[: cfg.eval_problems], device)
+        metrics = evaluate(raw_model, step)
         history["eval_step"].append(step)
-        history["eval_loss"].append(loss)
-        history["eval_acc"].append(acc)
-        log(f"eval step {step}: val loss {loss:.4f}" + ("" if math.isnan(acc) else f", held-out accuracy {acc:.1%}"))
+        for k in set(metrics) | {"loss", "acc"}:
+            history.setdefault(f"eval_{k}", []).append(float(metrics.get(k, float("nan"))))
+        parts = [f"{k} {v:.4f}" if k != "acc" else f"held-out accuracy {v:.1%}" for k, v in metrics.items()
+                 if not (isinstance(v, float) and math.isnan(v))]
+        log(f"eval step {step}: " + ", ".join(parts))
 
     bar = None
     if cfg.progress and is_main:
@@ -458,39 +765,55 @@ def train(
         bar = tqdm(total=end_step, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
         log = bar.write if log is print else log
 
-    tokens_per_step = cfg.batch_size * cfg.seq_len
     train_seconds, t0 = 0.0, time.perf_counter()
+    tokens_seen = 0
     tokens_per_s = 0.0
     ckpt_path = None
-    if start_step == 0 and cfg.eval_every and not history["eval_step"]:
+    if start_step == 0 and cfg.eval_every and not history["eval_step"] and is_main:
         run_eval(0)
     for step in range(start_step, end_step):
-        lr = lr_at(step, cfg.max_steps, cfg.warmup_steps, cfg.lr, cfg.min_lr)
+        lr = lr_schedule(step, cfg.max_steps, cfg.warmup_steps, cfg.lr, cfg.min_lr)
+        if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr >= 0):
+            raise ValueError(f"the learning-rate schedule returned {lr!r} at step {step}; it must be a finite number >= 0.")
         for group in optimizer.param_groups:
             group["lr"] = lr
         idx = data_mod.shard(data_mod.global_batch_indices(n_train, cfg.batch_size, step, cfg.seed), rank, world)
-        x, y = data.train.batch(idx)
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        batch = move_to(data.train.batch(idx), device)
         tic = time.perf_counter()
-        out = train_step(model, optimizer, x, y, cfg.grad_clip, autocast)
-        loss, aux = out["loss"], out["aux_loss"]
+        if step_fn is not None:
+            with (autocast() if autocast is not None else contextlib.nullcontext()):
+                got = step_fn(model, optimizer, batch, cfg.grad_clip)
+            metrics = dict(got) if isinstance(got, dict) else {"loss": got}
+            metrics = {k: torch.as_tensor(float(v)) for k, v in metrics.items()}
+            metrics.setdefault("grad_norm", torch.tensor(float("nan")))
+            _check_finite("the loss", metrics["loss"], f"at step {step}")
+        else:
+            metrics = objective_step(model, optimizer, batch, objective, cfg.grad_clip, autocast)
+            if world > 1 and float(metrics.get("skipped", 0.0)):
+                raise RuntimeError("a distributed step had no supervised token on one process.")
+        names = sorted(k for k in metrics if k not in ("grad_norm", "skipped"))
+        values = torch.stack([metrics[k].float().to(device) for k in names])
         if world > 1:  # the global mean, as one process with the whole batch would log it
             import torch.distributed as dist
 
-            both = torch.stack([loss.float(), aux.float()])
-            dist.all_reduce(both)
-            loss, aux = both / world
-        loss_f = float(loss)  # synchronizes the device, so the timing below is honest
+            dist.all_reduce(values)
+            values = values / world
+        values = values.tolist()  # synchronizes the device, so the timing below is honest
         train_seconds += time.perf_counter() - tic
-        done = step + 1 - start_step
-        tokens_per_s = done * tokens_per_step / max(train_seconds, 1e-9)
+        first = batch[0] if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor) else None
+        tokens_seen += (first.numel() * world) if first is not None else cfg.batch_size * cfg.seq_len
+        tokens_per_s = tokens_seen / max(train_seconds, 1e-9)
+        logged = dict(zip(names, values))
         history["step"].append(step)
-        history["loss"].append(loss_f)
-        history["aux_loss"].append(float(aux))
         history["lr"].append(lr)
-        history["grad_norm"].append(float(out["grad_norm"]))
-        if not math.isfinite(loss_f):
-            raise FloatingPointError(f"loss became {loss_f} at step {step}; lower the learning rate or check the data.")
+        history["grad_norm"].append(float(metrics["grad_norm"]))
+        history["skipped"].append(float(metrics.get("skipped", 0.0)))
+        for k in set(history) - {"step", "lr", "grad_norm", "skipped"} - {h for h in history if h.startswith("eval_")}:
+            if k not in logged:
+                history[k].append(0.0 if k == "aux_loss" else float("nan"))
+        for k, v in logged.items():
+            history.setdefault(k, [float("nan")] * (len(history["step"]) - 1)).append(v)
+        loss_f = logged["loss"]
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{loss_f:.3f}", tok_s=f"{tokens_per_s:,.0f}")
@@ -517,24 +840,29 @@ def _parse_value(text: str) -> Any:
 
 def config_from_args(argv: Optional[Sequence[str]] = None) -> Tuple[TrainConfig, argparse.Namespace]:
     p = argparse.ArgumentParser(prog="python -m minimind_ref.train", description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", help="JSON file with TrainConfig fields (missing keys keep their defaults)")
+    p.add_argument("--config", help="a JSON file with TrainConfig fields (missing keys keep their defaults), or the name "
+                   f"of a config shipped with the package: {', '.join(named_configs())}")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                    help="override options, values parsed as JSON: --set max_steps=100 model.hidden_size=256")
     p.add_argument("--stop-at", type=int, default=None, help="stop after this step (the schedule still plans max_steps)")
     p.add_argument("--history", default=None, help="write the loss history (JSON) to this file")
     args = p.parse_args(argv)
-    d = TrainConfig().to_dict()
-    if args.config:
-        d = TrainConfig.from_json(args.config).to_dict()
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            p.error(f"--set expects KEY=VALUE, got {item!r}")
-        if key.startswith("model."):
-            d["model"][key[len("model."):]] = _parse_value(value)
-        else:
-            d[key] = _parse_value(value)
-    return TrainConfig.from_dict(d), args
+    try:
+        d = TrainConfig().to_dict()
+        if args.config:
+            d = TrainConfig.from_json(args.config).to_dict()
+        for item in args.set:
+            key, sep, value = item.partition("=")
+            if not sep:
+                p.error(f"--set expects KEY=VALUE, got {item!r}")
+            if key.startswith("model."):
+                d["model"][key[len("model."):]] = _parse_value(value)
+            else:
+                d[key] = _parse_value(value)
+        return TrainConfig.from_dict(d), args
+    except (ValueError, FileNotFoundError) as err:
+        p.error(str(err))  # exits with status 2 and the message, not a traceback
+        raise  # unreachable: p.error exits
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

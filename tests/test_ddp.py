@@ -4,7 +4,7 @@ one process with the same global batch.
 Tolerance: each process averages the loss over its half of the batch and DDP averages the two
 gradients, which is the one-process mean computed in a different order, so results agree to
 float32 rounding: rtol = atol = 1e-5 on the logged losses and 1e-4 on the final weights after
-the 8 AdamW steps of configs/tiny_test.json.
+the 8 AdamW steps of the shipped tiny_test config.
 """
 
 import json
@@ -20,7 +20,7 @@ from minimind_ref.tokenizer import load_tokenizer
 from minimind_ref.train import TrainConfig, build_model
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "configs" / "tiny_test.json"
+TINY = ROOT / "minimind_ref" / "configs" / "tiny_test.json"
 
 
 def _run(args, env):

@@ -11,11 +11,11 @@ import torch
 from minimind_ref import MiniMindConfig, MiniMindForCausalLM, load_checkpoint
 from minimind_ref import data as D
 from minimind_ref.tokenizer import BOS_ID, EOS_ID, SPECIAL_TOKENS, learn_merges, load_tokenizer, merge_pair, save_tokenizer, train_bpe_tokenizer
-from minimind_ref.train import (TrainConfig, build_data, causal_lm_loss, config_from_args, lr_at, main, solve_problems,
+from minimind_ref.train import (TrainConfig, build_data, build_model, causal_lm_loss, config_from_args, lr_at, main, solve_problems,
                                 train)
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "configs" / "tiny_test.json"
+TINY = ROOT / "minimind_ref" / "configs" / "tiny_test.json"
 
 
 def tiny(**changes):
@@ -33,7 +33,10 @@ def test_arithmetic_split_is_disjoint_and_deterministic():
     assert len(train_pairs) + len(test_pairs) == 100 * 100
     assert not set(train_pairs) & set(test_pairs)
     assert D.arithmetic_split() == (train_pairs, test_pairs)
-    assert len(test_pairs) == 500
+    assert 500 <= len(test_pairs) <= 501  # 5%, rounded up to whole unordered pairs
+    # unordered pairs are held out together: no test problem has its swapped twin in training
+    train = set(train_pairs)
+    assert not any((b, a) in train for a, b in test_pairs)
 
 
 def test_corpus_never_shows_a_test_problem():
@@ -140,7 +143,7 @@ def test_config_json_and_overrides(tmp_path):
     assert cfg.model["num_hidden_layers"] == 2  # untouched keys survive
     with pytest.raises(ValueError, match="unknown training option"):
         TrainConfig.from_dict({"max_step": 3})
-    for path in sorted((ROOT / "configs").glob("*.json")):
+    for path in sorted((ROOT / "minimind_ref" / "configs").glob("*.json")):
         TrainConfig.from_json(str(path))  # every shipped config parses
 
 
@@ -203,3 +206,129 @@ def test_special_ids_frame_documents(tiny_data):
     stream = tiny_data.train.data.view(-1)
     assert int((stream == BOS_ID).sum()) > 0 and int((stream == EOS_ID).sum()) > 0
     assert int(stream.max()) < tiny_data.tokenizer.get_vocab_size()
+
+
+# ---------------------------------------------------------------------- hooks, validation, safe resume
+def test_named_configs_are_shipped_in_the_package():
+    from minimind_ref.train import named_configs
+
+    assert {"ch08_cpu", "ch08_gpu", "tiny_test"} <= set(named_configs())
+    assert TrainConfig.from_json("tiny_test") == TrainConfig.from_json(str(TINY))
+    with pytest.raises(FileNotFoundError, match="shipped configs: .*tiny_test"):
+        TrainConfig.from_json("no_such_config")
+
+
+@pytest.mark.parametrize("changes, fragment", [
+    ({"grad_clip": -1}, "grad_clip=-1"),
+    ({"grad_clip": 0}, "0 would zero every update"),
+    ({"seq_len": 1}, "at least 2 tokens"),
+    ({"lr": "abc"}, "lr='abc'"),
+    ({"lr": float("nan")}, "positive finite number"),
+    ({"max_steps": 0}, "max_steps=0"),
+    ({"min_lr": 1.0}, "between 0 and lr"),
+    ({"betas": [0.9]}, "two numbers"),
+    ({"dtype": "fp16"}, "'auto', 'float32' or 'bfloat16'"),
+    ({"batch_size": 2.5}, "whole number"),
+])
+def test_invalid_training_settings_are_refused(changes, fragment):
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        tiny(**changes)
+
+
+def test_cli_reports_bad_values_without_a_traceback(capsys):
+    for bad in (["lr=abc"], ["max_steps=0"]):
+        with pytest.raises(SystemExit) as exit_info:
+            config_from_args(["--config", "tiny_test", "--set", *bad])
+        assert exit_info.value.code == 2
+        assert "is invalid" in capsys.readouterr().err
+
+
+def test_divergence_never_reaches_a_checkpoint(tmp_path, tiny_data):
+    run = tmp_path / "run"
+    train(tiny(max_steps=2, eval_every=0, out_dir=str(run)), data=tiny_data)
+    good = torch.load(run / "ckpt.pt", weights_only=True)["state_dict"]
+    with pytest.raises(FloatingPointError, match="NOT updated"):
+        train(tiny(max_steps=6, lr=1e9, min_lr=0.0, warmup_steps=0, eval_every=0, save_every=1, grad_clip=None,
+                   out_dir=str(tmp_path / "diverged")), data=tiny_data)
+    saved = tmp_path / "diverged" / "ckpt.pt"
+    if saved.exists():  # steps before the divergence may have been saved: they are finite
+        assert all(torch.isfinite(t).all() for t in torch.load(saved, weights_only=True)["state_dict"].values())
+    assert all(torch.isfinite(t).all() for t in good.values())
+
+
+def test_resume_auto_needs_out_dir(tiny_data):
+    with pytest.raises(ValueError, match="out_dir is not set"):
+        train(tiny(resume="auto"), data=tiny_data)
+
+
+def test_resume_refuses_other_settings_before_writing_anything(tmp_path, tiny_data):
+    run = tmp_path / "run"
+    train(tiny(max_steps=4, out_dir=str(run)), data=tiny_data, stop_at=2)
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    with pytest.raises(ValueError, match=r"other settings \(model:"):
+        train(tiny(max_steps=4, out_dir=str(run), resume="auto", model={"hidden_size": 64}))
+    with pytest.raises(ValueError, match="n_docs: checkpoint 300, now 301"):
+        train(tiny(max_steps=4, out_dir=str(run), resume="auto", n_docs=301))
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before, "a refused resume must not touch the run folder"
+
+
+def test_resume_reuses_the_runs_tokenizer_and_refuses_other_data(tmp_path, tiny_data):
+    run = tmp_path / "run"
+    cfg = tiny(max_steps=4, out_dir=str(run))
+    train(cfg, stop_at=2)
+    tok_before = (run / "tokenizer.json").read_bytes()
+    resumed = train(cfg.replace(resume="auto"))  # builds its data with the run's own tokenizer file
+    assert resumed.step == 4 and (run / "tokenizer.json").read_bytes() == tok_before
+    other = build_data(tiny(n_docs=200))
+    train(cfg.replace(out_dir=str(tmp_path / "run2")), data=tiny_data, stop_at=2)
+    with pytest.raises(ValueError, match="training data differ"):
+        train(cfg.replace(out_dir=str(tmp_path / "run2"), resume="auto", n_docs=300), data=other)
+
+
+def test_hooks_objective_schedule_and_step_fn(tiny_data):
+    from minimind_ref.train import lm_objective
+
+    seen = []
+
+    def objective(model, batch):
+        out = lm_objective(model, batch)
+        out["double"] = 2 * out["loss"].detach()
+        return out
+
+    res = train(tiny(max_steps=3, eval_every=0), data=tiny_data, objective=objective,
+                lr_schedule=lambda step, *_: 1e-3 * (step + 1))
+    assert res.history["lr"] == pytest.approx([1e-3, 2e-3, 3e-3])
+    assert res.history["double"] == pytest.approx([2 * v for v in res.history["loss"]])
+
+    def step_fn(model, optimizer, batch, max_grad_norm):
+        seen.append(max_grad_norm)
+        out = model(batch[0], labels=batch[1])
+        out.loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return out.loss.item()
+
+    res = train(tiny(max_steps=2, eval_every=0), data=tiny_data, step_fn=step_fn)
+    assert seen == [1.0, 1.0] and len(res.history["loss"]) == 2 and math.isnan(res.history["grad_norm"][0])
+
+
+def test_a_batch_without_supervised_tokens_is_skipped(tiny_data):
+    from minimind_ref.train import RunData
+
+    class NoTargets:
+        def __init__(self, base):
+            self.base = base
+
+        def __len__(self):
+            return len(self.base)
+
+        def batch(self, idx):
+            x, _ = self.base.batch(idx)
+            return x, torch.full_like(x, -100)
+
+    model = build_model(tiny(), tiny_data.tokenizer.get_vocab_size())
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    res = train(tiny(max_steps=2, eval_every=0), model=model,
+                data=RunData(tiny_data.tokenizer, NoTargets(tiny_data.train)))
+    assert res.history["skipped"] == [1.0, 1.0]
+    assert all(torch.equal(before[k], v) for k, v in res.model.state_dict().items())
