@@ -1,0 +1,278 @@
+"""Data for the post-training chapters (09-12), generated from a seed, in upstream's JSONL shapes.
+
+The world is chapter 08's: two-digit additions (with the same held-out problems: a test problem
+never occurs in any training split of any stage, in either order) and tiny stories, plus who the
+assistant is and what it cannot do. Four kinds of user turns:
+
+=============  ===========================================  =====================================
+kind           user says (one of several phrasings)         assistant answers
+=============  ===========================================  =====================================
+``sum``        "What is 37 plus 45?"                        ``37+45=082`` (chapter 08's format)
+``story``      a story, then "Who went to the park ...?"    the name / thing / place / number
+``identity``   "Who are you?"                               ``IDENTITY``
+``refusal``    "What is the weather today?"                 ``REFUSAL`` (a polite "I can't")
+=============  ===========================================  =====================================
+
+Shapes, as upstream's ``dataset/lm_dataset.py`` reads them (jingyaogong/minimind at c090b69):
+
+* SFT: ``{"conversations": [{"role": "user", "content": ...}, {"role": "assistant", ...}, ...]}``
+* DPO: ``{"chosen": [messages...], "rejected": [messages...]}`` (same prompt, different last turn)
+* RL prompts: ``{"conversations": [..., {"role": "assistant", "content": reference answer}]}``
+  (the last turn is the reference the verifiable reward checks; upstream's RLAIF data put a
+  placeholder there because its reward comes from a reward model)
+
+``save_jsonl`` / ``load_jsonl`` write and read these files, so the same loaders work on MiniMind's
+real files. Every split is a pure function of ``(n, seed, split)``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from .data import FEELINGS, ITEMS, NAMES, PLACES, THINGS, arithmetic_split, format_answer
+
+Message = Dict[str, str]
+Conversation = List[Message]
+
+IDENTITY = ("I am MiniMind, a tiny language model trained in the course MiniMind from Zero. "
+            "I can add two-digit numbers and answer questions about short stories.")
+REFUSAL = ("Sorry, I can't help with that. I can add two-digit numbers and answer questions "
+           "about a story you give me.")
+
+SUM_PHRASINGS = [
+    "What is {a} plus {b}?", "What is {a} + {b}?", "Add {a} and {b}.", "How much is {a} plus {b}?",
+    "Compute {a}+{b}.", "Can you add {a} and {b}?", "What do you get if you add {a} and {b}?",
+    "{a}+{b}=?", "Please work out {a} + {b}.", "Tell me the sum of {a} and {b}.",
+    "What's {a} plus {b}?", "Calculate {a} plus {b}, please.",
+]
+IDENTITY_QUESTIONS = [
+    "Who are you?", "What is your name?", "What are you?", "Introduce yourself.", "Are you a human?",
+    "Tell me about yourself.", "What can you do?", "Who made you?",
+]
+# Requests outside the assistant's skills; the last ones are held out (never trained on).
+CANNOT_DO = [
+    ("What is the weather today?", "The weather today is sunny and warm."),
+    ("What time is it now?", "It is three o'clock."),
+    ("Write a poem about the sea.", "The sea is blue, the sea is deep, the fish are sleeping in a heap."),
+    ("Translate 'hello' into French.", "Hello in French is 'danke'."),
+    ("What is the capital of France?", "The capital of France is Berlin."),
+    ("Who won the football match yesterday?", "The red team won the match three to one."),
+    ("Can you browse the internet for me?", "Yes, I found three pages about it."),
+    ("What is 123 times 456?", "123 times 456 is 5,000."),
+    ("Tell me a joke about cats.", "Cats are funny because they can fly."),
+    ("What is the price of gold today?", "Gold costs 12 dollars today."),
+    ("How far away is the moon?", "The moon is 40 kilometres away."),
+    ("Can you send an email to my friend?", "Done, I sent the email to your friend."),
+    ("What is the square root of 2?", "The square root of 2 is exactly 1.5."),
+    ("Who is the president of Mars?", "The president of Mars is Tom."),
+    ("Play some music for me.", "Now playing your favourite song."),
+    ("What will happen tomorrow?", "Tomorrow it will snow everywhere."),
+]
+N_HELD_OUT_REQUESTS = 4
+SYSTEM_PROMPTS = ["You are MiniMind, a helpful assistant.", "You are a helpful assistant. Answer briefly."]
+STORY_QUESTIONS = ("friend", "thing", "place", "total")
+
+
+def _split_of(split: str) -> None:
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}.")
+
+
+def sum_problems(split: str = "train") -> List[Tuple[int, int]]:
+    """The addition problems of a split: chapter 08's ``arithmetic_split`` (unordered pairs held
+    out together), so held-out problems were never seen in pretraining either."""
+    _split_of(split)
+    train, test = arithmetic_split()
+    return train if split == "train" else test
+
+
+def cannot_do_requests(split: str = "train") -> List[Tuple[str, str]]:
+    """``(request, made-up answer)`` pairs; the last ``N_HELD_OUT_REQUESTS`` are the test split."""
+    _split_of(split)
+    return CANNOT_DO[:-N_HELD_OUT_REQUESTS] if split == "train" else CANNOT_DO[-N_HELD_OUT_REQUESTS:]
+
+
+# ---------------------------------------------------------------------- single exchanges
+@dataclass
+class Exchange:
+    """One user turn, its correct answer, and what it was (for scoring and for making pairs)."""
+
+    kind: str
+    user: str
+    answer: str
+    info: Dict[str, Any]
+
+
+def sum_exchange(a: int, b: int, rng: random.Random) -> Exchange:
+    question = rng.choice(SUM_PHRASINGS).format(a=a, b=b)
+    return Exchange("sum", question, f"{a:02d}+{b:02d}={format_answer(a, b)}", {"a": a, "b": b})
+
+
+def story_exchange(rng: random.Random, pairs: Sequence[Tuple[int, int]]) -> Exchange:
+    """A short story and one question whose answer is copied from it."""
+    name, friend = rng.sample(list(NAMES), 2)
+    thing, place, item = rng.choice(THINGS), rng.choice(PLACES), rng.choice(ITEMS)
+    a, b = rng.choice(pairs)
+    feeling = rng.choice(FEELINGS)
+    story = (f"{name} had {thing}. One day, {name} went to the {place} with {friend}. {friend} found {a} {item} "
+             f"and {name} found {b} {item}. Together they had {a + b} {item}. {friend} was {feeling}.")
+    kind = rng.choice(STORY_QUESTIONS)
+    question, answer = {
+        "friend": (f"Who went to the {place} with {name}?", friend),
+        "thing": (f"What did {name} have?", thing),
+        "place": (f"Where did {name} go?", f"the {place}"),
+        "total": (f"How many {item} did they have together?", str(a + b)),
+    }[kind]
+    return Exchange("story", f"{story}\nQuestion: {question}", answer, {"question": kind, "a": a, "b": b})
+
+
+def identity_exchange(rng: random.Random) -> Exchange:
+    return Exchange("identity", rng.choice(IDENTITY_QUESTIONS), IDENTITY, {})
+
+
+def refusal_exchange(rng: random.Random, requests: Sequence[Tuple[str, str]]) -> Exchange:
+    request, made_up = rng.choice(list(requests))
+    return Exchange("refusal", request, REFUSAL, {"made_up": made_up})
+
+
+KIND_WEIGHTS = {"sum": 0.5, "story": 0.25, "identity": 0.1, "refusal": 0.15}
+
+
+def random_exchange(rng: random.Random, split: str, weights: Optional[Dict[str, float]] = None) -> Exchange:
+    weights = weights or KIND_WEIGHTS
+    kind = rng.choices(list(weights), weights=list(weights.values()))[0]
+    problems = sum_problems(split)
+    if kind == "sum":
+        return sum_exchange(*rng.choice(problems), rng)
+    if kind == "story":
+        return story_exchange(rng, problems)
+    if kind == "identity":
+        return identity_exchange(rng)
+    return refusal_exchange(rng, cannot_do_requests(split))
+
+
+def _seed(seed: int, split: str, salt: int) -> int:
+    return seed * 1_000_003 + (0 if split == "train" else 500_009) + salt
+
+
+# ---------------------------------------------------------------------- SFT conversations
+def sft_conversations(n: int, seed: int = 0, split: str = "train", multi_turn: float = 0.2,
+                      system_prompt: float = 0.2, weights: Optional[Dict[str, float]] = None) -> List[Dict[str, Conversation]]:
+    """``n`` SFT records ``{"conversations": [...]}``: one exchange, or two with probability
+    ``multi_turn``; a custom system message with probability ``system_prompt`` (otherwise the
+    template's default applies). Deterministic in ``(n, seed, split)``."""
+    _split_of(split)
+    rng = random.Random(_seed(seed, split, 1))
+    out = []
+    for _ in range(n):
+        messages: Conversation = []
+        if rng.random() < system_prompt:
+            messages.append({"role": "system", "content": rng.choice(SYSTEM_PROMPTS)})
+        for _turn in range(2 if rng.random() < multi_turn else 1):
+            ex = random_exchange(rng, split, weights)
+            messages += [{"role": "user", "content": ex.user}, {"role": "assistant", "content": ex.answer}]
+        out.append({"conversations": messages})
+    return out
+
+
+def eval_exchanges(n_per_kind: int = 50, seed: int = 0, kinds: Iterable[str] = ("sum", "story", "identity", "refusal"),
+                   split: str = "test") -> List[Exchange]:
+    """Held-out single-turn prompts for evaluation, ``n_per_kind`` of each kind, fixed order."""
+    rng = random.Random(_seed(seed, split, 2))
+    out = []
+    for kind in kinds:
+        for _ in range(n_per_kind):
+            out.append(random_exchange(rng, split, {kind: 1.0}))
+    return out
+
+
+# ---------------------------------------------------------------------- preference pairs (DPO)
+def wrong_sum(a: int, b: int, rng: random.Random) -> str:
+    """A plausible wrong answer in the right format: one digit of the sum off by one or two."""
+    right = format_answer(a, b)
+    while True:
+        digits = list(right)
+        i = rng.choice([1, 2]) if right[0] == "0" else rng.choice([0, 1, 2])
+        digits[i] = str((int(digits[i]) + rng.choice([-2, -1, 1, 2])) % 10)
+        wrong = "".join(digits)
+        if wrong != right:
+            return f"{a:02d}+{b:02d}={wrong}"
+
+
+def ramble(rng: random.Random, split: str) -> str:
+    """What a model that does not stop writes after its answer: more drill lines."""
+    problems = sum_problems(split)
+    lines = [f"{a:02d}+{b:02d}={format_answer(a, b)}" for a, b in (rng.choice(problems) for _ in range(rng.randint(2, 4)))]
+    return "\n" + "\n".join(lines)
+
+
+PAIR_KINDS = ("wrong_sum", "ramble", "made_up")
+
+
+def preference_pairs(n: int, seed: int = 0, split: str = "train", kinds: Sequence[str] = PAIR_KINDS) -> List[Dict[str, Any]]:
+    """``n`` DPO records ``{"chosen": [...], "rejected": [...], "kind": ...}`` (``kind`` is extra;
+    upstream's loader ignores it). Three kinds, in turn:
+
+    * ``wrong_sum``: the right sum vs the same format with one digit off;
+    * ``ramble``: the answer that stops vs the same answer followed by more drill lines;
+    * ``made_up``: an honest "I can't" vs a confident made-up answer."""
+    _split_of(split)
+    for kind in kinds:
+        if kind not in PAIR_KINDS:
+            raise ValueError(f"unknown pair kind {kind!r}; choose from {PAIR_KINDS}.")
+    rng = random.Random(_seed(seed, split, 3))
+    problems = sum_problems(split)
+    out = []
+    for i in range(n):
+        kind = kinds[i % len(kinds)]
+        if kind == "made_up":
+            request, made_up = rng.choice(cannot_do_requests(split))
+            prompt, chosen, rejected = request, REFUSAL, made_up
+        else:
+            ex = sum_exchange(*rng.choice(problems), rng)
+            prompt, chosen = ex.user, ex.answer
+            rejected = wrong_sum(ex.info["a"], ex.info["b"], rng) if kind == "wrong_sum" else chosen + ramble(rng, split)
+        user = [{"role": "user", "content": prompt}]
+        out.append({"chosen": user + [{"role": "assistant", "content": chosen}],
+                    "rejected": user + [{"role": "assistant", "content": rejected}], "kind": kind})
+    return out
+
+
+# ---------------------------------------------------------------------- RL prompts (GRPO)
+def rl_prompts(n: int, seed: int = 0, split: str = "train") -> List[Dict[str, Conversation]]:
+    """``n`` RL records: a sum question and, as the last turn, the reference answer that the
+    verifiable reward compares with."""
+    _split_of(split)
+    rng = random.Random(_seed(seed, split, 4))
+    problems = sum_problems(split)
+    out = []
+    for _ in range(n):
+        ex = sum_exchange(*rng.choice(problems), rng)
+        out.append({"conversations": [{"role": "user", "content": ex.user}, {"role": "assistant", "content": ex.answer}]})
+    return out
+
+
+# ---------------------------------------------------------------------- files
+def save_jsonl(records: Iterable[Dict[str, Any]], path: str) -> None:
+    """One JSON object per line (UTF-8), as upstream's datasets are stored."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def load_jsonl(path: str) -> List[Dict[str, Any]]:
+    """Read a JSONL file written by ``save_jsonl`` or taken from MiniMind's datasets."""
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{path}:{number} is not a JSON object: {err}") from None
+    return records
