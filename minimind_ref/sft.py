@@ -23,9 +23,12 @@ next-token loss: the labels carry the mask), and ``chat`` talks to a model with 
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .train import RunData
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant"
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
@@ -261,3 +264,32 @@ def chat(model: torch.nn.Module, tokenizer: Any, messages: Sequence[Message], ma
         generator = torch.Generator(device=next(model.parameters()).device).manual_seed(0 if seed is None else seed)
     return generate_replies(model, tokenizer, [messages], max_new_tokens, do_sample, temperature, 0, top_p,
                             generator)[0]["text"]
+
+
+# ---------------------------------------------------------------------- the SFT stage
+SFT_CONFIG = "ch09_sft"  # minimind_ref/configs/ch09_sft.json: the chapter's run and the shipped `sft` stage
+
+
+def sft_data(tokenizer: Any, n_train: int = 4000, n_val: int = 200, seed: int = 0, max_length: int = 256,
+             loss_on: str = "assistant") -> "RunData":
+    """Generated conversations (``chat_data.sft_conversations``) as a ``train.RunData``: the
+    training split and a held-out validation split, both ``SFTDataset``."""
+    from . import chat_data
+    from .train import RunData
+
+    train_set = SFTDataset(chat_data.sft_conversations(n_train, seed=seed, split="train"), tokenizer, max_length, loss_on)
+    val_set = SFTDataset(chat_data.sft_conversations(n_val, seed=seed, split="test"), tokenizer, max_length, loss_on)
+    return RunData(tokenizer, train_set, val_set, [])
+
+
+def train_sft(model: torch.nn.Module, tokenizer: Any, cfg: Any = None, loss_on: str = "assistant",
+              n_train: int = 4000, seed: int = 0, **train_kwargs: Any) -> Any:
+    """Supervised fine-tuning with ``minimind_ref.train``'s loop: the objective is the ordinary
+    next-token loss (``lm_objective``); the labels of ``SFTDataset`` make it count only the
+    assistant's tokens (or every token, ``loss_on="all"``). ``model`` is trained in place.
+    Returns the ``TrainResult``."""
+    from .train import TrainConfig, train
+
+    cfg = cfg if cfg is not None else TrainConfig.from_json(SFT_CONFIG)
+    data = sft_data(tokenizer, n_train=n_train, seed=seed, max_length=cfg.seq_len, loss_on=loss_on)
+    return train(cfg, model=model, data=data, **train_kwargs)
