@@ -293,3 +293,16 @@ def train_sft(model: torch.nn.Module, tokenizer: Any, cfg: Any = None, loss_on: 
     cfg = cfg if cfg is not None else TrainConfig.from_json(SFT_CONFIG)
     data = sft_data(tokenizer, n_train=n_train, seed=seed, max_length=cfg.seq_len, loss_on=loss_on)
     return train(cfg, model=model, data=data, **train_kwargs)
+
+
+def build_stage(parent: torch.nn.Module, tokenizer: Any) -> Tuple[torch.nn.Module, Dict[str, Any], Any]:
+    """The shipped ``sft`` stage: ``train_sft`` on the ``base`` stage with ``SFT_CONFIG``
+    (``python -m minimind_ref.stages rebuild sft``)."""
+    from .train import TrainConfig
+
+    cfg = TrainConfig.from_json(SFT_CONFIG).replace(progress=False, out_dir=None)
+    result = train_sft(parent, tokenizer, cfg, log=lambda line: None)
+    extra = {"recipe": "minimind_ref.sft:build_stage", "command": "python -m minimind_ref.stages rebuild sft",
+             "train_config": cfg.to_dict(), "metrics": {"final_train_loss_mean20": sum(result.history["loss"][-20:]) / 20,
+                                                        "final_val_loss": result.history["eval_loss"][-1]}}
+    return result.model, extra, tokenizer

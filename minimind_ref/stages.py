@@ -167,6 +167,55 @@ def save_stage(model: torch.nn.Module, name: str, extra: Dict[str, Any]) -> Path
     return path
 
 
+# ---------------------------------------------------------------------- rebuilding
+# Each stage's recipe: "module:function" taking (parent model or None, tokenizer or None) and
+# returning (model, extra, tokenizer). The recipe lives with the stage's chapter code.
+RECIPES: Dict[str, str] = {
+    "base": "minimind_ref.stages:build_base",
+    "sft": "minimind_ref.sft:build_stage",
+}
+
+
+def build_base(parent: Optional[torch.nn.Module] = None, tokenizer: Any = None) -> Tuple[torch.nn.Module, Dict[str, Any], Any]:
+    """The ``base`` stage: chapter 08's pretraining run, ``python -m minimind_ref.train --config
+    ch08_cpu`` (the tokenizer is trained on the run's corpus and ships beside the weights)."""
+    from .train import TrainConfig, arithmetic_accuracy, train
+
+    cfg = TrainConfig.from_json("ch08_cpu").replace(progress=False, out_dir=None)
+    with torch.random.fork_rng():
+        result = train(cfg, log=lambda line: None)
+    acc = arithmetic_accuracy(result.model, result.tokenizer, result.data.test_problems, torch.device(cfg.device))
+    extra = {"recipe": RECIPES["base"], "command": "python -m minimind_ref.train --config ch08_cpu",
+             "train_config": cfg.to_dict(), "metrics": {"final_train_loss_mean20": sum(result.history["loss"][-20:]) / 20,
+                                                        "final_val_loss": result.history["eval_loss"][-1],
+                                                        "heldout_sum_accuracy_all": acc}}
+    return result.model, extra, result.tokenizer
+
+
+def rebuild(name: str, log: Callable[[str], None] = print) -> Path:
+    """Re-create a shipped stage from its parent with its recipe, evaluate it, save it."""
+    import importlib
+    import time
+
+    from .tokenizer import save_tokenizer
+
+    if name not in RECIPES:
+        raise ValueError(f"no recipe for stage {name!r} yet; recipes exist for {', '.join(RECIPES)}.")
+    parent_name = STAGE_INFO[name].parent
+    parent, tokenizer = load_stage(parent_name) if parent_name else (None, None)
+    module, function = RECIPES[name].split(":")
+    start = time.perf_counter()
+    model, extra, tokenizer = getattr(importlib.import_module(module), function)(parent, tokenizer)
+    seconds = time.perf_counter() - start
+    if parent_name is None:
+        save_tokenizer(tokenizer, TOKENIZER_FILE)
+    extra = {**extra, "stage": name, "parent": parent_name, "evaluate_chat": evaluate_chat(model, tokenizer),
+             "torch": torch.__version__}
+    path = save_stage(model, name, extra)
+    log(f"rebuilt {name} in {seconds:.0f} s -> {path}")
+    return path
+
+
 # ---------------------------------------------------------------------- the report
 def stage_rows(stages: Sequence[str] = STAGES, evaluate: Callable[..., Dict[str, float]] = evaluate_chat) -> List[Dict[str, Any]]:
     """One row per available stage: its name, chapter and ``evaluate_chat`` metrics."""
@@ -195,7 +244,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sub = p.add_subparsers(dest="command", required=True)
     rep = sub.add_parser("report", help="evaluate every shipped stage and print (or write) the markdown table")
     rep.add_argument("--out", default=None, help="write the table to this file instead of printing it")
+    reb = sub.add_parser("rebuild", help="re-create shipped stage checkpoints with their recipes (in stage order)")
+    reb.add_argument("stages", nargs="*", default=None, help=f"stages to rebuild (default: all of {', '.join(RECIPES)})")
     args = p.parse_args(argv)
+    if args.command == "rebuild":
+        for name in args.stages or [s for s in STAGES if s in RECIPES]:
+            rebuild(name)
     if args.command == "report":
         with torch.inference_mode(False):
             table = render_markdown(stage_rows())
