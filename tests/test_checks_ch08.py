@@ -196,3 +196,61 @@ def step_returns_total(model, optimizer, x, y, max_norm):  # returns CE + aux in
 def test_training_step_rejects(wrong):
     with pytest.raises(ExerciseError):
         ch08.check_training_step(wrong)
+
+
+# ---------------------------------------------------------------------- the messages name the mistake
+def message(check, fn):
+    with pytest.raises(ExerciseError) as err:
+        check(fn)
+    return str(err.value)
+
+
+def merge_in_place(ids, pair, new_id):
+    i = 0
+    while i < len(ids) - 1:
+        if (ids[i], ids[i + 1]) == tuple(pair):
+            ids[i:i + 2] = [new_id]
+        i += 1
+    return ids
+
+
+@pytest.mark.parametrize("wrong, fragment", [
+    (merge_overlapping, "merging overlapping occurrences"),
+    (merge_first_only, "merging only the first occurrence"),
+    (merge_in_place, "changed its input"),
+    (lambda ids, pair, new_id: None, "returned None"),
+])
+def test_merge_pair_messages(wrong, fragment):
+    assert fragment in message(ch08.check_merge_pair, wrong)
+
+
+@pytest.mark.parametrize("wrong, fragment", [
+    (loss_no_shift, "no shift"),
+    (loss_padding_counted, "padding counted as targets"),
+    (loss_mask_on_inputs, "the mask applied to the predicting position"),
+    (loss_mean_over_all, "the mean taken over every position"),
+])
+def test_causal_lm_loss_messages(wrong, fragment):
+    msg = message(ch08.check_causal_lm_loss, wrong)
+    assert fragment in msg and msg.index("hint:") < msg.index("if you are stuck:")
+
+
+@pytest.mark.parametrize("wrong, fragment", [
+    (lr_warmup_from_zero, "a warmup that starts at 0"),
+    (lr_no_floor, "decays to 0 instead of to min_lr"),
+    (lr_not_capped, "progress not capped at 1"),
+    (lr_cosine_over_all_steps, "ignores the warmup offset"),
+])
+def test_lr_at_messages(wrong, fragment):
+    assert fragment in message(ch08.check_lr_at, wrong)
+
+
+@pytest.mark.parametrize("wrong, fragment", [
+    (step_no_clip, "gradients applied unclipped"),
+    (step_clip_after, "called after optimizer.step()"),
+    (step_no_zero_grad, "no optimizer.zero_grad()"),
+    (step_no_aux, "the MoE auxiliary loss left out"),
+    (step_returns_total, "returning out.loss + out.aux_loss"),
+])
+def test_training_step_messages(wrong, fragment):
+    assert fragment in message(ch08.check_training_step, wrong)

@@ -13,6 +13,7 @@ import random
 from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
 
 from ..config import MiniMindConfig
 from ..model import MiniMindForCausalLM
@@ -24,9 +25,46 @@ from .core import call, check, check_close, fail
 
 
 # ---------------------------------------------------------------------- 8.1 BPE merge
+def _merge_overlapping(ids, pair, new_id):
+    out = []
+    for i in range(len(ids)):
+        if i + 1 < len(ids) and (ids[i], ids[i + 1]) == tuple(pair):
+            out.append(new_id)
+        elif not (i > 0 and (ids[i - 1], ids[i]) == tuple(pair)):
+            out.append(ids[i])
+    return out
+
+
+def _merge_first_only(ids, pair, new_id):
+    for i in range(len(ids) - 1):
+        if (ids[i], ids[i + 1]) == tuple(pair):
+            return list(ids[:i]) + [new_id] + list(ids[i + 2:])
+    return list(ids)
+
+
+def _merge_drops_last(ids, pair, new_id):
+    out, i = [], 0
+    while i < len(ids) - 1:
+        if (ids[i], ids[i + 1]) == tuple(pair):
+            out.append(new_id)
+            i += 2
+        else:
+            out.append(ids[i])
+            i += 1
+    return out
+
+
+MERGE_MISTAKES = {
+    "merging overlapping occurrences ([5, 5, 5] became [9, 9], but a token can be used by one merge only)": _merge_overlapping,
+    "merging only the first occurrence (every occurrence must be replaced)": _merge_first_only,
+    "dropping the last token when it is not part of a merge (the loop stops one early)": _merge_drops_last,
+}
+
+
 @check("Exercise 8.1 merge_pair")
 def check_merge_pair(merge_pair: Callable[..., Any]) -> str:
-    """``merge_pair(ids, pair, new_id)`` must equal ``minimind_ref.tokenizer.merge_pair``."""
+    """``merge_pair(ids, pair, new_id)`` must equal ``minimind_ref.tokenizer.merge_pair`` and
+    return a new list, leaving ``ids`` unchanged."""
     name = "Exercise 8.1 merge_pair"
     rng = random.Random(0)
     cases = [
@@ -37,22 +75,48 @@ def check_merge_pair(merge_pair: Callable[..., Any]) -> str:
         ([], (1, 2), 7),                # empty input
         ([3], (3, 3), 7),
         ([1, 2, 1, 2, 2, 1], (2, 1), 300),
+        ([4, 1, 2, 7], (1, 2), 256),    # the last token is not part of a merge
     ]
     cases += [([rng.randrange(4) for _ in range(rng.randrange(2, 30))], (rng.randrange(4), rng.randrange(4)), 256)
               for _ in range(50)]
     for ids, pair, new_id in cases:
-        got = call(merge_pair, list(ids), pair, new_id, name=name)
+        case = f"merge_pair({ids}, {pair}, {new_id})"
+        got = call(merge_pair, list(ids), pair, new_id, name=name, case=case, check_inputs=True,
+                   hint="walk through the list with an index i; look at ids[i] and ids[i + 1] together.")
         expected = ref_merge_pair(ids, pair, new_id)
-        if got is None or list(got) != expected:
-            fail(name, f"merge_pair({ids}, {pair}, {new_id}): expected {expected}, got {got}",
-                  "scan left to right; when ids[i], ids[i+1] equal the pair, append new_id and jump by 2, "
-                  "else append ids[i] and move by 1. Merged pairs never overlap.")
-        if ids != list(ids):
-            fail(name, "the input list was modified", "build a new list instead of editing ids in place.")
-    return f"{len(cases)} cases, overlaps and edge cases included"
+        if got is None:
+            fail(name, f"{case} returned None", "build the merged list and return it (did you forget `return`?).")
+        if list(got) != expected:
+            seen = next((d for d, f in MERGE_MISTAKES.items() if f(ids, pair, new_id) == list(got)), None)
+            fail(name, (f"this looks like {seen}: " if seen else "") + f"{case}: expected {expected}, got {list(got)}",
+                 "when ids[i], ids[i + 1] equal the pair, the two are replaced by one new_id and both are consumed; "
+                 "otherwise ids[i] is kept. Think about what happens at the last position.",
+                 "i = 0; while i < len(ids): if i + 1 < len(ids) and (ids[i], ids[i+1]) == pair: append new_id, "
+                 "i += 2; else: append ids[i], i += 1.")
+    return f"{len(cases)} cases, overlaps and edge cases included, input left unchanged"
 
 
 # ---------------------------------------------------------------------- 8.2 shifted loss
+def _ce(logits, labels):
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+
+
+def _loss_mistakes(logits, ids, mask):
+    per = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none")
+    return {
+        "no shift (position t is compared with token t, which it can see, instead of token t + 1)":
+            lambda: _ce(logits, ids.masked_fill(mask == 0, -100)),
+        "padding counted as targets (the padded targets are not set to -100)":
+            lambda: _ce(logits[:, :-1], ids[:, 1:]),
+        "the mask applied to the predicting position instead of the target":
+            lambda: _ce(logits[:, :-1], ids[:, 1:].masked_fill(mask[:, :-1] == 0, -100)),
+        "padded terms zeroed but the mean taken over every position":
+            lambda: (per * mask[:, 1:].reshape(-1)).sum() / per.numel(),
+        "the shift in the wrong direction (logits[:, 1:] against tokens[:, :-1])":
+            lambda: _ce(logits[:, 1:], ids[:, :-1].masked_fill(mask[:, :-1] == 0, -100)),
+    }
+
+
 @check("Exercise 8.2 causal_lm_loss")
 def check_causal_lm_loss(causal_lm_loss: Callable[..., Any]) -> str:
     """``causal_lm_loss(logits, input_ids, attention_mask)``: mean next-token cross-entropy over
@@ -60,49 +124,88 @@ def check_causal_lm_loss(causal_lm_loss: Callable[..., Any]) -> str:
     name = "Exercise 8.2 causal_lm_loss"
     g = torch.Generator().manual_seed(8)
     vocab = 11
-    masks = [
-        torch.ones(3, 7, dtype=torch.long),                                    # no padding
-        torch.tensor([[1] * 7, [1] * 4 + [0] * 3, [1] * 2 + [0] * 5]),          # right padding
-        torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1] * 7, [0] * 5 + [1] * 2]),      # left padding
-    ]
-    for mask in masks:
+    masks = {
+        "no padding": torch.ones(3, 7, dtype=torch.long),
+        "right padding": torch.tensor([[1] * 7, [1] * 4 + [0] * 3, [1] * 2 + [0] * 5]),
+        "left padding": torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1] * 7, [0] * 5 + [1] * 2]),
+    }
+    for label, mask in masks.items():
         logits = torch.randn(3, 7, vocab, generator=g) * 3
         ids = torch.randint(3, vocab, (3, 7), generator=g).masked_fill(mask == 0, 0)
-        got = call(causal_lm_loss, logits.clone(), ids.clone(), mask.clone(), name=name)
+        case = f"a batch with {label}, logits [3, 7, {vocab}]"
+        got = call(causal_lm_loss, logits.clone(), ids.clone(), mask.clone(), name=name, case=case,
+                   hint="logits is [batch, seq, vocab]; F.cross_entropy wants [N, vocab] and [N].")
         expected = ref_causal_lm_loss(logits, ids, mask)
         if isinstance(got, torch.Tensor) and got.dim() != 0:
-            fail(name, f"expected a scalar (0-d tensor), got shape {tuple(got.shape)}",
-                  "F.cross_entropy averages for you (reduction='mean'); do not return per-token losses.")
-        check_close(got, expected, name=name, rtol=1e-5, atol=1e-6,
-                    hint="logits[:, :-1] predict input_ids[:, 1:]; a target that is padding (attention_mask 0 at "
-                         "the *target* position) is set to -100 and ignored, so it counts in neither the sum nor "
-                         "the mean.")
+            fail(name, f"expected a scalar (0-d tensor), got shape {tuple(got.shape)} ({case})",
+                 "F.cross_entropy averages for you (reduction='mean'); do not return per-token losses.")
+        check_close(got, expected, name=name, rtol=1e-5, atol=1e-6, case=case,
+                    mistakes=_loss_mistakes(logits, ids, mask),
+                    hint="which position's token is the target of logits[:, t]? Which mask entry says whether "
+                         "that target is real?",
+                    recipe="labels = input_ids.masked_fill(attention_mask == 0, -100); compare logits[:, :-1] with "
+                           "labels[:, 1:] in F.cross_entropy(..., ignore_index=-100).")
     return "no padding, right padding and left padding"
 
 
 # ---------------------------------------------------------------------- 8.3 schedule
+def _warmup(step, warmup, hi):
+    return hi * (step + 1) / warmup
+
+
+LR_MISTAKES = {
+    "a warmup that starts at 0 (step / warmup_steps: step 0 would not move the weights)":
+        lambda s, T, w, hi, lo: hi * s / w if s < w else ref_lr_at(s, T, w, hi, lo),
+    "a cosine that decays to 0 instead of to min_lr":
+        lambda s, T, w, hi, lo: _warmup(s, w, hi) if s < w else
+        0.5 * hi * (1 + math.cos(math.pi * min(1.0, (s - w) / max(1, T - w)))),
+    "progress not capped at 1 (after max_steps the rate climbs back up)":
+        lambda s, T, w, hi, lo: _warmup(s, w, hi) if s < w else
+        lo + 0.5 * (hi - lo) * (1 + math.cos(math.pi * (s - w) / max(1, T - w))),
+    "a cosine over all steps that ignores the warmup offset (progress = step / max_steps)":
+        lambda s, T, w, hi, lo: _warmup(s, w, hi) if s < w else
+        lo + 0.5 * (hi - lo) * (1 + math.cos(math.pi * min(1.0, s / max(1, T)))),
+    "upstream MiniMind's schedule (lr * (0.1 + 0.45 * (1 + cos(pi * t / T))), no warmup) instead of the exercise's":
+        lambda s, T, w, hi, lo: hi * (0.1 + 0.45 * (1 + math.cos(math.pi * s / T))),
+}
+
+
 @check("Exercise 8.3 lr_at")
 def check_lr_at(lr_at: Callable[..., Any]) -> str:
-    """``lr_at(step, max_steps, warmup_steps, max_lr, min_lr)`` must equal ``minimind_ref.train.lr_at``."""
+    """``lr_at(step, max_steps, warmup_steps, max_lr, min_lr)`` must equal ``minimind_ref.train.lr_at``
+    on whole schedules (relative tolerance 1e-9)."""
     name = "Exercise 8.3 lr_at"
     settings = [(100, 10, 1e-3, 1e-4), (400, 20, 3e-3, 3e-4), (50, 0, 1.0, 0.0), (30, 30, 2e-3, 2e-4), (7, 1, 5e-4, 5e-4)]
     n = 0
     for max_steps, warmup, hi, lo in settings:
-        for step in list(range(0, max_steps + 5)):
-            got = call(lr_at, step, max_steps, warmup, hi, lo, name=name)
-            expected = ref_lr_at(step, max_steps, warmup, hi, lo)
-            n += 1
+        steps = list(range(0, max_steps + 5))
+        case = f"max_steps={max_steps}, warmup_steps={warmup}, max_lr={hi}, min_lr={lo}"
+        got = [call(lr_at, s, max_steps, warmup, hi, lo, name=name, case=f"step={s}, {case}",
+                    hint="for step >= warmup_steps you need the progress through the decay phase; "
+                         "max(1, ...) avoids dividing by zero.") for s in steps]
+        expected = [ref_lr_at(s, max_steps, warmup, hi, lo) for s in steps]
+        n += len(steps)
+
+        def same(a, b):
             try:
-                ok = math.isclose(float(got), expected, rel_tol=1e-9, abs_tol=1e-12)
+                return all(math.isclose(float(x), y, rel_tol=1e-9, abs_tol=1e-15) for x, y in zip(a, b))
             except (TypeError, ValueError):
-                ok = False
-            if not ok:
-                phase = "warmup" if step < warmup else ("after max_steps" if step >= max_steps else "cosine decay")
-                fail(name, f"lr_at(step={step}, max_steps={max_steps}, warmup_steps={warmup}, max_lr={hi}, "
-                            f"min_lr={lo}) ({phase}): expected {expected!r}, got {got!r}",
-                      "warmup: max_lr * (step + 1) / warmup_steps (so step 0 is not 0); then "
-                      "progress = min(1, (step - warmup_steps) / max(1, max_steps - warmup_steps)) and "
-                      "min_lr + 0.5 * (max_lr - min_lr) * (1 + cos(pi * progress)).")
+                return False
+
+        if same(got, expected):
+            continue
+        seen = next((d for d, f in LR_MISTAKES.items() if same(got, [f(s, max_steps, warmup, hi, lo) for s in steps])), None)
+        bad = [i for i, s in enumerate(steps) if not same([got[i]], [expected[i]])]
+        worst = max(bad, key=lambda i: abs(float(got[i]) - expected[i]) if isinstance(got[i], (int, float)) else math.inf)
+        s = steps[worst]
+        phase = "warmup" if s < warmup else ("after max_steps" if s >= max_steps else "cosine decay")
+        fail(name, (f"this looks like {seen}. " if seen else "") +
+             f"With {case}, {len(bad)} of {len(steps)} steps differ; the largest difference is at step {s} "
+             f"({phase}): expected {expected[worst]!r}, got {got[worst]!r}",
+             "check the three phases separately: step 0 of the warmup, the first step after it (max_lr), and the "
+             "last steps (min_lr, and it must stay there after max_steps).",
+             "warmup: max_lr * (step + 1) / warmup_steps; then progress = min(1, (step - warmup_steps) / "
+             "max(1, max_steps - warmup_steps)) and min_lr + 0.5 * (max_lr - min_lr) * (1 + cos(pi * progress)).")
     return f"{n} steps over {len(settings)} schedules"
 
 
@@ -114,37 +217,93 @@ def _tiny_model(use_moe: bool, seed: int) -> MiniMindForCausalLM:
     return MiniMindForCausalLM(cfg).train()
 
 
+def _step_variant(kind: str):
+    """The reference step with one known mistake planted (the keys of ``STEP_MISTAKES``)."""
+    def step(model, optimizer, x, y, max_norm):
+        out = model(x, labels=y)
+        loss = out.loss if kind == "no_aux" else out.loss + out.aux_loss
+        loss.backward()
+        if kind != "no_clip":
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0 if kind == "clip_1" else max_norm)
+        optimizer.step()
+        if kind != "no_zero_grad_at_end":
+            optimizer.zero_grad()
+        return out.loss.item()
+    return step
+
+
+STEP_MISTAKES = {
+    # clipping after optimizer.step() changes nothing the step used, so it equals no clipping at all
+    "no_clip": "gradients applied unclipped: no clip_grad_norm_, or clip_grad_norm_ called after "
+               "optimizer.step() (the update already used the full-size gradients)",
+    "no_zero_grad_at_end": "no optimizer.zero_grad() (the second step added the first step's gradients again)",
+    "no_aux": "the MoE auxiliary loss left out (only out.loss was minimised, the router got no balancing gradient)",
+    "clip_1": "clipping to a fixed norm of 1.0 instead of max_grad_norm",
+}
+
+
 @check("Exercise 8.4 training_step")
 def check_training_step(training_step: Callable[..., Any]) -> str:
     """``training_step(model, optimizer, input_ids, labels, max_grad_norm)`` runs one step and
     returns the cross-entropy loss; after two calls the weights must equal the reference's."""
     name = "Exercise 8.4 training_step"
-    g = torch.Generator().manual_seed(84)
     for use_moe in (False, True):
-        mine = _tiny_model(use_moe, 1)
-        ref = copy.deepcopy(mine)
-        # plain SGD: the update is proportional to the gradient, so every mistake shows up in the weights
-        opt_mine = torch.optim.SGD(mine.parameters(), lr=0.5)
-        opt_ref = torch.optim.SGD(ref.parameters(), lr=0.5)
         kind = "MoE" if use_moe else "dense"
-        for step in range(2):
-            x = torch.randint(0, 40, (2, 12), generator=g)
-            got = call(training_step, mine, opt_mine, x, x, 0.1, name=name)
-            out = ref_train_step(ref, opt_ref, x, x, 0.1)
+        batches = [torch.randint(0, 40, (2, 12), generator=torch.Generator().manual_seed(84 + i)) for i in range(2)]
+
+        def run(step_fn, reference=False):
+            model = _tiny_model(use_moe, 1)
+            # plain SGD: the update is proportional to the gradient, so every mistake shows up in the weights
+            opt = torch.optim.SGD(model.parameters(), lr=0.5)
+            losses, totals = [], []
+            for x in batches:
+                if reference:
+                    out = ref_train_step(model, opt, x, x, 0.1)  # its "loss" is what was minimised: CE + aux
+                    losses.append(float(out["loss"] - out["aux_loss"]))
+                    totals.append(float(out["loss"]))
+                else:
+                    losses.append(step_fn(model, opt, x, x, 0.1))
+            return model, (losses, totals)
+
+        mine = _tiny_model(use_moe, 1)
+        opt_mine = torch.optim.SGD(mine.parameters(), lr=0.5)
+        ref, (ref_losses, ref_totals) = run(None, reference=True)
+        got_losses = []
+        for i, x in enumerate(batches):
+            got = call(training_step, mine, opt_mine, x, x, 0.1, name=name, case=f"the {kind} model, step {i + 1}",
+                       hint="the order of the four calls matters; every call needs the model's output or the optimizer.")
             if isinstance(got, torch.Tensor):
                 got = got.detach().float().reshape(()) if got.numel() == 1 else got
             elif isinstance(got, (int, float)):
                 got = torch.tensor(float(got))
-            check_close(got, (out["loss"] - out["aux_loss"]).float(), name=name, rtol=1e-5, atol=1e-6,
-                        hint="return the cross-entropy loss of this batch (out.loss), as a float or 0-d tensor.")
-            for (pname, p_mine), p_ref in zip(mine.named_parameters(), ref.parameters()):
-                if not torch.allclose(p_mine, p_ref, rtol=1e-5, atol=1e-6):
-                    diff = float((p_mine - p_ref).detach().abs().max())
-                    moe_hint = (" For a MoE model the loss to minimize is out.loss + out.aux_loss (the router's "
-                                "load-balancing term).") if "gate" in pname else ""
-                    fail(name, f"{kind} model, after step {step + 1}: parameter {pname} differs from the reference "
-                                f"(max abs diff {diff:.3g})",
-                          "order: loss = out.loss + out.aux_loss; loss.backward(); "
-                          "torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm); optimizer.step(); "
-                          "optimizer.zero_grad() (without it the next step adds old gradients)." + moe_hint)
+            got_losses.append(got)
+
+        def check_loss(i):
+            check_close(got_losses[i], torch.tensor(ref_losses[i]), name=name, rtol=1e-5, atol=1e-6,
+                        case=f"the {kind} model, step {i + 1}",
+                        mistakes={"returning out.loss + out.aux_loss instead of the cross-entropy out.loss":
+                                  torch.tensor(ref_totals[i])} if use_moe else None,
+                        hint="return the cross-entropy of this batch (out.loss) as a float or a 0-d tensor: the MoE "
+                             "auxiliary term is minimised too, but it is not the loss you report.")
+
+        # step 1's loss comes before any update; step 2's depends on the update, which is judged first
+        check_loss(0)
+        differs = [(pname, float((a - b).detach().abs().max())) for (pname, a), b in zip(mine.named_parameters(), ref.parameters())
+                   if not torch.allclose(a, b, rtol=1e-5, atol=1e-6)]
+        if differs:
+            seen = None
+            for variant, description in STEP_MISTAKES.items():
+                model, _ = run(_step_variant(variant))
+                if all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(mine.parameters(), model.parameters())):
+                    seen = description
+                    break
+            pname, diff = differs[0]
+            fail(name, (f"this looks like {seen}. " if seen else "") +
+                 f"{kind} model, after two steps: {len(differs)} parameters differ from the reference "
+                 f"(first {pname}, max abs diff {diff:.3g})",
+                 "gradient clipping must act on the gradients the optimizer is about to apply, and PyTorch adds "
+                 "new gradients to old ones until they are cleared.",
+                 "loss = out.loss + out.aux_loss; loss.backward(); torch.nn.utils.clip_grad_norm_(model.parameters(), "
+                 "max_grad_norm); optimizer.step(); optimizer.zero_grad().")
+        check_loss(1)
     return "dense and MoE models, two steps each, clipping active"
