@@ -175,8 +175,8 @@ def _torch_load(path: PathLike, map_location: Union[str, torch.device]) -> Any:
         raise ValueError(f"{path} is not a checkpoint: the file is empty (0 bytes; an interrupted copy or save?).")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
-    except OSError:
-        raise
+    except (PermissionError, FileNotFoundError, IsADirectoryError, MemoryError):
+        raise  # the system's own message says it best
     except pickle.UnpicklingError as err:
         found = re.search(r"GLOBAL ([\w.]+)", str(err))
         if found:  # a real pickle that wants to build a Python object: refuse, never run it
@@ -185,12 +185,16 @@ def _torch_load(path: PathLike, map_location: Union[str, torch.device]) -> Any:
                 "minimind_ref reads weights only and will not unpickle it, because unpickling can run code. "
                 "Use files written by save_checkpoint or torch.save(model.state_dict(), path)."
             ) from None
-        raise ValueError(f"{path} is not a checkpoint: not a file written by torch.save (corrupted, or another format).") from None
-    except Exception as err:  # truncated zip, random bytes, text, ...
-        reason = str(err).strip().splitlines()[0][:100] if str(err).strip() else type(err).__name__
-        if "weights_only" in reason:
-            reason = type(err).__name__
-        raise ValueError(f"{path} is not a checkpoint: torch.save format unreadable, truncated or corrupted ({reason}).") from None
+        raise ValueError(f"{path} is not a checkpoint: {_NOT_TORCH_SAVE}") from None
+    except (EOFError, KeyError, ValueError, UnicodeDecodeError, OSError):  # truncated, random bytes, text, ...
+        raise ValueError(f"{path} is not a checkpoint: {_NOT_TORCH_SAVE}") from None
+    except RuntimeError as err:
+        if any(word in str(err) for word in ("PytorchStreamReader", "zip archive", "archive is corrupted")):
+            raise ValueError(f"{path} is not a checkpoint: {_NOT_TORCH_SAVE}") from None
+        raise  # e.g. map_location: a real checkpoint that cannot go where it was asked
+
+
+_NOT_TORCH_SAVE = "its bytes are not a complete torch.save file (truncated, corrupted, or another format)."
 
 
 # ---------------------------------------------------------------------- config from shapes

@@ -181,11 +181,12 @@ def generate(
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}.")
     check_sampling_settings(temperature, top_k, top_p, repetition_penalty)
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
-        raise TypeError(
-            "input_ids must be a tensor of token ids [batch, seq_len], got "
-            + (f"shape {tuple(input_ids.shape)}" if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__)
-            + "; use ids.unsqueeze(0) for a single prompt."
+    if not isinstance(input_ids, torch.Tensor):
+        raise TypeError(f"input_ids must be a torch.Tensor of token ids [batch, seq_len], got {type(input_ids).__name__}.")
+    if input_ids.dim() != 2:
+        raise ValueError(
+            f"input_ids must have shape [batch, seq_len], got {tuple(input_ids.shape)}; "
+            "use input_ids.unsqueeze(0) for a single prompt."
         )
     config = getattr(model, "config", None)
     vocab_size = getattr(config, "vocab_size", None)

@@ -25,6 +25,16 @@ from .norm import RMSNorm
 from .rope import precompute_freqs_cis
 
 
+#: Deliberate differences from upstream MiniMind (c090b69), by name. Everything else matches
+#: upstream to float rounding (tests/test_upstream_parity.py); each entry is tested there too.
+UPSTREAM_DIFFERENCES = {
+    "loss_without_targets": (
+        "a batch without any supervised position (every shifted label is -100) has loss 0 with zero "
+        "gradients; upstream's mean cross-entropy divides by zero and gives NaN."
+    ),
+}
+
+
 @dataclass
 class CausalLMOutput:
     """What ``MiniMindForCausalLM.forward`` returns (field names as in Hugging Face)."""
@@ -286,8 +296,8 @@ class MiniMindForCausalLM(nn.Module):
         listed positions. A loss needs every position, so with ``labels`` only ``0`` (or a ``k``
         covering the whole sequence) is accepted.
 
-        Difference from upstream (deliberate, ``loss_without_targets``): when no position has a
-        target (every shifted label is -100, e.g. an SFT batch whose answers were all truncated
+        Difference from upstream (deliberate: ``UPSTREAM_DIFFERENCES["loss_without_targets"]``): when
+        no position has a target (every shifted label is -100, e.g. an SFT batch whose answers were all truncated
         away) the loss is 0 with zero gradients; upstream's ``F.cross_entropy`` mean gives NaN.
         Otherwise the loss equals upstream's."""
         keep = _check_logits_to_keep(logits_to_keep, input_ids, labels)
