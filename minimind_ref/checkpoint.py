@@ -3,13 +3,31 @@
 Upstream MiniMind saves a bare state dict (often in fp16), e.g. ``full_sft_512.pth``. The course
 saves ``{"format": "minimind_ref", "config": {...}, "state_dict": {...}, "extra": {...}}`` so the
 config travels with the weights. ``load_checkpoint`` reads both.
+
+Three promises:
+
+* **Atomic saves.** ``save_checkpoint`` writes a temporary file next to the target, flushes it to
+  disk and renames it over the target (``os.replace``). A crash or a kill mid-write leaves the
+  previous checkpoint intact (at worst a hidden ``.NAME.*.tmp`` file stays behind).
+* **Nothing non-finite.** A NaN or inf weight (or optimizer tensor in ``extra``) is refused at
+  save time and reported at load time, naming the tensor.
+* **Weights only.** Every file is read with ``torch.load(..., weights_only=True)``: tensors,
+  numbers, strings and containers, never arbitrary Python objects (unpickling those can run
+  code). ``save_checkpoint`` therefore refuses ``extra`` values that could not be read back
+  that way.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import os
-from typing import Any, Dict, Mapping, Optional, Union
+import pickle
+import re
+import uuid
+from typing import Any, Dict, Iterable, Mapping, Optional, Tuple, Union
 
+import numpy as np
 import torch
 
 from .config import MiniMindConfig
@@ -18,50 +36,268 @@ from .model import MiniMindForCausalLM
 FORMAT = "minimind_ref"
 PathLike = Union[str, "os.PathLike[str]"]
 
+#: Types ``torch.load(weights_only=True)`` reads back as they were saved (containers checked inside).
+_PLAIN_TYPES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size)
 
+
+# ---------------------------------------------------------------------- saving
 def save_checkpoint(model: MiniMindForCausalLM, path: PathLike, extra: Optional[Dict[str, Any]] = None) -> None:
-    """Save weights and config (plus anything JSON-like in ``extra``, e.g. the step or optimizer)."""
-    torch.save(
-        {"format": FORMAT, "config": model.config.to_dict(), "state_dict": model.state_dict(), "extra": extra or {}},
-        path,
+    """Save weights and config (plus ``extra``: the step, the optimizer state, a loss history...).
+
+    ``model`` may be wrapped (``DistributedDataParallel``, ``torch.compile``): the inner model is
+    saved, under its own key names. The write is atomic (see the module docstring); the folder is
+    created if needed.
+
+    ``extra`` may hold what weights-only loading reads back: tensors, Python numbers (NaN too),
+    strings, bytes, None, dtypes, devices, and lists, tuples, sets and dicts of those. NumPy
+    scalars are stored as the equal Python number, other dict types as plain dicts
+    (``OrderedDict`` is kept). Anything else (a NumPy array, a custom object) is a ``TypeError``
+    that names where it sits in ``extra``.
+
+    Raises ``ValueError`` (and writes nothing) when a floating-point tensor of the model or of
+    ``extra`` holds NaN or inf: a diverged run must not overwrite a good checkpoint.
+    """
+    model = _unwrap(model)
+    if extra is not None and not isinstance(extra, dict):
+        raise TypeError(f"extra must be a dict (or None), got {type(extra).__name__}.")
+    state_dict = model.state_dict()
+    bad = _first_nonfinite(state_dict.items())
+    if bad is not None:
+        name, count = bad
+        raise ValueError(
+            f"refusing to save {os.fspath(path)}: model tensor {name!r} holds {count} NaN/inf value(s) "
+            "(the run has diverged: lower the learning rate or check the data); the previous file is kept."
+        )
+    extra = _clean(extra or {}, "extra")
+    blob = {"format": FORMAT, "config": model.config.to_dict(), "state_dict": state_dict, "extra": extra}
+    _atomic_save(blob, path)
+
+
+def _unwrap(model: Any) -> Any:
+    """The model inside ``DistributedDataParallel`` (``.module``) or ``torch.compile`` (``._orig_mod``)."""
+    for _ in range(8):
+        if hasattr(model, "config") and isinstance(model, torch.nn.Module):
+            break
+        inner = getattr(model, "_orig_mod", None)
+        if inner is None:
+            inner = getattr(model, "module", None)
+        if not isinstance(inner, torch.nn.Module):
+            break
+        model = inner
+    if not (isinstance(model, torch.nn.Module) and hasattr(getattr(model, "config", None), "to_dict")):
+        raise TypeError(
+            f"save_checkpoint saves a MiniMindForCausalLM (a module with a MiniMindConfig), got {type(model).__name__}."
+        )
+    return model
+
+
+def _atomic_save(obj: Any, path: PathLike) -> None:
+    """``torch.save`` to a temporary file in the target's folder, fsync, then ``os.replace``."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path} is a folder; give a file name, e.g. {os.path.join(path, 'ckpt.pt')}.")
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "xb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+    with contextlib.suppress(OSError, AttributeError):  # make the rename durable (POSIX only)
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _first_nonfinite(items: Iterable[Tuple[str, Any]]) -> Optional[Tuple[str, int]]:
+    """``(name, count)`` of the first floating-point tensor with NaN/inf entries, else ``None``."""
+    for name, value in items:
+        if isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex()):
+            finite = torch.isfinite(value)
+            if not bool(finite.all()):
+                return name, int((~finite).sum())
+    return None
+
+
+def _clean(value: Any, where: str) -> Any:
+    """``value`` in a form weights-only loading reads back, or a ``TypeError`` naming ``where``."""
+    if isinstance(value, torch.Tensor):
+        bad = _first_nonfinite([(where, value)])
+        if bad is not None:
+            raise ValueError(f"refusing to save: {where} holds {bad[1]} NaN/inf value(s) (the run has diverged?).")
+        return value
+    if isinstance(value, np.generic):
+        return _clean(value.item(), where)  # NumPy scalar -> the equal Python number
+    if isinstance(value, np.ndarray):
+        raise TypeError(
+            f"{where} is a NumPy array, which weights-only loading cannot read back; store "
+            "torch.as_tensor(x) or x.tolist() instead."
+        )
+    if isinstance(value, _PLAIN_TYPES) and type(value) in _PLAIN_TYPES:
+        return value
+    if isinstance(value, dict):
+        cls = collections.OrderedDict if isinstance(value, collections.OrderedDict) else dict
+        return cls((_clean_key(k, where), _clean(v, f"{where}[{k!r}]")) for k, v in value.items())
+    if type(value) in (list, tuple, set):
+        return type(value)(_clean(v, f"{where}[{i}]") for i, v in enumerate(value))
+    raise TypeError(
+        f"{where} is a {type(value).__module__}.{type(value).__qualname__}, which weights-only loading cannot read "
+        "back; store only tensors, numbers, strings, None and lists/tuples/dicts of them "
+        "(e.g. convert it with str(x), float(x) or x.tolist())."
     )
 
 
-def infer_config(state_dict: Mapping[str, torch.Tensor], **overrides: Any) -> MiniMindConfig:
-    """Rebuild a config from the tensor shapes of an upstream state dict.
+def _clean_key(key: Any, where: str) -> Any:
+    if isinstance(key, np.generic):
+        return key.item()
+    if type(key) in (str, int, float, bool, type(None)) or (type(key) is tuple and all(type(k) in (str, int) for k in key)):
+        return key
+    raise TypeError(f"{where} has a key {key!r} of type {type(key).__name__}; use str or int keys.")
 
-    Shapes fix hidden size, vocabulary, layers, KV width, FFN width and expert counts. The head
-    count and ``num_experts_per_tok`` cannot be read from shapes: upstream's values (8 heads,
-    top-2) are assumed unless given in ``overrides``.
-    """
-    if "model.embed_tokens.weight" not in state_dict:
+
+# ---------------------------------------------------------------------- reading a file
+def _torch_load(path: PathLike, map_location: Union[str, torch.device]) -> Any:
+    """``torch.load(weights_only=True)`` with one-line errors for files that are not checkpoints."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path} is a folder; pass the checkpoint file in it, e.g. {os.path.join(path, 'ckpt.pt')}.")
+    if os.path.getsize(path) == 0:
+        raise ValueError(f"{path} is not a checkpoint: the file is empty (0 bytes; an interrupted copy or save?).")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except (PermissionError, FileNotFoundError, IsADirectoryError, MemoryError):
+        raise  # the system's own message says it best
+    except pickle.UnpicklingError as err:
+        found = re.search(r"GLOBAL ([\w.]+)", str(err))
+        if found:  # a real pickle that wants to build a Python object: refuse, never run it
+            raise ValueError(
+                f"{path} holds a Python object ({found.group(1)}) besides tensors, numbers and containers; "
+                "minimind_ref reads weights only and will not unpickle it, because unpickling can run code. "
+                "Use files written by save_checkpoint or torch.save(model.state_dict(), path)."
+            ) from None
+        raise ValueError(f"{path} is not a checkpoint: {_NOT_TORCH_SAVE}") from None
+    except (EOFError, KeyError, ValueError, UnicodeDecodeError, OSError):  # truncated, random bytes, text, ...
+        raise ValueError(f"{path} is not a checkpoint: {_NOT_TORCH_SAVE}") from None
+    except RuntimeError as err:
+        if any(word in str(err) for word in ("PytorchStreamReader", "zip archive", "archive is corrupted")):
+            raise ValueError(f"{path} is not a checkpoint: {_NOT_TORCH_SAVE}") from None
+        raise  # e.g. map_location: a real checkpoint that cannot go where it was asked
+
+
+_NOT_TORCH_SAVE = "its bytes are not a complete torch.save file (truncated, corrupted, or another format)."
+
+
+# ---------------------------------------------------------------------- config from shapes
+def _weight(state_dict: Mapping[str, Any], key: str, needed_for: str) -> torch.Tensor:
+    if key not in state_dict:
         raise ValueError(
-            "not a MiniMind state dict: key 'model.embed_tokens.weight' is missing "
-            f"(first keys: {list(state_dict)[:5]})."
+            f"state dict has no {key!r} (needed for {needed_for}); not a MiniMind state dict, or a "
+            f"partial one. First keys: {list(state_dict)[:5]}."
         )
-    vocab_size, hidden_size = state_dict["model.embed_tokens.weight"].shape
-    layers = {int(k.split(".")[2]) for k in state_dict if k.startswith("model.layers.")}
-    num_attention_heads = overrides.pop("num_attention_heads", 8)
-    head_dim = hidden_size // num_attention_heads
-    kv_width = state_dict["model.layers.0.self_attn.k_proj.weight"].shape[0]
+    tensor = state_dict[key]
+    if not isinstance(tensor, torch.Tensor) or tensor.dim() != 2:
+        raise ValueError(f"{key!r} must be a 2-D weight matrix, got {getattr(tensor, 'shape', type(tensor).__name__)}.")
+    return tensor
+
+
+def infer_config(state_dict: Mapping[str, torch.Tensor], **overrides: Any) -> MiniMindConfig:
+    """Rebuild a config from the tensor shapes of an upstream state dict; ``overrides`` win.
+
+    **Read from the shapes:** ``vocab_size``, ``hidden_size``, ``num_hidden_layers``,
+    ``intermediate_size``, ``use_moe``, ``n_routed_experts``, ``n_shared_experts``, and the key/value
+    width ``num_key_value_heads * head_dim``.
+
+    **Not in the shapes**, so given in ``overrides`` or assumed:
+
+    * ``num_attention_heads``: ``q_proj`` is ``[hidden, hidden]`` whatever the head count. Given
+      ``num_attention_heads`` (or ``num_key_value_heads``), the other follows from the key/value
+      width. Given neither, upstream's 8 heads / 2 KV heads are assumed only when the width is
+      that layout's (``k_proj`` rows = ``hidden_size / 4``); any other width fits several head
+      counts, and a ``ValueError`` asks for ``num_attention_heads``. (A model with another head
+      count whose width happens to equal ``hidden_size / 4``, e.g. 4 heads with 1 KV head, cannot
+      be told apart from upstream's: pass its config.)
+    * ``num_experts_per_tok`` (MoE top-k): the weights of a top-1 and a top-2 MoE are alike, so a
+      MoE state dict needs it (upstream's MiniMind2-MoE uses 2).
+    * everything without a tensor (``rope_theta``, ``max_position_embeddings``, ``rms_norm_eps``,
+      ``hidden_act``, ``norm_topk_prob``, ``aux_loss_alpha``, ...): upstream's defaults.
+    """
+    if not isinstance(state_dict, Mapping):
+        raise TypeError(f"infer_config reads a state dict (a mapping of names to tensors), got {type(state_dict).__name__}.")
+    overrides = dict(overrides)
+    vocab_size, hidden_size = _weight(state_dict, "model.embed_tokens.weight", "vocab_size and hidden_size").shape
+    layers = {int(k.split(".")[2]) for k in state_dict if k.startswith("model.layers.") and k.split(".")[2].isdigit()}
+    if not layers or layers != set(range(len(layers))):
+        raise ValueError(f"state dict layers must be numbered 0..N-1 under 'model.layers.', found {sorted(layers)[:10]}.")
+    kv_width = _weight(state_dict, "model.layers.0.self_attn.k_proj.weight", "num_key_value_heads").shape[0]
+    heads, kv_heads = _infer_heads(hidden_size, kv_width, overrides.pop("num_attention_heads", None),
+                                   overrides.pop("num_key_value_heads", None))
     use_moe = any(".mlp.experts." in k for k in state_dict)
     if use_moe:
         ffn_key = "model.layers.0.mlp.experts.0.gate_proj.weight"
-        n_routed = len({int(k.split(".")[5]) for k in state_dict if k.startswith("model.layers.0.mlp.experts.")})
-        n_shared = len({int(k.split(".")[5]) for k in state_dict if k.startswith("model.layers.0.mlp.shared_experts.")})
+        n_routed = len({k.split(".")[5] for k in state_dict if k.startswith("model.layers.0.mlp.experts.")})
+        n_shared = len({k.split(".")[5] for k in state_dict if k.startswith("model.layers.0.mlp.shared_experts.")})
+        if "num_experts_per_tok" not in overrides:
+            raise ValueError(
+                f"this is a MoE state dict ({n_routed} routed experts), and how many experts each token uses "
+                "(top-k) is not in the weights: pass num_experts_per_tok (upstream's MiniMind2-MoE uses 2)."
+            )
     else:
         ffn_key = "model.layers.0.mlp.gate_proj.weight"
         n_routed, n_shared = 4, 1
     kwargs: Dict[str, Any] = dict(
         vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=len(layers),
-        num_attention_heads=num_attention_heads, num_key_value_heads=kv_width // head_dim,
-        intermediate_size=state_dict[ffn_key].shape[0], use_moe=use_moe,
+        num_attention_heads=heads, num_key_value_heads=kv_heads,
+        intermediate_size=_weight(state_dict, ffn_key, "intermediate_size").shape[0], use_moe=use_moe,
         n_routed_experts=n_routed, n_shared_experts=n_shared,
     )
     kwargs.update(overrides)
     return MiniMindConfig(**kwargs)
 
 
+def _infer_heads(hidden: int, kv_width: int, heads: Optional[int], kv_heads: Optional[int]) -> Tuple[int, int]:
+    """``(num_attention_heads, num_key_value_heads)`` from the widths and what the caller gave."""
+    fix = "pass the model's num_attention_heads (and num_key_value_heads), or load with its config"
+    if heads is not None:
+        if not isinstance(heads, int) or heads <= 0 or hidden % heads:
+            raise ValueError(f"num_attention_heads={heads!r} does not divide hidden_size {hidden}.")
+        head_dim = hidden // heads
+        if kv_width % head_dim:
+            raise ValueError(
+                f"the shapes do not fit num_attention_heads={heads}: k_proj has {kv_width} rows, not a multiple of "
+                f"head_dim = {hidden} // {heads} = {head_dim}; {fix}."
+            )
+        if kv_heads is not None and kv_heads * head_dim != kv_width:
+            raise ValueError(
+                f"num_key_value_heads={kv_heads} with head_dim {head_dim} gives {kv_heads * head_dim} k_proj rows, "
+                f"the weights have {kv_width}; {fix}."
+            )
+        return heads, kv_width // head_dim
+    if kv_heads is not None:
+        if not isinstance(kv_heads, int) or kv_heads <= 0 or kv_width % kv_heads or hidden % (kv_width // kv_heads):
+            raise ValueError(
+                f"the shapes do not fit num_key_value_heads={kv_heads!r}: k_proj has {kv_width} rows for hidden_size "
+                f"{hidden}; {fix}."
+            )
+        return hidden // (kv_width // kv_heads), kv_heads
+    if hidden % 8 == 0 and kv_width == 2 * (hidden // 8):
+        return 8, 2  # upstream's layout (8 query heads, 2 KV heads): assumed, as upstream's scripts do
+    raise ValueError(
+        f"the head count is not in the weights: k_proj has {kv_width} rows for hidden_size {hidden}, which is not "
+        f"upstream's layout (8 heads, 2 KV heads: {hidden // 4} rows) and fits several head counts; {fix}."
+    )
+
+
+# ---------------------------------------------------------------------- loading
 def load_state_dict_strict(model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor]) -> None:
     """``load_state_dict(strict=True)`` with a readable ``ValueError`` listing every missing key,
     unexpected key and shape mismatch (and a hint), instead of PyTorch's RuntimeError."""
@@ -93,27 +329,49 @@ def load_checkpoint(
     config: Optional[MiniMindConfig] = None,
     map_location: Union[str, torch.device] = "cpu",
     dtype: Optional[torch.dtype] = torch.float32,
+    check_finite: bool = True,
     **config_overrides: Any,
 ) -> MiniMindForCausalLM:
     """Load a model from an upstream ``.pth`` state dict or a ``save_checkpoint`` file.
 
     The config comes from ``config`` if given, else from the file (course format), else it is
-    inferred from the tensor shapes (upstream format). Weights are cast to ``dtype`` (upstream
-    ships fp16); pass ``dtype=None`` to keep them. The model is returned in eval mode.
+    inferred from the tensor shapes (upstream format; see ``infer_config`` for what shapes cannot
+    tell); ``config_overrides`` change single fields of it. Weights are cast to ``dtype``
+    (upstream ships fp16); pass ``dtype=None`` to keep them. The model is returned in eval mode.
+
+    A file that is not a checkpoint (empty, truncated, random bytes) or that holds Python objects
+    besides tensors is a one-line ``ValueError``; nothing in it is ever executed. Weights holding
+    NaN or inf are a ``ValueError`` naming the tensor; ``check_finite=False`` loads them anyway
+    (to inspect a diverged model).
     """
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"no checkpoint at {path!s}")
-    blob = torch.load(path, map_location=map_location, weights_only=True)
+    if config is not None and not isinstance(config, MiniMindConfig):
+        raise TypeError(f"config must be a MiniMindConfig, got {type(config).__name__}.")
+    blob = _torch_load(path, map_location)
     if isinstance(blob, dict) and blob.get("format") == FORMAT:
+        if not isinstance(blob.get("state_dict"), dict) or not isinstance(blob.get("config"), dict):
+            raise ValueError(f"{os.fspath(path)} is a damaged minimind_ref checkpoint: its 'state_dict' or 'config' is missing.")
         state_dict = blob["state_dict"]
-        config = config or MiniMindConfig(**{**blob["config"], **config_overrides})
-    elif isinstance(blob, dict) and all(isinstance(v, torch.Tensor) for v in blob.values()):
+        if config is None:
+            config = MiniMindConfig(**{**blob["config"], **config_overrides})
+        elif config_overrides:
+            config = config.replace(**config_overrides)
+    elif isinstance(blob, dict) and blob and all(isinstance(v, torch.Tensor) for v in blob.values()):
         state_dict = blob
-        config = config or infer_config(state_dict, **config_overrides)
+        if config is None:
+            config = infer_config(state_dict, **config_overrides)
+        elif config_overrides:
+            config = config.replace(**config_overrides)
     else:
-        raise ValueError(f"{path!s} is neither an upstream MiniMind state dict nor a minimind_ref checkpoint.")
+        raise ValueError(f"{os.fspath(path)} is neither an upstream MiniMind state dict nor a minimind_ref checkpoint.")
     # RoPE tables are recomputed, never loaded (upstream marks them non-persistent)
     state_dict = {k: v for k, v in state_dict.items() if not k.endswith(("freqs_cos", "freqs_sin"))}
+    if check_finite:
+        bad = _first_nonfinite(state_dict.items())
+        if bad is not None:
+            raise ValueError(
+                f"{os.fspath(path)} holds non-finite weights: {bad[0]!r} has {bad[1]} NaN/inf value(s) (saved from a "
+                "diverged run?); pass check_finite=False to load it anyway for inspection."
+            )
     if dtype is not None:
         state_dict = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state_dict.items()}
     model = MiniMindForCausalLM(config)

@@ -25,12 +25,14 @@ YARN_ROPE_SCALING: Dict[str, Any] = {
     "type": "yarn",
 }
 
-# Keys that Hugging Face writes into config.json files; accepted and ignored.
+# Keys that Hugging Face writes into config.json files; accepted and ignored. (``rope_scaling`` and
+# ``head_dim`` are also accepted, but checked: see ``MiniMindConfig.__init__``.)
 _HF_KEYS = {
     "architectures", "auto_map", "model_type", "torch_dtype", "dtype", "transformers_version",
-    "tie_word_embeddings", "rope_scaling", "head_dim", "use_cache", "pad_token_id",
+    "tie_word_embeddings", "use_cache", "pad_token_id",
     "_name_or_path", "return_dict", "output_hidden_states", "output_attentions",
 }
+_BOOL_FIELDS = ("inference_rope_scaling", "flash_attn", "use_moe", "seq_aux", "norm_topk_prob")
 
 
 def default_intermediate_size(hidden_size: int) -> int:
@@ -45,7 +47,15 @@ class MiniMindConfig:
     """Hyper-parameters of a MiniMind2 model.
 
     Defaults describe MiniMind2-Small (26M): hidden 512, 8 layers, 8 query heads, 2 KV heads.
-    Invalid combinations raise ``ValueError`` with the fix in the message.
+    A value of the wrong type raises ``TypeError``, an invalid value or combination ``ValueError``;
+    both name the field and say what to pass instead.
+
+    Two Hugging Face keys are derived, as upstream derives them, never taken from the caller:
+    ``rope_scaling`` (``YARN_ROPE_SCALING`` when ``inference_rope_scaling=True``, else ``None``) and
+    ``head_dim`` (``hidden_size // num_attention_heads``). Passing either with the value MiniMind
+    derives anyway (a ``config.json`` written by upstream does) is fine; a different
+    ``rope_scaling`` is ignored with a warning (set ``config.rope_scaling`` after construction
+    to try other YaRN settings) and a different ``head_dim`` is a ``ValueError``.
     """
 
     def __init__(
@@ -104,7 +114,8 @@ class MiniMindConfig:
         self.seq_aux = seq_aux
         self.norm_topk_prob = norm_topk_prob
 
-        unknown = sorted(set(kwargs) - _HF_KEYS)
+        self._check_derived_keywords(kwargs)
+        unknown = sorted(set(kwargs) - _HF_KEYS - {"rope_scaling", "head_dim"})
         if unknown:
             warnings.warn(
                 f"MiniMindConfig ignores unknown keyword(s) {unknown}; check the spelling "
@@ -113,6 +124,28 @@ class MiniMindConfig:
             )
         self.extra_kwargs = dict(kwargs)
         self.validate()
+
+    def _check_derived_keywords(self, kwargs: Dict[str, Any]) -> None:
+        """``rope_scaling`` / ``head_dim`` given as keywords: fine when they agree with what MiniMind
+        derives, a warning (``rope_scaling``) or an error (``head_dim``) when they do not."""
+        if "rope_scaling" in kwargs and kwargs["rope_scaling"] != self.rope_scaling:
+            warnings.warn(
+                f"MiniMindConfig ignores rope_scaling={kwargs['rope_scaling']!r}: as in upstream MiniMind it is "
+                f"derived from inference_rope_scaling ({self.inference_rope_scaling!r} gives "
+                f"{self.rope_scaling!r}). Pass inference_rope_scaling=True for upstream's YaRN settings, or set "
+                "config.rope_scaling = {...} after construction to try others.",
+                stacklevel=3,
+            )
+        if "head_dim" in kwargs and kwargs["head_dim"] is not None:
+            head_dim = kwargs["head_dim"]
+            heads = self.num_attention_heads
+            derived = self.hidden_size // heads if _is_int(heads) and heads > 0 and _is_int(self.hidden_size) else None
+            if head_dim != derived:
+                raise ValueError(
+                    f"head_dim={head_dim!r} disagrees with hidden_size // num_attention_heads = "
+                    f"{self.hidden_size!r} // {heads!r} = {derived!r}: MiniMind derives head_dim from those two. "
+                    "Drop head_dim, or change num_attention_heads (or hidden_size) so that they give it."
+                )
 
     # ------------------------------------------------------------------ derived sizes
     @property
@@ -127,7 +160,11 @@ class MiniMindConfig:
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the bad field and how to fix it."""
+        """Raise ``TypeError`` (wrong type) or ``ValueError`` (bad value) naming the field and the fix."""
+        for name in _BOOL_FIELDS:
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__}).")
         positive = {
             "hidden_size": self.hidden_size,
             "num_hidden_layers": self.num_hidden_layers,
@@ -163,12 +200,23 @@ class MiniMindConfig:
             raise ValueError(
                 f"unknown hidden_act {self.hidden_act!r}; choose one of {SUPPORTED_ACTIVATIONS}."
             )
-        if not 0.0 <= float(self.dropout) < 1.0:
+        _check_number("dropout", self.dropout, "e.g. 0.0 or 0.1")
+        if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}.")
+        _check_number("rms_norm_eps", self.rms_norm_eps, "upstream uses 1e-05")
         if self.rms_norm_eps <= 0:
-            raise ValueError(f"rms_norm_eps must be positive, got {self.rms_norm_eps!r}.")
-        if self.rope_theta <= 0:
-            raise ValueError(f"rope_theta must be positive, got {self.rope_theta!r}.")
+            raise ValueError(f"rms_norm_eps must be positive (upstream uses 1e-05), got {self.rms_norm_eps!r}.")
+        _check_number("rope_theta", self.rope_theta, "upstream uses 1e6 = 1000000.0")
+        if self.rope_theta <= 1:
+            raise ValueError(
+                f"rope_theta must be > 1 (the base of the RoPE frequencies; upstream uses 1e6), got {self.rope_theta!r}."
+            )
+        for name in ("bos_token_id", "eos_token_id"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or value < 0):
+                raise ValueError(f"{name} must be a token id (an integer >= 0) or None, got {value!r}.")
+        if self.rope_scaling is not None:
+            validate_rope_scaling(self.rope_scaling)
         if self.use_moe:
             if self.scoring_func not in SUPPORTED_SCORING:
                 raise ValueError(
@@ -181,6 +229,7 @@ class MiniMindConfig:
                 )
             if not isinstance(self.n_shared_experts, int) or self.n_shared_experts < 0:
                 raise ValueError(f"n_shared_experts must be an integer >= 0, got {self.n_shared_experts!r}.")
+            _check_number("aux_loss_alpha", self.aux_loss_alpha, "upstream uses 0.01")
             if self.aux_loss_alpha < 0:
                 raise ValueError(f"aux_loss_alpha must be >= 0, got {self.aux_loss_alpha!r}.")
 
@@ -210,6 +259,47 @@ class MiniMindConfig:
     def __repr__(self) -> str:
         body = ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items())
         return f"MiniMindConfig({body})"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_number(name: str, value: Any, example: str) -> None:
+    """``TypeError`` unless ``value`` is a real number (not a bool, not a string); ``ValueError``
+    if it is NaN or infinite."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number ({example}), got {value!r} ({type(value).__name__}).")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number ({example}), got {value!r}.")
+
+
+def validate_rope_scaling(rope_scaling: Any) -> None:
+    """Check a YaRN dict (keys as in ``YARN_ROPE_SCALING``; missing keys take upstream's defaults).
+
+    ``factor`` > 0, ``original_max_position_embeddings`` a positive integer, ``beta_fast`` and
+    ``beta_slow`` > 0 and ``attention_factor`` > 0, all finite: anything else would give NaN or
+    meaningless RoPE tables.
+    """
+    if not isinstance(rope_scaling, dict):
+        raise TypeError(
+            f"rope_scaling must be a dict like YARN_ROPE_SCALING or None, got {type(rope_scaling).__name__}."
+        )
+    kind = rope_scaling.get("type", rope_scaling.get("rope_type", "yarn"))
+    if kind != "yarn":
+        raise ValueError(f"rope_scaling type {kind!r} is not supported; MiniMind implements 'yarn' only.")
+    for key in ("factor", "beta_fast", "beta_slow", "attention_factor"):
+        if key in rope_scaling:
+            _check_number(f"rope_scaling[{key!r}]", rope_scaling[key], f"upstream uses {YARN_ROPE_SCALING[key]}")
+            if rope_scaling[key] <= 0:
+                raise ValueError(
+                    f"rope_scaling[{key!r}] must be > 0 (upstream uses {YARN_ROPE_SCALING[key]}), got {rope_scaling[key]!r}."
+                )
+    orig = rope_scaling.get("original_max_position_embeddings", 2048)
+    if not _is_int(orig) or orig <= 0:
+        raise ValueError(
+            f"rope_scaling['original_max_position_embeddings'] must be a positive integer (upstream uses 2048), got {orig!r}."
+        )
 
 
 def _divisors(n: int) -> list:

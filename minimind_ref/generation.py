@@ -11,11 +11,38 @@ whole sequence is recomputed at every step. Both give the same tokens.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+import math
+import warnings
+from typing import Any, Callable, Optional
 
 import torch
 
 from .cache import preallocate
+
+
+def check_sampling_settings(
+    temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0
+) -> None:
+    """Raise ``TypeError``/``ValueError`` for a setting no sampler accepts, whether or not sampling
+    is on (a ``temperature=-1`` that greedy decoding would ignore is still a mistake worth naming).
+
+    ``temperature`` and ``repetition_penalty``: finite numbers > 0 (1.0 = off); ``top_k``: an int
+    >= 0 (0 = off); ``top_p``: a number in (0, 1] (1.0 = off).
+    """
+    for name, value, off in (("temperature", temperature, "1.0"), ("repetition_penalty", repetition_penalty, "1.0")):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{name} must be a number > 0 ({off} = off), got {value!r} ({type(value).__name__}).")
+        if not (math.isfinite(value) and value > 0):
+            extra = " For greedy decoding pass do_sample=False and leave temperature at 1.0." if name == "temperature" else ""
+            raise ValueError(f"{name} must be a finite number > 0 ({off} = off), got {value!r}.{extra}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int):
+        raise TypeError(f"top_k must be an int >= 0 (0 = off), got {top_k!r} ({type(top_k).__name__}).")
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}.")
+    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)):
+        raise TypeError(f"top_p must be a number in (0, 1] (1.0 = off), got {top_p!r} ({type(top_p).__name__}).")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1] (1.0 = off), got {top_p}.")
 
 
 def apply_repetition_penalty(
@@ -42,8 +69,13 @@ def apply_repetition_penalty(
 
 def top_k_filter(logits: torch.Tensor, top_k: int) -> torch.Tensor:
     """Keep the ``top_k`` largest logits of each row, set the rest to ``-inf`` (ties at the k-th
-    value are kept). ``top_k <= 0`` or ``>= vocab`` keeps everything."""
-    if top_k <= 0 or top_k >= logits.shape[-1]:
+    value are kept). ``top_k = 0`` or ``>= vocab`` keeps everything; a negative or non-int ``top_k``
+    is an error."""
+    if isinstance(top_k, bool) or not isinstance(top_k, int):
+        raise TypeError(f"top_k must be an int >= 0 (0 = off), got {top_k!r} ({type(top_k).__name__}).")
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}.")
+    if top_k == 0 or top_k >= logits.shape[-1]:
         return logits
     kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
     return logits.masked_fill(logits < kth, float("-inf"))
@@ -75,8 +107,7 @@ def next_token_logits(
     mask: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """All processors applied in order; softmax of the result is the sampling distribution."""
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0 (use do_sample=False for greedy), got {temperature}.")
+    check_sampling_settings(temperature, top_k, top_p, repetition_penalty)
     logits = logits.float()
     if previous_ids is not None:
         logits = apply_repetition_penalty(logits, previous_ids, repetition_penalty, mask)
@@ -97,8 +128,10 @@ def sample_next_token(
     mask: Optional[torch.Tensor] = None,
     generator: Optional[torch.Generator] = None,
 ) -> torch.Tensor:
-    """One token id per row, ``[b]``, from last-position logits ``[b, vocab]``."""
+    """One token id per row, ``[b]``, from last-position logits ``[b, vocab]``. The settings are
+    validated (``check_sampling_settings``) even when ``do_sample=False`` ignores most of them."""
     if not do_sample:
+        check_sampling_settings(temperature, top_k, top_p, repetition_penalty)
         if previous_ids is not None:
             logits = apply_repetition_penalty(logits.float(), previous_ids, repetition_penalty, mask)
         return logits.argmax(dim=-1)
@@ -135,10 +168,36 @@ def generate(
     * ``preallocate_cache``: after the prompt, move the cache into buffers sized for the whole
       generation so each step writes one position instead of concatenating (same values).
 
+    The sequence never grows past the model's ``config.max_position_embeddings``: the cache is
+    allocated for at most that many positions, and a run that reaches the limit stops there and
+    returns what it generated, with a warning. Every setting is validated before the first step
+    (``check_sampling_settings``; ``pad_token_id`` and ``eos_token_id`` must be ids of the
+    vocabulary; the mask must hold 0/1 with padding on the left only).
+
     Returns ``[b, s + n]`` with ``n <= max_new_tokens`` the number of steps taken.
     """
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        raise TypeError(f"max_new_tokens must be an int, got {max_new_tokens!r} ({type(max_new_tokens).__name__}).")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}.")
+    check_sampling_settings(temperature, top_k, top_p, repetition_penalty)
+    if not isinstance(input_ids, torch.Tensor):
+        raise TypeError(f"input_ids must be a torch.Tensor of token ids [batch, seq_len], got {type(input_ids).__name__}.")
+    if input_ids.dim() != 2:
+        raise ValueError(
+            f"input_ids must have shape [batch, seq_len], got {tuple(input_ids.shape)}; "
+            "use input_ids.unsqueeze(0) for a single prompt."
+        )
+    config = getattr(model, "config", None)
+    vocab_size = getattr(config, "vocab_size", None)
+    for name, value in (("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)):
+        _check_token_id(name, value, vocab_size)
+    if attention_mask is not None:
+        _check_left_padding(attention_mask, input_ids)
+    max_positions = getattr(config, "max_position_embeddings", None)
+    steps = max_new_tokens
+    if max_positions is not None:  # never allocate, or generate, beyond what the model can hold
+        steps = min(max_new_tokens, max(max_positions - input_ids.shape[1], 0))
     was_training = model.training
     model.eval()
     try:
@@ -150,12 +209,12 @@ def generate(
         finished = torch.zeros(batch, dtype=torch.bool, device=ids.device)
         past = None
         step_input = ids
-        for _ in range(max_new_tokens):
+        for _ in range(steps):
             if use_cache:
                 out = model(step_input, attention_mask=mask, past_key_values=past, use_cache=True, logits_to_keep=1)
                 past = out.past_key_values
                 if preallocate_cache and step_input is ids:  # after the prompt: room for every new token
-                    past = preallocate(past, ids.shape[1] + max_new_tokens)
+                    past = preallocate(past, ids.shape[1] + steps)
             else:
                 out = model(ids, attention_mask=mask, logits_to_keep=1)
             logits = out.logits[:, -1, :]
@@ -173,6 +232,47 @@ def generate(
                 callback(token)
             if eos_token_id is not None and bool(finished.all()):
                 break
+        else:
+            if steps < max_new_tokens:
+                warnings.warn(
+                    f"generate stopped after {steps} of max_new_tokens={max_new_tokens} new tokens: the sequence "
+                    f"reached max_position_embeddings={max_positions}, the most positions the model can hold. "
+                    "The tokens generated so far are returned; shorten the prompt to get more.",
+                    stacklevel=3,
+                )
         return ids
     finally:
         model.train(was_training)
+
+
+def _check_token_id(name: str, value: Any, vocab_size: Optional[int]) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a single int token id or None, got {value!r} ({type(value).__name__}).")
+    if value < 0 or (vocab_size is not None and value >= vocab_size):
+        upper = f"{vocab_size - 1}" if vocab_size is not None else "vocab_size - 1"
+        raise ValueError(
+            f"{name}={value} is not a token id of the model's vocabulary [0, {upper}]; pass a real token "
+            "(MiniMind pads with <|endoftext|> = 0 and ends with <|im_end|> = 2)."
+        )
+
+
+def _check_left_padding(attention_mask: torch.Tensor, input_ids: torch.Tensor) -> None:
+    """The mask holds 0/1, padding only at the start of each row, and every row has a real last token."""
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape:
+        shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
+        raise ValueError(f"attention_mask must be a tensor shaped like input_ids {tuple(input_ids.shape)}, got {shape}.")
+    m = attention_mask.long() if attention_mask.dtype == torch.bool else attention_mask
+    binary, left, last_real = torch.stack([
+        ((m == 0) | (m == 1)).all(), (m[:, 1:] >= m[:, :-1]).all(), (m[:, -1] == 1).all()
+    ]).tolist()  # one host read
+    if not binary:
+        raise ValueError("attention_mask must hold only 1 (token) and 0 (padding).")
+    if not left:
+        raise ValueError(
+            "attention_mask has padding (0) after a real token (1): generate continues every row from its last "
+            "position, so pad on the left (tokenizer padding_side='left', mask like [0, 0, 1, 1, 1])."
+        )
+    if not last_real:
+        raise ValueError("attention_mask has a row of padding only (no real token); drop that row or give it a prompt.")

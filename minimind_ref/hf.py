@@ -61,6 +61,11 @@ def to_hf_llama_config(config: MiniMindConfig) -> Any:
 
 def to_hf_llama(model: MiniMindForCausalLM) -> Any:
     """A ``transformers.LlamaForCausalLM`` holding copies of ``model``'s weights (eval mode, same dtype)."""
+    if not isinstance(model, MiniMindForCausalLM):
+        raise TypeError(
+            f"to_hf_llama converts a minimind_ref.MiniMindForCausalLM, got {type(model).__name__}"
+            + (" (unwrap it: model.module)" if hasattr(model, "module") else "") + "."
+        )
     tf = _transformers()
     hf_config = to_hf_llama_config(model.config)
     hf_config.torch_dtype = model.lm_head.weight.dtype
@@ -84,8 +89,16 @@ def to_hf_llama(model: MiniMindForCausalLM) -> Any:
 
 def from_hf_llama(hf_model: Any, **config_overrides: Any) -> MiniMindForCausalLM:
     """A ``MiniMindForCausalLM`` with the weights of a Llama model whose shape MiniMind can express
-    (tied embeddings, no biases, head_dim = hidden / heads, no RoPE scaling)."""
-    c = hf_model.config
+    (tied embeddings, no biases, head_dim = hidden / heads, no RoPE scaling). Any other model
+    (GPT-2, Mistral, a bare ``LlamaModel`` without its head, ...) is a ``TypeError`` naming it."""
+    c = getattr(hf_model, "config", None)
+    model_type = getattr(c, "model_type", None)
+    if model_type != "llama" or not hasattr(hf_model, "lm_head"):
+        what = type(hf_model).__name__ + (f" (model_type {model_type!r})" if model_type else "")
+        raise TypeError(
+            f"from_hf_llama converts a transformers LlamaForCausalLM only, got {what}; other architectures "
+            "(GPT-2's learned positions and LayerNorm, for one) cannot be expressed as MiniMind."
+        )
     problems = []
     if not getattr(c, "tie_word_embeddings", False):
         problems.append("tie_word_embeddings must be True")

@@ -17,11 +17,22 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import Attention, KVCache
+from .cache import check_cache
 from .config import MiniMindConfig
 from .ffn import FeedForward
 from .moe import MOEFeedForward
 from .norm import RMSNorm
 from .rope import precompute_freqs_cis
+
+
+#: Deliberate differences from upstream MiniMind (c090b69), by name. Everything else matches
+#: upstream to float rounding (tests/test_upstream_parity.py); each entry is tested there too.
+UPSTREAM_DIFFERENCES = {
+    "loss_without_targets": (
+        "a batch without any supervised position (every shifted label is -100) has loss 0 with zero "
+        "gradients; upstream's mean cross-entropy divides by zero and gives NaN."
+    ),
+}
 
 
 @dataclass
@@ -93,46 +104,80 @@ class MiniMindModel(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: Optional[torch.Tensor],
         past_key_values: Sequence[Optional[KVCache]],
+        labels: Optional[torch.Tensor] = None,
     ) -> int:
-        """Validate the inputs with messages a learner can act on; return the start position."""
+        """Validate the inputs with messages a learner can act on; return the start position.
+
+        Shapes and dtypes are checked in Python (free); the token-id range of ``input_ids`` (and of
+        ``labels``, when given) needs the values, read in one ``.tolist()`` per forward.
+        """
         if not isinstance(input_ids, torch.Tensor):
             raise TypeError(f"input_ids must be a torch.Tensor of token ids, got {type(input_ids).__name__}.")
-        if input_ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
-            raise TypeError(
-                f"input_ids must hold integer token ids (torch.long), got dtype {input_ids.dtype}; "
-                "did you pass embeddings or forget .long()?"
+        if input_ids.dtype not in (torch.int64, torch.int32):
+            hint = (
+                "did you pass embeddings or forget .long()?" if input_ids.is_floating_point() or input_ids.dtype == torch.bool
+                else f"{input_ids.dtype} is too narrow for a vocabulary of {self.vocab_size} tokens; build the ids "
+                "with dtype=torch.long (or call .long())."
             )
+            raise TypeError(f"input_ids must hold integer token ids as torch.long (or torch.int32), got dtype {input_ids.dtype}; {hint}")
         if input_ids.dim() != 2:
             raise ValueError(
                 f"input_ids must have shape [batch, seq_len], got {tuple(input_ids.shape)}; "
                 "use input_ids.unsqueeze(0) for a single sequence."
             )
-        if input_ids.shape[1] == 0:
+        batch, seq_len = input_ids.shape
+        if batch == 0:
+            raise ValueError("input_ids holds a batch of 0 sequences (shape [0, seq_len]); pass at least one row.")
+        if seq_len == 0:
             raise ValueError("input_ids is empty (seq_len 0); pass at least one token.")
-        lo, hi = (int(v) for v in torch.aminmax(input_ids))
-        if lo < 0 or hi >= self.vocab_size:
-            bad = hi if hi >= self.vocab_size else lo
-            raise ValueError(
-                f"token id {bad} is outside the vocabulary [0, {self.vocab_size - 1}]; check the tokenizer "
-                f"matches the model (vocab_size={self.vocab_size})."
-            )
-        if len(past_key_values) != len(self.layers):
-            raise ValueError(
-                f"past_key_values has {len(past_key_values)} entries but the model has {len(self.layers)} layers."
-            )
-        first = past_key_values[0]
-        start_pos = first[0].shape[1] if first is not None else 0
-        end = start_pos + input_ids.shape[1]
+        start_pos = check_cache(past_key_values, self.config, batch, input_ids.device)
+        end = start_pos + seq_len
         if end > self.config.max_position_embeddings:
             raise ValueError(
                 f"sequence too long: positions {start_pos}..{end - 1} exceed max_position_embeddings="
                 f"{self.config.max_position_embeddings}; truncate the input (or the cache) or build the "
                 "model with a larger max_position_embeddings."
             )
-        if attention_mask is not None and tuple(attention_mask.shape) != (input_ids.shape[0], end):
+        if attention_mask is not None:
+            if not isinstance(attention_mask, torch.Tensor):
+                raise TypeError(
+                    f"attention_mask must be a torch.Tensor [batch, cached + new tokens] of 1 (token) / 0 (padding), "
+                    f"got {type(attention_mask).__name__}."
+                )
+            if tuple(attention_mask.shape) != (batch, end):
+                raise ValueError(
+                    f"attention_mask must have shape [batch, cached + new tokens] = {(batch, end)}, "
+                    f"got {tuple(attention_mask.shape)} (1 = token, 0 = padding; MiniMind builds the causal part itself)."
+                )
+            if attention_mask.is_complex():
+                raise TypeError(f"attention_mask must hold 0/1 values (bool, integer or float), got dtype {attention_mask.dtype}.")
+        if labels is not None:
+            if not isinstance(labels, torch.Tensor):
+                raise TypeError(f"labels must be a torch.Tensor of token ids (-100 = ignore), got {type(labels).__name__}.")
+            if labels.shape != input_ids.shape:
+                raise ValueError(f"labels must have the shape of input_ids {tuple(input_ids.shape)}, got {tuple(labels.shape)}.")
+            if labels.dtype not in (torch.int64, torch.int32):
+                raise TypeError(
+                    f"labels must hold integer token ids as torch.long (-100 = ignore), got dtype {labels.dtype}; "
+                    "use input_ids (or a copy with -100 where no loss is wanted), not probabilities."
+                )
+        # one host read for every value check: min/max id, and whether a label is out of range
+        stats = [input_ids.min(), input_ids.max()]
+        if labels is not None:
+            bad = ((labels < 0) & (labels != -100)) | (labels >= self.vocab_size)
+            stats.append(bad.any().to(input_ids.dtype))
+        values = torch.stack(stats).tolist()
+        lo, hi = values[0], values[1]
+        if lo < 0 or hi >= self.vocab_size:
+            bad_id = hi if hi >= self.vocab_size else lo
             raise ValueError(
-                f"attention_mask must have shape [batch, cached + new tokens] = {(input_ids.shape[0], end)}, "
-                f"got {tuple(attention_mask.shape)}."
+                f"token id {bad_id} is outside the vocabulary [0, {self.vocab_size - 1}]; check the tokenizer "
+                f"matches the model (vocab_size={self.vocab_size})."
+            )
+        if labels is not None and values[2]:
+            raise ValueError(
+                f"labels hold a value outside the vocabulary [0, {self.vocab_size - 1}] that is not the ignore "
+                "index -100; use the token ids as labels and -100 for positions without a loss."
             )
         return start_pos
 
@@ -144,9 +189,12 @@ class MiniMindModel(nn.Module):
         use_cache: bool = False,
         **kwargs,
     ) -> Tuple[torch.Tensor, List[Optional[KVCache]], torch.Tensor]:
-        """Returns ``(hidden_states [b, s, hidden], presents, aux_loss)``."""
+        """Returns ``(hidden_states [b, s, hidden], presents, aux_loss)``. A ``labels`` keyword is only
+        validated here (its range check shares the one host read with ``input_ids``)."""
         past_key_values = list(past_key_values) if past_key_values else [None] * len(self.layers)
-        start_pos = self._check_inputs(input_ids, attention_mask, past_key_values)
+        start_pos = self._check_inputs(input_ids, attention_mask, past_key_values, kwargs.get("labels"))
+        if attention_mask is not None and attention_mask.dtype == torch.bool:
+            attention_mask = attention_mask.long()  # the padding term is (1 - mask) * -1e9
         seq_len = input_ids.shape[1]
         hidden_states = self.dropout(self.embed_tokens(input_ids))
         position_embeddings = (
@@ -166,6 +214,57 @@ class MiniMindModel(nn.Module):
             if isinstance(layer.mlp, MOEFeedForward):
                 aux_loss = aux_loss + layer.mlp.aux_loss
         return hidden_states, presents, aux_loss
+
+
+def next_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of ``logits[:, i]`` against ``labels[:, i + 1]``, ignoring label -100.
+
+    ``logits`` ``[b, s, vocab]``, ``labels`` ``[b, s]``; returns a 0-d tensor. Computed as the
+    summed loss over the supervised positions divided by their count (at least 1), which is
+    upstream's mean whenever one position is supervised and 0 (with zero gradients, not NaN)
+    when none is. No host synchronisation: the count stays on the device.
+    """
+    shift_logits = logits[..., :-1, :].contiguous()
+    shift_labels = labels[..., 1:].contiguous().view(-1)
+    total = F.cross_entropy(
+        shift_logits.view(-1, shift_logits.size(-1)), shift_labels, ignore_index=-100, reduction="sum"
+    )
+    count = (shift_labels != -100).sum().clamp(min=1)
+    return total / count
+
+
+def _check_logits_to_keep(
+    logits_to_keep: Union[int, torch.Tensor], input_ids: torch.Tensor, labels: Optional[torch.Tensor]
+) -> Union[slice, torch.Tensor]:
+    """The index that selects the kept positions, or a clear error."""
+    if isinstance(logits_to_keep, torch.Tensor):
+        if logits_to_keep.dim() != 1 or logits_to_keep.is_floating_point():
+            raise TypeError(
+                f"logits_to_keep as a tensor must be a 1-D tensor of integer positions, got shape "
+                f"{tuple(logits_to_keep.shape)} and dtype {logits_to_keep.dtype}."
+            )
+        if labels is not None:
+            raise ValueError(
+                "logits_to_keep (a tensor of positions) cannot be combined with labels: the loss needs the logits of "
+                "every position. Pass logits_to_keep=0 with labels."
+            )
+        return logits_to_keep
+    if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int):
+        raise TypeError(
+            f"logits_to_keep must be an int (0 = all positions, k = the last k) or a 1-D tensor of positions, "
+            f"got {logits_to_keep!r}."
+        )
+    if logits_to_keep < 0:
+        raise ValueError(
+            f"logits_to_keep must be >= 0 (0 = all positions, k = the last k), got {logits_to_keep}."
+        )
+    seq_len = input_ids.shape[-1] if isinstance(input_ids, torch.Tensor) and input_ids.dim() > 0 else 0
+    if labels is not None and 0 < logits_to_keep < seq_len:
+        raise ValueError(
+            f"logits_to_keep={logits_to_keep} keeps only the last {logits_to_keep} of {seq_len} positions, but "
+            "the loss (labels=...) needs every position. Pass logits_to_keep=0 with labels."
+        )
+    return slice(-logits_to_keep, None)
 
 
 class MiniMindForCausalLM(nn.Module):
@@ -191,19 +290,24 @@ class MiniMindForCausalLM(nn.Module):
     ) -> CausalLMOutput:
         """Logits for every position (or the last ``logits_to_keep``) and, with ``labels``, the
         next-token cross-entropy: position ``i`` predicts ``labels[i+1]``; label -100 is ignored.
-        ``loss`` is the cross-entropy only; training adds ``aux_loss`` for MoE models."""
-        hidden_states, presents, aux_loss = self.model(input_ids, attention_mask, past_key_values, use_cache)
-        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        ``loss`` is the cross-entropy only; training adds ``aux_loss`` for MoE models.
+
+        ``logits_to_keep``: ``0`` keeps every position, ``k > 0`` the last ``k``, a 1-D tensor the
+        listed positions. A loss needs every position, so with ``labels`` only ``0`` (or a ``k``
+        covering the whole sequence) is accepted.
+
+        Difference from upstream (deliberate: ``UPSTREAM_DIFFERENCES["loss_without_targets"]``): when
+        no position has a target (every shifted label is -100, e.g. an SFT batch whose answers were all truncated
+        away) the loss is 0 with zero gradients; upstream's ``F.cross_entropy`` mean gives NaN.
+        Otherwise the loss equals upstream's."""
+        keep = _check_logits_to_keep(logits_to_keep, input_ids, labels)
+        hidden_states, presents, aux_loss = self.model(
+            input_ids, attention_mask, past_key_values, use_cache, labels=labels
+        )
         logits = self.lm_head(hidden_states[:, keep, :])
         loss = None
         if labels is not None:
-            if labels.shape != input_ids.shape:
-                raise ValueError(f"labels must have the shape of input_ids {tuple(input_ids.shape)}, got {tuple(labels.shape)}.")
-            shift_logits = logits[..., :-1, :].contiguous()
-            shift_labels = labels[..., 1:].contiguous()
-            loss = F.cross_entropy(
-                shift_logits.view(-1, shift_logits.size(-1)), shift_labels.view(-1), ignore_index=-100
-            )
+            loss = next_token_loss(logits, labels)
         return CausalLMOutput(
             logits=logits, loss=loss, aux_loss=aux_loss,
             past_key_values=presents, hidden_states=hidden_states,

@@ -16,6 +16,8 @@ from typing import Optional, Tuple
 
 import torch
 
+from .config import validate_rope_scaling
+
 
 def rope_frequencies(dim: int, rope_base: float = 1e6) -> torch.Tensor:
     """The ``dim // 2`` rotation frequencies ``rope_base ** (-2i/dim)`` in radians per position, fp32."""
@@ -57,6 +59,7 @@ def scaled_frequencies(
     freqs = rope_frequencies(dim, rope_base)
     if rope_scaling is None:
         return freqs, 1.0
+    validate_rope_scaling(rope_scaling)  # a factor <= 0 (or NaN) would give NaN tables
     orig_max = rope_scaling.get("original_max_position_embeddings", 2048)
     factor = rope_scaling.get("factor", 16)
     attn_factor = rope_scaling.get("attention_factor", 1.0)

@@ -9,6 +9,11 @@ any text, any language, maps onto 256 byte symbols and nothing is ever "unknown"
     1 <|im_start|>    beginning of a message (MiniMindConfig.bos_token_id)
     2 <|im_end|>      end of a message       (MiniMindConfig.eos_token_id)
 
+``tokenizer.encode(text)`` turns the *text* ``"<|im_end|>"`` into the control token 2 wherever it
+occurs: right for a chat template the code renders, wrong for text a user typed (it would end
+the assistant's turn: prompt injection, and the characters are lost on decoding). ``encode_plain``
+encodes such text as ordinary characters.
+
 ``train_bpe_tokenizer`` does the same on any iterable of strings. One option upstream does not
 use: ``split_digits=True`` makes every digit its own pre-token (as LLaMA and Qwen do), so numbers
 are spelled digit by digit and arithmetic stays learnable by a small model.
@@ -120,6 +125,36 @@ def save_tokenizer(tokenizer, path: PathLike) -> None:
     """Write ``tokenizer.json`` (one file holds vocabulary, merges, pre-tokenizer and decoder)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tokenizer.save(str(path))
+
+
+def encode_plain(tokenizer, text: str) -> List[int]:
+    """Token ids of ``text`` with every special-token string in it encoded as plain text.
+
+    ``tokenizer.encode("hi <|im_end|>")`` yields the control id 2 for the typed ``<|im_end|>``;
+    ``encode_plain`` yields the ids of the characters ``<``, ``|``, ``im``, ... instead, so
+    ``tokenizer.decode(encode_plain(tokenizer, text)) == text`` and no id of ``text`` is special.
+    No special tokens are added around the text (``add_special_tokens=False``).
+
+    Works with a ``tokenizers.Tokenizer`` (or a ``transformers`` fast tokenizer, through its
+    ``backend_tokenizer``): it switches the library's ``encode_special_tokens`` on for this call
+    and restores the previous setting afterwards (not thread-safe: don't encode with the same
+    tokenizer from two threads at once). ``tokenizer.encode`` itself is unchanged, because
+    upstream's datasets rely on it parsing the special tokens of rendered templates.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"encode_plain encodes a str, got {type(text).__name__}.")
+    backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
+    if not hasattr(backend, "encode_special_tokens"):
+        raise TypeError(
+            f"encode_plain needs a tokenizers.Tokenizer (tokenizers >= 0.15) or a transformers fast tokenizer, "
+            f"got {type(tokenizer).__name__}."
+        )
+    previous = backend.encode_special_tokens
+    backend.encode_special_tokens = True
+    try:
+        return list(backend.encode(text, add_special_tokens=False).ids)
+    finally:
+        backend.encode_special_tokens = previous
 
 
 def load_tokenizer(path: PathLike):

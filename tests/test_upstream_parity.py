@@ -59,3 +59,30 @@ def test_training_outputs_and_gradients_match_upstream(name):
     assert case["grads"], "fixture holds gradients"
     for pname, expected in case["grads"].items():
         torch.testing.assert_close(grads[pname].grad, expected, **TOL, msg=lambda m, p=pname: f"{p}: {m}")
+
+
+def _upstream_loss(logits, labels):
+    """Upstream's loss, written out: mean cross-entropy of the shifted positions, ignore_index -100."""
+    return torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100
+    )
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_named_difference_loss_without_targets(name):
+    """``UPSTREAM_DIFFERENCES["loss_without_targets"]``: where some position is supervised the loss
+    is upstream's (1e-5); where none is, upstream's mean is NaN and ours is 0 with zero gradients."""
+    assert "loss_without_targets" in mm.model.UPSTREAM_DIFFERENCES
+    case = FIXTURE["cases"][name]
+    m = _load(case).train()
+    ids = case["input_ids"]
+    partial = ids.masked_fill(case["attention_mask"] == 0, -100)
+    partial[:, : ids.shape[1] // 2] = -100
+    out = m(ids, labels=partial)
+    torch.testing.assert_close(out.loss, _upstream_loss(out.logits, partial), **TOL)
+    none = torch.full_like(ids, -100)
+    out = m(ids, labels=none)
+    assert torch.isnan(_upstream_loss(out.logits, none)), "upstream's formula gives NaN here"
+    assert out.loss.item() == 0.0
+    out.loss.backward()
+    assert all(p.grad is None or not p.grad.any() for p in m.parameters())
