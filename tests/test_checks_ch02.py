@@ -210,42 +210,102 @@ def test_apply_in_low_precision_passes():
     ch02.check_apply_rotary_pos_emb(apply_ok_low_precision)
 
 
-@pytest.mark.parametrize(
-    "check_fn, wrong",
-    [
-        (ch02.check_rotate_half, rotate_half_wrong_sign),
-        (ch02.check_rotate_half, rotate_half_no_sign),
-        (ch02.check_rotate_half, rotate_half_interleaved),
-        (ch02.check_rotate_half, rotate_half_in_place),
-        (ch02.check_rotate_half, lambda x: x),
-        (ch02.check_precompute_freqs_cis, precompute_exponent_i_over_dim),
-        (ch02.check_precompute_freqs_cis, precompute_exponent_dim),
-        (ch02.check_precompute_freqs_cis, precompute_interleaved),
-        (ch02.check_precompute_freqs_cis, precompute_half_width),
-        (ch02.check_precompute_freqs_cis, precompute_swapped),
-        (ch02.check_precompute_freqs_cis, precompute_off_by_one),
-        (ch02.check_precompute_freqs_cis, precompute_float64),
-        (ch02.check_precompute_freqs_cis, lambda dim, end, base: precompute_ok(dim, end, base)[0]),
-        (ch02.check_apply_rotary_pos_emb, apply_minus),
-        (ch02.check_apply_rotary_pos_emb, apply_interleaved),
-        (ch02.check_apply_rotary_pos_emb, apply_q_only),
-        (ch02.check_apply_rotary_pos_emb, apply_no_cast),
-        (ch02.check_apply_rotary_pos_emb, apply_first_row_only),
-        (ch02.check_apply_rotary_pos_emb, apply_unsqueeze_0),
-        (ch02.check_yarn_frequencies, yarn_always),
-        (ch02.check_yarn_frequencies, yarn_ge),
-        (ch02.check_yarn_frequencies, yarn_inverted_ramp),
-        (ch02.check_yarn_frequencies, yarn_uniform),
-        (ch02.check_yarn_frequencies, yarn_never),
-        (ch02.check_yarn_frequencies, yarn_multiplies),
-        (ch02.check_yarn_frequencies, yarn_hard_coded_defaults),
-    ],
-    ids=lambda f: getattr(f, "__name__", "fn"),
-)
-def test_wrong_versions_fail(check_fn, wrong, capsys):
+def rotate_half_halves_not_swapped(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., :half], x[..., half:]), dim=-1)
+
+
+def rotate_half_float32(x):
+    return rope.rotate_half(x).float()
+
+
+def precompute_positive_exponent(dim, end, base):
+    return tables_from(base ** (torch.arange(0, dim, 2)[: dim // 2].float() / dim), end)
+
+
+def precompute_one_row_too_many(dim, end, base):
+    return tables_from(freqs_ok(dim, base), end + 1)
+
+
+def apply_no_unsqueeze(q, k, cos, sin):
+    return (q * cos + rope.rotate_half(q) * sin).to(q.dtype), (k * cos + rope.rotate_half(k) * sin).to(k.dtype)
+
+
+def apply_swapped_tables(q, k, cos, sin):
+    return rope.apply_rotary_pos_emb(q, k, sin, cos)
+
+
+def apply_in_place(q, k, cos, sin):
+    q_rot, k_rot = rope.apply_rotary_pos_emb(q, k, cos, sin)
+    q.copy_(q_rot)
+    return q, k_rot
+
+
+def apply_returns_one(q, k, cos, sin):
+    return rope.apply_rotary_pos_emb(q, k, cos, sin)[0]
+
+
+def yarn_float64(dim, end, base, scaling):
+    return yarn_ok(dim, end, base, scaling).double()
+
+
+def yarn_indexes_dict(dim, end, base, scaling):  # scaling["..."] instead of .get: fails on None
+    return yarn_ok(dim, end, base, scaling) if scaling["factor"] else None
+
+
+# (check, wrong answer, text the failure must contain: the named mistake, or the failing input)
+WRONG = [
+    (ch02.check_rotate_half, rotate_half_wrong_sign, "this looks like the minus sign on the first half"),
+    (ch02.check_rotate_half, rotate_half_no_sign, "this looks like no minus sign"),
+    (ch02.check_rotate_half, rotate_half_halves_not_swapped, "this looks like the halves not swapped"),
+    (ch02.check_rotate_half, rotate_half_interleaved, "this looks like neighbours paired"),
+    (ch02.check_rotate_half, rotate_half_in_place, "changed its input (argument 1) in place"),
+    (ch02.check_rotate_half, lambda x: x, "this looks like the input returned unchanged"),
+    (ch02.check_rotate_half, rotate_half_float32, "dtype mismatch: expected torch.bfloat16"),
+    (ch02.check_precompute_freqs_cis, precompute_exponent_i_over_dim, "this looks like the exponent i/dim instead of 2i/dim"),
+    (ch02.check_precompute_freqs_cis, precompute_positive_exponent, "this looks like frequencies rope_base ** (+2i/dim)"),
+    (ch02.check_precompute_freqs_cis, precompute_exponent_dim, "values differ"),
+    (ch02.check_precompute_freqs_cis, precompute_interleaved, "this looks like each angle repeated in place"),
+    (ch02.check_precompute_freqs_cis, precompute_half_width, "this looks like half-width tables"),
+    (ch02.check_precompute_freqs_cis, precompute_swapped, "this looks like cos and sin swapped"),
+    (ch02.check_precompute_freqs_cis, precompute_off_by_one, "this looks like positions starting at 1"),
+    (ch02.check_precompute_freqs_cis, precompute_one_row_too_many, "this looks like positions 0 .. end (one row too many)"),
+    (ch02.check_precompute_freqs_cis, precompute_float64, "dtype mismatch: expected torch.float32, got torch.float64"),
+    (ch02.check_precompute_freqs_cis, lambda dim, end, base: precompute_ok(dim, end, base)[0], "expected a pair (cos, sin)"),
+    (ch02.check_apply_rotary_pos_emb, apply_minus, "this looks like x * cos - rotate_half(x) * sin"),
+    (ch02.check_apply_rotary_pos_emb, apply_interleaved, "this looks like the interleaved rotate_half"),
+    (ch02.check_apply_rotary_pos_emb, apply_q_only, "this looks like this tensor returned without rotation"),
+    (ch02.check_apply_rotary_pos_emb, apply_q_only, "(on the k result for q"),
+    (ch02.check_apply_rotary_pos_emb, apply_no_cast, "dtype mismatch: expected torch.bfloat16, got torch.float32"),
+    (ch02.check_apply_rotary_pos_emb, apply_first_row_only, "this looks like every position rotated by the first row's angles"),
+    (ch02.check_apply_rotary_pos_emb, apply_swapped_tables, "this looks like cos and sin swapped"),
+    (ch02.check_apply_rotary_pos_emb, apply_unsqueeze_0, "raised RuntimeError"),
+    (ch02.check_apply_rotary_pos_emb, apply_unsqueeze_0, "broadcast over the heads"),
+    (ch02.check_apply_rotary_pos_emb, apply_no_unsqueeze, "raised RuntimeError"),
+    (ch02.check_apply_rotary_pos_emb, apply_no_unsqueeze, "(on q (2, 7, 8, 64)"),
+    (ch02.check_apply_rotary_pos_emb, apply_in_place, "changed its input (argument 1) in place"),
+    (ch02.check_apply_rotary_pos_emb, apply_returns_one, "expected a pair (q_embed, k_embed)"),
+    (ch02.check_yarn_frequencies, yarn_always, "this looks like YaRN applied although end / original_max = 2048/2048 is not > 1"),
+    (ch02.check_yarn_frequencies, yarn_ge, "this looks like YaRN applied although end / original_max = 2048/2048"),
+    (ch02.check_yarn_frequencies, yarn_inverted_ramp, "this looks like the ramp reversed"),
+    (ch02.check_yarn_frequencies, yarn_uniform, "this looks like every frequency divided by factor (no ramp)"),
+    (ch02.check_yarn_frequencies, yarn_never, "this looks like YaRN left out although end / original_max = 32768/2048 > 1"),
+    (ch02.check_yarn_frequencies, yarn_multiplies, "this looks like frequencies multiplied by factor instead of divided"),
+    (ch02.check_yarn_frequencies, yarn_hard_coded_defaults, "this looks like MiniMind's default values used instead"),
+    (ch02.check_yarn_frequencies, yarn_float64, "dtype mismatch: expected torch.float32, got torch.float64"),
+    (ch02.check_yarn_frequencies, yarn_indexes_dict, "raised TypeError"),
+    (ch02.check_yarn_frequencies, yarn_indexes_dict, "rope_scaling=None"),
+]
+
+
+@pytest.mark.parametrize("check_fn, wrong, message", WRONG, ids=[f"{c.__name__}-{m[:40]}" for c, _, m in WRONG])
+def test_wrong_versions_fail_naming_the_mistake(check_fn, wrong, message, capsys):
     with pytest.raises(AssertionError) as info:
         check_fn(wrong)
     assert isinstance(info.value, ExerciseError)
+    text = str(info.value)
+    assert message in text, text
+    assert text.startswith("[Exercise 2.") and "hint:" in text
     assert "✓" not in capsys.readouterr().out
 
 
@@ -254,6 +314,7 @@ def test_wrong_version_message_names_expected_and_hint():
         ch02.check_precompute_freqs_cis(precompute_exponent_i_over_dim)
     msg = str(info.value)
     assert "expected" in msg and "hint:" in msg and "2i / dim" in msg
+    assert msg.index("this looks like") < msg.index("hint:") < msg.index("if you are stuck:")
 
 
 def test_crash_in_learner_code_is_reported():

@@ -140,38 +140,172 @@ def repeat_on_wrong_axis(x, n_rep):
     return torch.repeat_interleave(x, n_rep, dim=1)
 
 
-@pytest.mark.parametrize(
-    "check, wrong",
-    [
-        (ch03.check_stable_softmax, naive_softmax),
-        (ch03.check_stable_softmax, softmax_wrong_axis),
-        (ch03.check_stable_softmax, softmax_global_sum),
-        (ch03.check_scaled_dot_product_attention, lambda q, k, v, mask=None: sdpa_ref(q, k, v, mask, scale=False)),
-        (ch03.check_scaled_dot_product_attention,
-         lambda q, k, v, mask=None: torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-2) @ v),
-        (ch03.check_scaled_dot_product_attention, lambda q, k, v, mask=None: sdpa_ref(q, k, v, None)),
-        (ch03.check_causal_mask, causal_off_by_one),
-        (ch03.check_causal_mask, causal_top_left),
-        (ch03.check_causal_mask, causal_finite),
-        (ch03.check_causal_mask, causal_bool),
-        (ch03.check_repeat_kv, repeat_tiled),
-        (ch03.check_repeat_kv, repeat_on_wrong_axis),
-        (ch03.check_gqa_attention, make_gqa(scale=False)),
-        (ch03.check_gqa_attention, make_gqa(repeat=repeat_tiled)),
-        (ch03.check_gqa_attention, make_gqa(pad_value=float("-inf"))),
-        (ch03.check_gqa_attention, make_gqa(pad_value=0.0)),
-        (ch03.check_gqa_attention, make_gqa(causal=causal_top_left)),
-        (ch03.check_gqa_attention, make_gqa(causal=causal_off_by_one)),
-        (ch03.check_gqa_attention, make_gqa(rope_k=False)),
-        (ch03.check_gqa_attention, make_gqa(cache_repeated=True)),
-        (ch03.check_gqa_attention, lambda attn, x, cos, sin, attention_mask=None, past_key_value=None: attn(
-            x, (cos, sin), past_key_value, True, attention_mask)[0]),
-    ],
-)
-def test_wrong_answer_fails(check, wrong):
+def softmax_global_max(x, dim=-1):
+    e = torch.exp(x - x.max())
+    return e / e.sum(dim, keepdim=True)
+
+
+def softmax_ignores_dim(x, dim=-1):
+    return softmax_ref(x, dim=-1)
+
+
+def softmax_in_place(x, dim=-1):
+    x.sub_(x.max(dim, keepdim=True).values)
+    return softmax_ref(x, dim)
+
+
+def softmax_no_keepdim(x, dim=-1):
+    e = torch.exp(x - x.max(dim).values)
+    return e / e.sum(dim)
+
+
+def softmax_no_normalise(x, dim=-1):
+    return torch.exp(x - x.max(dim, keepdim=True).values)
+
+
+def sdpa_no_scale(q, k, v, mask=None):
+    return sdpa_ref(q, k, v, mask, scale=False)
+
+
+def sdpa_scale_by_d(q, k, v, mask=None):
+    scores = q @ k.transpose(-2, -1) / q.shape[-1]
+    return torch.softmax(scores if mask is None else scores + mask, dim=-1) @ v
+
+
+def sdpa_query_axis(q, k, v, mask=None):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    return torch.softmax(scores if mask is None else scores + mask, dim=-2) @ v
+
+
+def sdpa_ignores_mask(q, k, v, mask=None):
+    return sdpa_ref(q, k, v, None)
+
+
+def sdpa_returns_weights(q, k, v, mask=None):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    return torch.softmax(scores if mask is None else scores + mask, dim=-1)
+
+
+def sdpa_k_not_transposed(q, k, v, mask=None):
+    return torch.softmax(q @ k / math.sqrt(q.shape[-1]), dim=-1) @ v
+
+
+def causal_swapped(q_len, kv_len=None):
+    kv_len = q_len if kv_len is None else kv_len
+    return torch.full((q_len, kv_len), float("-inf")).tril(kv_len - q_len)
+
+
+def causal_ones(q_len, kv_len=None):
+    kv_len = q_len if kv_len is None else kv_len
+    return torch.ones(q_len, kv_len).tril(kv_len - q_len)
+
+
+def causal_no_default(q_len, kv_len):
+    return causal_ref(q_len, kv_len)
+
+
+def repeat_last_axis(x, n_rep):
+    return torch.repeat_interleave(x, n_rep, dim=3)
+
+
+def repeat_identity(x, n_rep):
+    return x
+
+
+def gqa_returns_output_only(attn, x, cos, sin, attention_mask=None, past_key_value=None):
+    return attn(x, (cos, sin), past_key_value, True, attention_mask)[0]
+
+
+def gqa_edits_cache(attn, x, cos, sin, attention_mask=None, past_key_value=None):
+    out = make_gqa()(attn, x, cos, sin, attention_mask, past_key_value)
+    if past_key_value is not None:
+        past_key_value[0].zero_()
+    return out
+
+
+def gqa_no_rope_q(attn, x, cos, sin, attention_mask=None, past_key_value=None):
+    b, s, _ = x.shape
+    zeros = torch.zeros_like(sin)
+    ones = torch.ones_like(cos)
+    q_plain = make_gqa()(attn, x, ones, zeros, attention_mask, past_key_value)  # noqa: F841 (exercise the path)
+    return _gqa_variant_for_tests(attn, x, cos, sin, attention_mask, past_key_value, rope_q=False)
+
+
+def _gqa_variant_for_tests(attn, x, cos, sin, mask, past, **kwargs):
+    from minimind_ref.checks.ch03 import _gqa_variant
+    return _gqa_variant(attn, x, cos, sin, mask, past, **kwargs)
+
+
+def gqa_ignores_cache(attn, x, cos, sin, attention_mask=None, past_key_value=None):
+    return _gqa_variant_for_tests(attn, x, cos, sin, attention_mask, past_key_value, use_past=False)
+
+
+def gqa_no_causal(attn, x, cos, sin, attention_mask=None, past_key_value=None):
+    return _gqa_variant_for_tests(attn, x, cos, sin, attention_mask, past_key_value, causal="none")
+
+
+# (check, wrong answer, text the failure must contain: the named mistake, or the failing input)
+WRONG = [
+    (ch03.check_stable_softmax, naive_softmax, "this looks like exp(x) without subtracting the maximum"),
+    (ch03.check_stable_softmax, naive_softmax, "NaN"),
+    (ch03.check_stable_softmax, softmax_wrong_axis, "this looks like a softmax over dimension 0 instead of dim=-1"),
+    (ch03.check_stable_softmax, softmax_ignores_dim, "this looks like a softmax over dimension 1 instead of dim=0"),
+    (ch03.check_stable_softmax, softmax_global_sum, "this looks like normalised by the sum over the whole tensor"),
+    (ch03.check_stable_softmax, softmax_global_max, "this looks like the maximum of the whole tensor subtracted"),
+    (ch03.check_stable_softmax, softmax_in_place, "changed its input (argument 1) in place"),
+    (ch03.check_stable_softmax, softmax_no_keepdim, "raised RuntimeError"),
+    (ch03.check_stable_softmax, softmax_no_keepdim, "keepdim=True"),
+    (ch03.check_stable_softmax, softmax_no_normalise, "this looks like exp(x - max) without dividing by the sum"),
+    (ch03.check_scaled_dot_product_attention, sdpa_no_scale, "this looks like no scaling"),
+    (ch03.check_scaled_dot_product_attention, sdpa_scale_by_d, "this looks like scores divided by d instead of sqrt(d)"),
+    (ch03.check_scaled_dot_product_attention, sdpa_query_axis, "this looks like the softmax over the query axis"),
+    (ch03.check_scaled_dot_product_attention, sdpa_ignores_mask, "this looks like the mask ignored"),
+    (ch03.check_scaled_dot_product_attention, sdpa_returns_weights, "this looks like the attention weights returned"),
+    (ch03.check_scaled_dot_product_attention, sdpa_k_not_transposed, "raised RuntimeError"),
+    (ch03.check_scaled_dot_product_attention, sdpa_k_not_transposed, "(on q (2, 3, 5, 16), k and v (2, 3, 5, 16)"),
+    (ch03.check_causal_mask, causal_off_by_one, "this looks like the diagonal hidden too"),
+    (ch03.check_causal_mask, causal_top_left, "this looks like the triangle aligned top-left"),
+    (ch03.check_causal_mask, causal_swapped, "this looks like the visible and hidden parts swapped"),
+    (ch03.check_causal_mask, causal_finite, "the reference removes this entry with -inf; yours keeps a finite value"),
+    (ch03.check_causal_mask, causal_bool, "dtype mismatch: expected torch.float32, got torch.bool"),
+    (ch03.check_causal_mask, causal_ones, "this looks like a 1/0 mask"),
+    (ch03.check_causal_mask, causal_no_default, "raised TypeError"),
+    (ch03.check_causal_mask, causal_no_default, "kv_len is optional"),
+    (ch03.check_repeat_kv, repeat_tiled, "this looks like the heads tiled"),
+    (ch03.check_repeat_kv, repeat_on_wrong_axis, "this looks like the sequence axis (dim 1) repeated"),
+    (ch03.check_repeat_kv, repeat_last_axis, "this looks like the last axis (head_dim) repeated"),
+    (ch03.check_repeat_kv, repeat_identity, "this looks like the input returned unchanged"),
+    (ch03.check_gqa_attention, make_gqa(scale=False), "this looks like no 1/sqrt(head_dim) scaling"),
+    (ch03.check_gqa_attention, make_gqa(repeat=repeat_tiled), "this looks like the KV heads tiled"),
+    (ch03.check_gqa_attention, make_gqa(pad_value=float("-inf")), "this looks like padding added as -inf"),
+    (ch03.check_gqa_attention, make_gqa(pad_value=float("-inf")), "NaN"),
+    (ch03.check_gqa_attention, make_gqa(pad_value=0.0), "this looks like the padding mask ignored"),
+    (ch03.check_gqa_attention, make_gqa(causal=causal_top_left), "this looks like the causal triangle aligned top-left"),
+    (ch03.check_gqa_attention, make_gqa(causal=causal_off_by_one), "this looks like the diagonal hidden"),
+    (ch03.check_gqa_attention, gqa_no_causal, "this looks like no causal mask"),
+    (ch03.check_gqa_attention, make_gqa(rope_k=False), "this looks like RoPE applied to q only"),
+    (ch03.check_gqa_attention, gqa_no_rope_q, "this looks like RoPE applied to k only"),
+    (ch03.check_gqa_attention, gqa_ignores_cache, "this looks like the cache ignored"),
+    (ch03.check_gqa_attention, make_gqa(cache_repeated=True), "this looks like the repeated keys/values cached"),
+    (ch03.check_gqa_attention, gqa_returns_output_only, "expected a tuple (output, (k, v))"),
+    (ch03.check_gqa_attention, gqa_edits_cache, "changed its input (argument 6) in place"),
+]
+
+
+@pytest.mark.parametrize("check, wrong, message", WRONG, ids=[f"{c.__name__}-{m[:40]}" for c, _, m in WRONG])
+def test_wrong_answer_fails_naming_the_mistake(check, wrong, message):
     with pytest.raises(AssertionError) as err:
         check(wrong)
-    assert "hint" in str(err.value) or "expected" in str(err.value)
+    text = str(err.value)
+    assert message in text, text
+    assert text.startswith("[Exercise 3.") and "hint:" in text
+
+
+def test_failure_names_the_mistake_before_the_hint_and_the_recipe_last():
+    with pytest.raises(AssertionError) as err:
+        ch03.check_gqa_attention(make_gqa(scale=False))
+    text = str(err.value)
+    assert text.index("this looks like") < text.index("hint:") < text.index("if you are stuck:")
 
 
 def test_overflow_message_names_the_fix():

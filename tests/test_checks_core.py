@@ -134,3 +134,50 @@ def test_in_place_edits_are_caught_when_asked():
     with pytest.raises(ExerciseError, match="changed its input"):
         call(lambda t: t.mul_(2), torch.ones(2), name="Exercise 0.9", check_inputs=True)
     assert call(lambda ids: ids + [3], [1, 2], name="Exercise 0.9", check_inputs=True) == [1, 2, 3]
+
+
+def test_check_equal_names_a_known_mistake_with_case_and_recipe_last():
+    with pytest.raises(ExerciseError) as err:
+        check_equal(16, 17, name="Exercise 0.10", hint="count again", recipe="sum(...)", case="8 layers",
+                    mistakes={"never this": 3, "the final norm forgotten": lambda: 16, "a float": 16.0})
+    msg = str(err.value)
+    assert msg.startswith("[Exercise 0.10] this looks like the final norm forgotten: expected 17, got 16 (on 8 layers)")
+    assert msg.index("hint: count again") < msg.index("if you are stuck: sum(...)")
+
+
+def test_check_equal_mistakes_compare_types_and_skip_failing_thunks():
+    with pytest.raises(ExerciseError) as err:
+        check_equal(1, 2, name="Exercise 0.11", mistakes={"a bool": True, "a crash": lambda: 1 / 0})
+    assert "this looks like" not in str(err.value)
+
+
+def test_a_mistake_indistinguishable_from_the_answer_is_not_named():
+    expected = torch.tensor([1.0, 2.0])
+    got = torch.tensor([1.0, 2.5])
+    with pytest.raises(ExerciseError) as err:
+        check_close(got, expected, name="Exercise 0.12",
+                    mistakes={"equal to the answer on this input": torch.tensor([1.0, 2.0 + 1e-7]),
+                              "the real mistake": torch.tensor([1.0, 2.5])})
+    assert "this looks like the real mistake" in str(err.value)
+
+
+def test_a_mistake_of_another_dtype_is_not_named():
+    expected = torch.tensor([1.0, 2.0], dtype=torch.float16)
+    got = torch.tensor([1.0, 2.5], dtype=torch.float16)
+    with pytest.raises(ExerciseError) as err:
+        check_close(got, expected, name="Exercise 0.13", mistakes={"a float32 result": torch.tensor([1.0, 2.5])})
+    assert "this looks like" not in str(err.value)
+
+
+def test_in_place_edits_inside_a_tuple_argument_are_caught():
+    cache = (torch.zeros(2), torch.ones(2))
+
+    def edits_cache(x, past):
+        past[0].add_(1)
+        return x
+
+    with pytest.raises(ExerciseError, match=r"changed its input \(argument 2\) in place"):
+        call(edits_cache, torch.ones(2), cache, name="Exercise 0.14", check_inputs=True)
+    assert call(lambda x, past: x + past[1], torch.ones(2), (torch.zeros(2), torch.ones(2)), name="Exercise 0.14",
+                check_inputs=True).tolist() == [2.0, 2.0]
+    assert call(lambda x, shape: x, torch.ones(2), (2, 3), name="Exercise 0.14", check_inputs=True).tolist() == [1.0, 1.0]

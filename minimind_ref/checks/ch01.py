@@ -1,7 +1,9 @@
 """Checks for chapter 01 — Normalization.
 
 Each check runs the learner's function on inputs it generates and compares the result with
-``minimind_ref.RMSNorm`` or ``torch.nn.functional.layer_norm``:
+``minimind_ref.RMSNorm`` or ``torch.nn.functional.layer_norm``. A failure names the input it
+failed on and, when the result equals a known mistake computed on the same input, that mistake;
+then a hint about it, and the full recipe last:
 
 * ``check_rms_norm(fn)``             ``fn(x, weight, eps=1e-5)``: the RMSNorm formula (fp32 and bf16)
 * ``check_layer_norm(fn)``           ``fn(x, weight, bias, eps=1e-5)``: LayerNorm (biased variance)
@@ -12,7 +14,7 @@ Each check runs the learner's function on inputs it generates and compares the r
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +22,7 @@ import torch.nn.functional as F
 from ..config import MiniMindConfig, minimind2_small
 from ..model import MiniMindForCausalLM
 from ..norm import RMSNorm
-from .core import ExerciseError, call, check, check_close, seeded
+from .core import call, check, check_close, check_equal, fail, seeded
 
 __all__ = [
     "check_rms_norm",
@@ -45,19 +47,13 @@ def count_rmsnorm_modules(model: torch.nn.Module) -> int:
     return sum(isinstance(m, RMSNorm) for m in model.modules())
 
 
-def _unchanged(name: str, before: torch.Tensor, after: torch.Tensor) -> None:
-    if not torch.equal(before, after):
-        raise ExerciseError(f"[{name}] your function changed its input in place; compute a new tensor instead "
-                            "(avoid x.mul_(...), x /= ..., and so on).")
-
-
 def _cases_fp32() -> List[Tuple[str, torch.Tensor, torch.Tensor, float]]:
     """(label, x, weight, eps): shapes, scales and eps values that catch the usual mistakes."""
     cases = []
     for n, shape in enumerate([(4, 16), (2, 3, 64), (1, 512), (8,), (2, 2, 2, 32)]):
         x = torch.randn(shape, generator=seeded(10 + n)) * 2.0 + 0.5  # non-zero mean: centring shows
         w = torch.rand(shape[-1], generator=seeded(20 + n)) + 0.5      # not all ones: the gain shows
-        cases.append((f"shape {shape}", x, w, 1e-5))
+        cases.append((f"x of shape {shape}", x, w, 1e-5))
     x = torch.randn(3, 32, generator=seeded(30))
     x[1] = 0.0  # an all-zero row: the output must be 0, not NaN
     cases.append(("a batch with an all-zero row", x, torch.rand(32, generator=seeded(31)) + 0.5, 1e-5))
@@ -68,62 +64,141 @@ def _cases_fp32() -> List[Tuple[str, torch.Tensor, torch.Tensor, float]]:
     return cases
 
 
-_RMS_HINT = ("y = weight * x / sqrt(mean(x**2, dim=-1, keepdim=True) + eps): the mean is over the LAST "
-             "dimension only, eps goes INSIDE the square root, nothing is subtracted (no centring), and "
-             "torch.rsqrt(v) is 1 / sqrt(v).")
-
-
 # --------------------------------------------------------------------------- rms_norm
+_RMS_HINT = ("RMSNorm divides each vector (the last dimension) by the root of the mean of its squares, with eps "
+             "added under the root, and multiplies by the gain; nothing is subtracted.")
+_RMS_RECIPE = ("weight * x / sqrt(mean(x**2, dim=-1, keepdim=True) + eps); torch.rsqrt(v) is 1 / sqrt(v) "
+               "and keepdim=True keeps the reduced dimension so it broadcasts against x.")
+_RMS_CRASH = ("a size mismatch usually means the mean of squares lost its last dimension: keep it "
+              "(keepdim=True) so it broadcasts against x.")
+
+
+def _rms_mistakes(x: torch.Tensor, w: torch.Tensor, eps: float) -> Dict[str, Callable[[], torch.Tensor]]:
+    """What the usual wrong versions of Exercise 1.1 return on this input (in x's dtype, as the learner computes)."""
+    def ms(v: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        return v.pow(2).mean(dim, keepdim=True)
+
+    return {
+        "the eps argument ignored (always 1e-5)": lambda: w * x * torch.rsqrt(ms(x) + 1e-5),
+        "eps left out (x / sqrt(mean(x**2)): 0 / 0 on an all-zero row)": lambda: w * x / ms(x).sqrt(),
+        "eps added outside the square root (sqrt(mean(x**2)) + eps)": lambda: w * x / (ms(x).sqrt() + eps),
+        "the mean subtracted first (that is LayerNorm without a bias, not RMSNorm)":
+            lambda: w * (x - x.mean(-1, keepdim=True)) * torch.rsqrt(ms(x - x.mean(-1, keepdim=True)) + eps),
+        "the sum of squares instead of their mean": lambda: w * x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps),
+        "the mean over the first dimension instead of the last": lambda: w * x * torch.rsqrt(ms(x, 0) + eps),
+        "the gain (weight) left out": lambda: x * torch.rsqrt(ms(x) + eps),
+        "the square root left out (x / (mean(x**2) + eps))": lambda: w * x / (ms(x) + eps),
+    }
+
+
 @check("Exercise 1.1 rms_norm")
 def check_rms_norm(fn: Callable[..., Any]) -> str:
     """``fn(x, weight, eps)`` must equal ``minimind_ref.RMSNorm`` (fp32: rtol = atol = 1e-5; bf16
-    input with a bf16 weight: a bf16 result within bf16's tolerance, 2e-2)."""
+    input with a bf16 weight: a bf16 result within bf16's tolerance, 2e-2) and leave ``x`` alone."""
     name = "Exercise 1.1 rms_norm"
     cases = _cases_fp32()
     for label, x, w, eps in cases:
-        before = x.clone()
-        got = call(fn, x, w, eps=eps, name=name)
-        _unchanged(name, before, x)
-        check_close(got, reference_rms_norm(x, w, eps), name=f"{name} on {label}", hint=_RMS_HINT)
+        got = call(fn, x, w, eps=eps, name=name, hint=_RMS_CRASH, case=label, check_inputs=True)
+        check_close(got, reference_rms_norm(x, w, eps), name=name, case=label, hint=_RMS_HINT,
+                    mistakes=_rms_mistakes(x, w, eps), recipe=_RMS_RECIPE)
     # default eps: the signature says eps=1e-5
     x = torch.randn(3, 40, generator=seeded(40)) * 1e-3
-    got = call(fn, x, torch.ones(40), name=name)
-    check_close(got, reference_rms_norm(x, torch.ones(40), 1e-5), name=f"{name} called without eps",
+    label = "a call without eps (tiny activations)"
+    got = call(fn, x, torch.ones(40), name=name, case=label,
+               hint="the exercise calls rms_norm(x, weight) too: give eps the default value 1e-5 "
+                    "(def rms_norm(x, weight, eps=1e-5)).")
+    check_close(got, reference_rms_norm(x, torch.ones(40), 1e-5), name=name, case=label,
                 hint="give eps the default value 1e-5 (MiniMind's rms_norm_eps): def rms_norm(x, weight, eps=1e-5).")
     # bf16 in, bf16 weight: bf16 out (the formula in any precision passes at bf16 tolerance)
     xb = (torch.randn(4, 7, 128, generator=seeded(41)) * 3).to(torch.bfloat16)
     wb = (torch.rand(128, generator=seeded(42)) + 0.5).to(torch.bfloat16)
-    check_close(call(fn, xb, wb, eps=1e-5, name=name), reference_rms_norm(xb, wb), name=f"{name} in bfloat16",
-                hint="with a bf16 input and a bf16 weight the result should be bf16; do not return float32 "
-                     "or convert the output to another dtype.")
+    label = "bfloat16 x and weight"
+    got = call(fn, xb, wb, eps=1e-5, name=name, hint=_RMS_CRASH, case=label, check_inputs=True)
+    check_close(got, reference_rms_norm(xb, wb), name=name, case=label, mistakes=_rms_mistakes(xb, wb, 1e-5),
+                hint="with a bf16 input and a bf16 weight the result should be bf16; do not convert the result "
+                     "to another dtype.", recipe=_RMS_RECIPE)
     return f"{len(cases) + 2} cases match minimind_ref.RMSNorm (fp32 and bf16)"
 
 
 # --------------------------------------------------------------------------- layer_norm
+_LN_HINT = ("LayerNorm centres each vector (subtract its mean), divides by the root of its variance plus eps, then "
+            "scales by weight and adds bias; mean and variance are over the last dimension, and the variance "
+            "divides by d (the biased one).")
+_LN_RECIPE = ("mean = x.mean(-1, keepdim=True); var = ((x - mean)**2).mean(-1, keepdim=True) "
+              "(or x.var(-1, unbiased=False, keepdim=True)); return (x - mean) / sqrt(var + eps) * weight + bias.")
+
+
+_LN_CRASH = ("a size mismatch usually means the mean or the variance lost its last dimension: keep it "
+             "(keepdim=True) so it broadcasts against x.")
+
+
+def _ln_mistakes(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float) -> Dict[str, Callable[[], torch.Tensor]]:
+    mean = x.mean(-1, keepdim=True)
+    var = (x - mean).pow(2).mean(-1, keepdim=True)
+    xhat = (x - mean) * torch.rsqrt(var + eps)
+    return {
+        "the unbiased variance (divided by d - 1: torch's x.var default)":
+            lambda: (x - mean) * torch.rsqrt(x.var(-1, keepdim=True) + eps) * w + b,
+        "eps added outside the square root (std + eps)": lambda: (x - mean) / (var.sqrt() + eps) * w + b,
+        "the eps argument ignored (always 1e-5)": lambda: (x - mean) * torch.rsqrt(var + 1e-5) * w + b,
+        "no centring (that is RMSNorm plus a bias)": lambda: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w + b,
+        "the mean subtracted inside the variance but not from x itself": lambda: x * torch.rsqrt(var + eps) * w + b,
+        "the bias left out": lambda: xhat * w,
+        "the gain (weight) left out": lambda: xhat + b,
+        "the bias added before scaling ((x_hat + bias) * weight)": lambda: (xhat + b) * w,
+        "weight and bias swapped": lambda: xhat * b + w,
+        "the square root left out (divided by var + eps)": lambda: (x - mean) / (var + eps) * w + b,
+    }
+
+
 @check("Exercise 1.2 layer_norm")
 def check_layer_norm(fn: Callable[..., Any]) -> str:
     """``fn(x, weight, bias, eps)`` must equal ``torch.nn.functional.layer_norm`` (fp32, 1e-5)."""
     name = "Exercise 1.2 layer_norm"
-    hint = ("y = (x - mean) / sqrt(var + eps) * weight + bias, with mean and var over the LAST dimension "
-            "and the BIASED variance (divide by d, not d - 1): x.var(-1, unbiased=False, keepdim=True), "
-            "or ((x - mean)**2).mean(-1, keepdim=True).")
     count = 0
     for label, x, w, eps in _cases_fp32():
         b = torch.randn(x.shape[-1], generator=seeded(int(x.shape[-1]) + 50)) * 0.5
-        before = x.clone()
-        got = call(fn, x, w, b, eps=eps, name=name)
-        _unchanged(name, before, x)
+        got = call(fn, x, w, b, eps=eps, name=name, hint=_LN_CRASH,
+                   case=label, check_inputs=True)
         expected = F.layer_norm(x, (x.shape[-1],), w, b, eps)
-        check_close(got, expected, name=f"{name} on {label}", hint=hint)
+        check_close(got, expected, name=name, case=label, hint=_LN_HINT, mistakes=_ln_mistakes(x, w, b, eps),
+                    recipe=_LN_RECIPE)
         count += 1
     x = torch.randn(2, 24, generator=seeded(60)) * 1e-3
     w, b = torch.ones(24), torch.zeros(24)
-    check_close(call(fn, x, w, b, name=name), F.layer_norm(x, (24,), w, b, 1e-5), name=f"{name} called without eps",
+    label = "a call without eps (tiny activations)"
+    got = call(fn, x, w, b, name=name, case=label,
+               hint="the exercise calls layer_norm(x, weight, bias) too: give eps the default value 1e-5.")
+    check_close(got, F.layer_norm(x, (24,), w, b, 1e-5), name=name, case=label,
                 hint="give eps the default value 1e-5: def layer_norm(x, weight, bias, eps=1e-5).")
     return f"{count + 1} cases match torch.nn.functional.layer_norm"
 
 
 # --------------------------------------------------------------------------- fp16-safe rms_norm
+_SAFE_HINT_OVERFLOW = ("in float16, 300**2 = 90000 is already larger than the largest float16 number (65504): the "
+                       "squares become inf, the mean is inf, and x / inf = 0. Compute the statistics in float32.")
+_SAFE_HINT_DTYPE = ("MiniMind casts the *normalized* value back to the input dtype and only then multiplies by the "
+                    "weight, so the result has the dtype torch's promotion of (x.dtype, weight.dtype) gives: "
+                    "fp16 x with an fp32 weight -> float32; fp16 x with an fp16 weight -> float16.")
+_SAFE_HINT_VALUES = ("the rounding steps must be MiniMind's: statistics and normalization in float32, one rounding "
+                     "of the normalized value to x.dtype, then the multiplication by the weight.")
+_SAFE_RECIPE = ("xf = x.float(); normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps); "
+                "return weight * normed.type_as(x).")
+
+
+def _safe_mistakes(x: torch.Tensor, w: torch.Tensor, eps: float) -> Dict[str, Callable[[], torch.Tensor]]:
+    xf = x.float()
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return {
+        "no float32 upcast (the squares computed in the input dtype)":
+            lambda: w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)),
+        "the cast back to x.dtype done after multiplying by the weight": lambda: (w * normed).to(x.dtype),
+        "the normalized value never cast back to x.dtype":
+            lambda: (w * normed).to(torch.promote_types(x.dtype, w.dtype)),
+        "a float32 result whatever the input dtype": lambda: w.float() * normed,
+    }
+
+
 @check("Exercise 1.3 rms_norm_safe")
 def check_fp16_safe_rms_norm(fn: Callable[..., Any]) -> str:
     """``fn(x, weight, eps)`` must reproduce ``minimind_ref.RMSNorm`` exactly, dtype included:
@@ -133,16 +208,6 @@ def check_fp16_safe_rms_norm(fn: Callable[..., Any]) -> str:
     (max 65504); a version without the upcast returns zeros there.
     """
     name = "Exercise 1.3 rms_norm_safe"
-    hint_overflow = ("compute the statistics in float32: xf = x.float(), then xf * torch.rsqrt(xf.pow(2).mean(-1, "
-                     "keepdim=True) + eps). In fp16, 300**2 = 90000 is already larger than the largest fp16 "
-                     "number (65504), so x.pow(2) becomes inf and x / inf = 0.")
-    hint_dtype = ("follow MiniMind's order: normalize in float32, cast that back to the input dtype "
-                  "(.type_as(x) or .to(x.dtype)), THEN multiply by weight. The dtype of the result is "
-                  "whatever torch's promotion of (x.dtype, weight.dtype) gives: fp16 x with an fp32 weight "
-                  "-> float32; fp16 x with an fp16 weight -> float16.")
-    hint_values = ("compute in float32 (xf = x.float()), normalize xf, cast the normalized value back to x.dtype "
-                   "with .type_as(x), and only then multiply by weight; casting back after the multiplication, "
-                   "or not at all, rounds differently from MiniMind.")
     cases = []
     for n, (scale, shape) in enumerate([(300.0, (2, 8, 256)), (3000.0, (4, 64)), (2e4, (3, 512))]):
         x = (torch.randn(shape, generator=seeded(70 + n)) * scale).clamp(-6e4, 6e4).to(torch.float16)
@@ -159,22 +224,21 @@ def check_fp16_safe_rms_norm(fn: Callable[..., Any]) -> str:
     x[0] = 0.0
     cases.append(("float32 x with an all-zero row", x, torch.rand(32, generator=seeded(88)) + 0.5))
     for label, x, w in cases:
-        before = x.clone()
-        got = call(fn, x, w, eps=1e-5, name=name)
-        _unchanged(name, before, x)
+        got = call(fn, x, w, eps=1e-5, name=name, case=label, check_inputs=True,
+                   hint="x can be float16, bfloat16 or float32 and the weight float16, bfloat16 or float32.")
         expected = reference_rms_norm(x, w, 1e-5)
         if isinstance(got, torch.Tensor) and got.dtype == expected.dtype and got.is_floating_point():
             if bool(torch.isfinite(expected).all()) and bool(((got == 0).all(-1) & (expected != 0).any(-1)).any()):
-                raise ExerciseError(f"[{name} on {label}] some rows came back all zeros (expected non-zero values): "
-                                    f"the squares overflowed.\n  hint: {hint_overflow}")
+                fail(name, f"some rows came back all zeros (expected non-zero values) (on {label}): the squares "
+                     "overflowed", _SAFE_HINT_OVERFLOW, _SAFE_RECIPE)
             if bool(torch.isfinite(expected).all()) and not bool(torch.isfinite(got).all()):
-                raise ExerciseError(f"[{name} on {label}] your result has inf/NaN values where the reference "
-                                    f"is finite.\n  hint: {hint_overflow}")
+                fail(name, f"your result has inf/NaN values where the reference is finite (on {label})",
+                     _SAFE_HINT_OVERFLOW, _SAFE_RECIPE)
         # the same rounding steps as the reference: at most one ulp of the output dtype apart
         tol = {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1e-5}[expected.dtype]
         wrong_dtype = isinstance(got, torch.Tensor) and got.dtype != expected.dtype
-        check_close(got, expected, name=f"{name} on {label}", rtol=tol, atol=tol,
-                    hint=hint_dtype if wrong_dtype else hint_values)
+        check_close(got, expected, name=name, case=label, rtol=tol, atol=tol, mistakes=_safe_mistakes(x, w, 1e-5),
+                    hint=_SAFE_HINT_DTYPE if wrong_dtype else _SAFE_HINT_VALUES, recipe=_SAFE_RECIPE)
     return f"{len(cases)} cases match minimind_ref.RMSNorm, dtypes included"
 
 
@@ -191,24 +255,42 @@ def _count_models() -> List[Tuple[str, str, torch.nn.Module]]:
             ("a 5-layer MiniMind-MoE", "5-layer MoE", moe)]
 
 
+def _count_mistakes(model: torch.nn.Module, first_answer: Any) -> Dict[str, Any]:
+    layers = model.config.num_hidden_layers
+    return {
+        "the same number for every model (hard-coded?)": first_answer,
+        "the two norms of each block without the final norm (model.norm)": 2 * layers,
+        "one norm per block plus the final norm": layers + 1,
+        "one norm per block": layers,
+        "a count of the model's top-level children only (use model.modules(), which goes into nested modules)":
+            len(list(model.children())),
+        "a count of torch.nn.RMSNorm or torch.nn.LayerNorm modules (MiniMind's norm is minimind_ref.RMSNorm)": 0,
+        "a count of every module": len(list(model.modules())),
+    }
+
+
 @check("Exercise 1.4 count_rmsnorm")
 def check_norm_count(fn: Callable[[torch.nn.Module], Any]) -> str:
     """``fn(model)`` must return the number of ``minimind_ref.RMSNorm`` modules in ``model``,
     counted from the model (three differently sized models, so a hard-coded number fails)."""
     name = "Exercise 1.4 count_rmsnorm"
-    hint = ("walk every sub-module with model.modules() and count those that are instances of "
-            "minimind_ref.RMSNorm (not torch.nn.RMSNorm). Each block has one before attention and one "
-            "before the feed-forward network; do not forget the final norm after the last block.")
+    hint = ("each block has one norm before attention and one before the feed-forward network, and the model has "
+            "one more after the last block; count from the model rather than from that description.")
+    recipe = ("sum(isinstance(m, RMSNorm) for m in model.modules()), with RMSNorm imported from minimind_ref "
+              "(not torch.nn.RMSNorm).")
     results = []
-    for label, short, model in _count_models():
-        got = call(fn, model, name=name)
-        if isinstance(got, torch.Tensor) and got.numel() == 1:
-            got = got.item()
+    first = None
+    for index, (label, short, model) in enumerate(_count_models()):
+        got = call(fn, model, name=name, case=label, hint="the argument is a MiniMindForCausalLM (an nn.Module).")
+        if isinstance(got, torch.Tensor) and got.numel() == 1 and not got.is_floating_point():
+            got = int(got.item())
         if isinstance(got, bool) or not isinstance(got, int):
-            raise ExerciseError(f"[{name}] expected an int, got {type(got).__name__}: {got!r:.80}\n  hint: {hint}")
-        expected = count_rmsnorm_modules(model)
-        if got != expected:
-            raise ExerciseError(f"[{name} on {label}] expected {expected} RMSNorm modules, got {got}."
-                                f"\n  hint: {hint}")
+            fail(name, f"expected an int, got {type(got).__name__}: {got!r:.80} (on {label})",
+                 "return a whole number (sum(...) of booleans is an int; int(...) converts other numbers).")
+        if index == 0:
+            first = got
+        mistakes = _count_mistakes(model, first if index > 0 else None)
+        check_equal(got, count_rmsnorm_modules(model), name=name, case=label, hint=hint, recipe=recipe,
+                    mistakes=mistakes)
         results.append(f"{short}: {got}")
     return "; ".join(results)

@@ -1,7 +1,8 @@
 """Checks for chapter 02 — Rotary position embedding (with YaRN).
 
 Each check runs the learner's function on inputs it generates and compares the result with
-``minimind_ref.rope``:
+``minimind_ref.rope``. A failure names the input it failed on and, when the result equals a known
+mistake computed on the same input, that mistake; then a hint about it, and the recipe last:
 
 * ``check_rotate_half(fn)``              ``fn(x) -> [-x2, x1]`` (half-split layout)
 * ``check_precompute_freqs_cis(fn)``     ``fn(dim, end, rope_base) -> (cos, sin)``, no scaling
@@ -17,7 +18,7 @@ import torch
 
 from .. import rope
 from ..config import YARN_ROPE_SCALING
-from .core import ExerciseError, call, check, check_close, expect_pair, seeded
+from .core import call, check, check_close, expect_pair, seeded
 
 __all__ = [
     "check_rotate_half",
@@ -28,27 +29,48 @@ __all__ = [
 ]
 
 
+def _halves(x: torch.Tensor):
+    half = x.shape[-1] // 2
+    return x[..., :half], x[..., half:]
+
+
+def _interleaved_rotate(x: torch.Tensor) -> torch.Tensor:
+    return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+
+
 # --------------------------------------------------------------------------- rotate_half
-@check("rotate_half")
+def _rotate_mistakes(x: torch.Tensor) -> Dict[str, Callable[[], torch.Tensor]]:
+    x1, x2 = _halves(x)
+    return {
+        "the minus sign on the first half ([x2, -x1]: a rotation the other way)": lambda: torch.cat((x2, -x1), -1),
+        "no minus sign ([x2, x1]: a reflection, not a rotation)": lambda: torch.cat((x2, x1), -1),
+        "the halves not swapped ([-x1, x2])": lambda: torch.cat((-x1, x2), -1),
+        "neighbours paired (x[2i], x[2i+1]): the interleaved layout of the paper, not MiniMind's half-split one":
+            lambda: _interleaved_rotate(x),
+        "the input returned unchanged": lambda: x.clone(),
+    }
+
+
+@check("Exercise 2.1 rotate_half")
 def check_rotate_half(fn: Callable[[torch.Tensor], torch.Tensor]) -> str:
-    """``fn(x)`` must equal ``minimind_ref.rope.rotate_half(x)`` on several shapes and dtypes."""
-    name = "rotate_half"
+    """``fn(x)`` must equal ``minimind_ref.rope.rotate_half(x)`` on several shapes and dtypes, and
+    leave ``x`` unchanged."""
+    name = "Exercise 2.1 rotate_half"
+    hint = ("split the last dimension into a first half x1 and a second half x2 (pairs are (x[i], x[i + d/2])); "
+            "the result is the second half, negated, followed by the first half.")
+    recipe = "half = x.shape[-1] // 2; return torch.cat((-x[..., half:], x[..., :half]), dim=-1)"
     shapes = [(2,), (8,), (3, 6), (2, 5, 4, 64), (1, 3, 2, 96)]
     for n, shape in enumerate(shapes):
         x = torch.randn(shape, generator=seeded(100 + n))
-        x_before = x.clone()
-        got = call(fn, x, name=name)
-        check_close(
-            got, rope.rotate_half(x), name=f"{name} on shape {shape}",
-            hint="split the last dimension into halves x1 = x[..., :d/2], x2 = x[..., d/2:] and return "
-            "cat([-x2, x1]); the minus sign goes on the SECOND half, and pairs are (x[i], x[i + d/2]), "
-            "not neighbours (x[2i], x[2i+1]).",
-        )
-        if not torch.equal(x, x_before):
-            raise ExerciseError(f"[{name}] your function changed its input in place; return a new tensor instead.")
+        case = f"x of shape {shape}"
+        got = call(fn, x, name=name, case=case, check_inputs=True,
+                   hint="slice the last dimension (x[..., :half]) and join with torch.cat(..., dim=-1).")
+        check_close(got, rope.rotate_half(x), name=name, case=case, hint=hint, recipe=recipe,
+                    mistakes=_rotate_mistakes(x))
     x = torch.randn(2, 3, 16, generator=seeded(7)).to(torch.bfloat16)
-    check_close(call(fn, x, name=name), rope.rotate_half(x), name=f"{name} in bfloat16",
-                hint="keep the input's dtype (torch.cat of slices does that).")
+    got = call(fn, x, name=name, case="a bfloat16 x", check_inputs=True)
+    check_close(got, rope.rotate_half(x), name=name, case="a bfloat16 x", mistakes=_rotate_mistakes(x),
+                hint="keep the input's dtype (torch.cat of slices does that).", recipe=recipe)
     return f"{len(shapes) + 1} shapes/dtypes match minimind_ref.rope.rotate_half"
 
 
@@ -64,53 +86,116 @@ _TABLE_CASES = [
 ]
 
 
-@check("precompute_freqs_cis")
+def _tables(freqs: torch.Tensor, positions: torch.Tensor, interleave: bool = False):
+    angles = torch.outer(positions.float(), freqs)
+    if interleave:
+        return torch.cos(angles).repeat_interleave(2, -1), torch.sin(angles).repeat_interleave(2, -1)
+    return torch.cat([torch.cos(angles)] * 2, -1), torch.cat([torch.sin(angles)] * 2, -1)
+
+
+def _table_mistakes(dim: int, end: int, base: float, which: int) -> Dict[str, Callable[[], torch.Tensor]]:
+    """What the usual wrong tables look like (``which`` 0 = cos, 1 = sin)."""
+    i2 = torch.arange(0, dim, 2)[: dim // 2].float()
+    freqs = 1.0 / (base ** (i2 / dim))
+    pos = torch.arange(end)
+    return {
+        "the exponent i/dim instead of 2i/dim (torch.arange(dim // 2) / dim)":
+            lambda: _tables(1.0 / (base ** (torch.arange(dim // 2).float() / dim)), pos)[which],
+        "frequencies rope_base ** (+2i/dim) (the exponent's sign: they must fall from 1 towards 1/rope_base)":
+            lambda: _tables(base ** (i2 / dim), pos)[which],
+        "each angle repeated in place ([a0, a0, a1, a1, ...]: the interleaved layout) instead of the two halves "
+        "[a0, a1, ..., a0, a1, ...]": lambda: _tables(freqs, pos, interleave=True)[which],
+        "half-width tables [end, dim // 2] (each table repeats its angles for the second half)":
+            lambda: _tables(freqs, pos)[which][:, : dim // 2],
+        "cos and sin swapped": lambda: _tables(freqs, pos)[1 - which],
+        "positions starting at 1 instead of 0": lambda: _tables(freqs, pos + 1)[which],
+        "positions 0 .. end (one row too many)": lambda: _tables(freqs, torch.arange(end + 1))[which],
+    }
+
+
+@check("Exercise 2.2 precompute_freqs_cis")
 def check_precompute_freqs_cis(fn: Callable[..., Any]) -> str:
     """``fn(dim, end, rope_base)`` must return ``(cos, sin)`` equal to ``minimind_ref``'s tables."""
-    name = "precompute_freqs_cis"
+    name = "Exercise 2.2 precompute_freqs_cis"
+    hint = ("frequency i is rope_base ** (-2i / dim) for i = 0 .. dim/2 - 1; the angle of position p is p times it "
+            "(float32, positions 0 .. end - 1); each table holds the cos (sin) of the angles twice along the last "
+            "dimension, once for each half.")
+    recipe = ("freqs = 1.0 / rope_base ** (torch.arange(0, dim, 2).float() / dim); angles = torch.outer(torch.arange("
+              "end).float(), freqs); cos = torch.cat([angles.cos(), angles.cos()], -1), and the same for sin.")
     for dim, end, base in _TABLE_CASES:
-        case = f"{name}(dim={dim}, end={end}, rope_base={base:g})"
-        cos, sin = expect_pair(call(fn, dim, end, base, name=name), case, "cos, sin")
+        case = f"precompute_freqs_cis(dim={dim}, end={end}, rope_base={base:g})"
+        got = call(fn, dim, end, base, name=name, case=case,
+                   hint="the arguments are plain Python numbers: dim and end are ints, rope_base a float.")
+        cos, sin = expect_pair(got, name, "cos, sin")
         ref_cos, ref_sin = rope.precompute_freqs_cis(dim, end, base)
         # Equivalent formulas for rope_base ** (-2i/dim) differ in the last fp32 bits of a frequency,
         # and the angle m * freq multiplies that by the position: the tolerance grows with ``end``
         # (4e-4 at 2,048 positions, 1.6e-3 at 8,192), still far below what any layout or formula
         # mistake produces (differences of order 1).
         atol = max(1e-5, 2e-7 * end)
-        hint = ("freqs[i] = rope_base ** (-2i / dim) for i = 0 .. dim/2 - 1 (the exponent is 2i/dim, "
-                "i.e. torch.arange(0, dim, 2) / dim), angles = outer(arange(end), freqs) in float32, and each "
-                "table is cat([cos(angles), cos(angles)], -1) — the halves are repeated, not interleaved.")
-        check_close(cos, ref_cos, name=f"{case}: cos", hint=hint, rtol=0, atol=atol)
-        check_close(sin, ref_sin, name=f"{case}: sin", hint=hint, rtol=0, atol=atol)
+        dtype_hint = "the tables are float32 (compute the angles with .float() tensors)."
+        for which, (got_t, ref_t, label) in enumerate(((cos, ref_cos, "cos"), (sin, ref_sin, "sin"))):
+            wrong_dtype = isinstance(got_t, torch.Tensor) and got_t.dtype != ref_t.dtype
+            check_close(got_t, ref_t, name=name, case=f"the {label} table of {case}", rtol=0, atol=atol,
+                        hint=dtype_hint if wrong_dtype else hint, recipe=recipe,
+                        mistakes=_table_mistakes(dim, end, base, which))
     return f"{len(_TABLE_CASES)} (dim, end, rope_base) cases match minimind_ref.rope.precompute_freqs_cis"
 
 
 # --------------------------------------------------------------------------- apply_rotary_pos_emb
-@check("apply_rotary_pos_emb")
+def _apply_mistakes(q, k, cos, sin, which: int) -> Dict[str, Callable[[], torch.Tensor]]:
+    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+    x = (q, k)[which]
+
+    def out(v: torch.Tensor) -> torch.Tensor:
+        return v.to(x.dtype)
+
+    return {
+        "x * cos - rotate_half(x) * sin (a minus: the rotation by -angle)":
+            lambda: out(x * c - rope.rotate_half(x) * s),
+        "the interleaved rotate_half (neighbours paired) with the half-split tables":
+            lambda: out(x * c + _interleaved_rotate(x) * s),
+        "this tensor returned without rotation": lambda: x.clone(),
+        "cos and sin swapped": lambda: out(x * s + rope.rotate_half(x) * c),
+        "every position rotated by the first row's angles": lambda: out(x * c[:1] + rope.rotate_half(x) * s[:1]),
+    }
+
+
+@check("Exercise 2.3 apply_rotary_pos_emb")
 def check_apply_rotary_pos_emb(fn: Callable[..., Any]) -> str:
     """``fn(q, k, cos, sin)`` must rotate ``q`` ``[b, s, h, d]`` and ``k`` ``[b, s, kv, d]`` like
-    ``minimind_ref`` does, for tables sliced at a start position and in bfloat16."""
-    name = "apply_rotary_pos_emb"
+    ``minimind_ref`` does, for tables sliced at a start position and in bfloat16, and leave the
+    inputs unchanged."""
+    name = "Exercise 2.3 apply_rotary_pos_emb"
     cases = [
         # (batch, seq, heads, kv_heads, dim, start_pos, dtype)
-        (2, 7, 8, 2, 64, 0, torch.float32),
+        (2, 7, 8, 2, 64, 3, torch.float32),
         (1, 5, 4, 4, 96, 1000, torch.float32),
         (3, 1, 2, 1, 8, 31, torch.float32),
         (1, 6, 8, 2, 64, 0, torch.bfloat16),
     ]
+    hint = ("each vector becomes x * cos + rotate_half(x) * sin, position by position: cos/sin row t belongs to "
+            "sequence position t, the same for every batch entry and every head, and q and k both rotate.")
+    crash_hint = ("a size mismatch means cos/sin [seq, head_dim] do not line up with q [batch, seq, heads, "
+                  "head_dim]: give them a size-1 axis where q has its heads, so they broadcast over the heads.")
+    recipe = ("cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [seq, 1, head_dim]; q_embed = (q * cos + "
+              "rotate_half(q) * sin).to(q.dtype), the same for k.")
     for n, (b, s, h, kv, d, start, dtype) in enumerate(cases):
         g = seeded(200 + n)
         q = torch.randn(b, s, h, d, generator=g).to(dtype)
         k = torch.randn(b, s, kv, d, generator=g).to(dtype)
         cos, sin = rope.precompute_freqs_cis(d, start + s, 1e6)
         cos, sin = cos[start:start + s], sin[start:start + s]
-        case = f"{name} with q {tuple(q.shape)}, k {tuple(k.shape)}, positions {start}..{start + s - 1}, {dtype}"
-        got_q, got_k = expect_pair(call(fn, q, k, cos, sin, name=name), case, "q_embed, k_embed")
+        case = f"q {tuple(q.shape)}, k {tuple(k.shape)}, cos/sin {tuple(cos.shape)} (positions {start}..{start + s - 1}), {dtype}"
+        got = call(fn, q, k, cos, sin, name=name, case=case, hint=crash_hint, check_inputs=True)
+        got_q, got_k = expect_pair(got, name, "q_embed, k_embed")
         ref_q, ref_k = rope.apply_rotary_pos_emb(q, k, cos, sin)
-        hint = ("x_embed = x * cos + rotate_half(x) * sin, with cos/sin unsqueezed to [seq, 1, dim] so they "
-                "broadcast over heads; cast the results back to q.dtype / k.dtype.")
-        check_close(got_q, ref_q, name=f"{case}: q", hint=hint)
-        check_close(got_k, ref_k, name=f"{case}: k", hint=hint)
+        for which, (got_t, ref_t, label) in enumerate(((got_q, ref_q, "q"), (got_k, ref_k, "k"))):
+            wrong_dtype = isinstance(got_t, torch.Tensor) and got_t.dtype != ref_t.dtype
+            check_close(got_t, ref_t, name=name, case=f"the {label} result for {case}", recipe=recipe,
+                        hint=("the tables are float32, so the products come out float32: cast each result back to "
+                              "its input's dtype (.to(q.dtype), .to(k.dtype)).") if wrong_dtype else hint,
+                        mistakes=_apply_mistakes(q, k, cos, sin, which))
     return f"{len(cases)} cases (GQA shapes, offset positions, bfloat16) match minimind_ref"
 
 
@@ -133,18 +218,49 @@ _YARN_CASES = [
 ]
 
 
-@check("yarn_frequencies")
+def _yarn_mistakes(dim: int, end: int, base: float, scaling: Optional[Dict[str, Any]]) -> Dict[str, Callable[[], torch.Tensor]]:
+    freqs = rope.rope_frequencies(dim, base)
+    if scaling is None:
+        return {}
+    orig = scaling.get("original_max_position_embeddings", 2048)
+    factor = scaling.get("factor", 16)
+    ramp = rope.yarn_ramp(dim, base, orig, scaling.get("beta_fast", 32.0), scaling.get("beta_slow", 1.0))
+    scaled = freqs * ((1 - ramp) + ramp / factor)
+    on = end / orig > 1
+    defaults = dict(YARN_ROPE_SCALING)
+    ramp_default = rope.yarn_ramp(dim, base, defaults["original_max_position_embeddings"], defaults["beta_fast"],
+                                  defaults["beta_slow"])
+    return {
+        f"YaRN applied although end / original_max = {end}/{orig} is not > 1 (upstream scales only longer tables)":
+            lambda: scaled,
+        f"YaRN left out although end / original_max = {end}/{orig} > 1": lambda: freqs,
+        "the ramp reversed (fast pairs slowed down, slow pairs kept)":
+            lambda: freqs * (ramp + (1 - ramp) / factor) if on else freqs,
+        "every frequency divided by factor (no ramp)": lambda: freqs / factor if on else freqs,
+        "frequencies multiplied by factor instead of divided": lambda: freqs * ((1 - ramp) + ramp * factor) if on else freqs,
+        "MiniMind's default values used instead of the rope_scaling dict's":
+            lambda: freqs * ((1 - ramp_default) + ramp_default / defaults["factor"])
+            if end / defaults["original_max_position_embeddings"] > 1 else freqs,
+    }
+
+
+@check("Exercise 2.4 yarn_frequencies")
 def check_yarn_frequencies(fn: Callable[..., Any]) -> str:
     """``fn(dim, end, rope_base, rope_scaling)`` must return the (possibly YaRN-scaled)
     frequencies ``[dim // 2]`` that ``minimind_ref`` uses to build its tables."""
-    name = "yarn_frequencies"
+    name = "Exercise 2.4 yarn_frequencies"
+    hint = ("without rope_scaling, or when the table is not longer than original_max_position_embeddings, the "
+            "frequencies stay as they are; otherwise pair i's frequency is multiplied by (1 - gamma_i) + gamma_i / "
+            "factor, with gamma from the ramp (0 for the fast pairs, 1 for the slow ones).")
+    recipe = ("freqs = 1 / rope_base ** (torch.arange(0, dim, 2).float() / dim); if rope_scaling and end / "
+              "original_max > 1: ramp, _, _ = my_yarn_ramp(dim, rope_base, original_max, beta_fast, beta_slow); "
+              "freqs = freqs * ((1 - ramp) + ramp / factor) (read the four values from the dict with .get).")
     for dim, end, base, scaling in _YARN_CASES:
-        case = f"{name}(dim={dim}, end={end}, rope_base={base:g}, rope_scaling={scaling})"
-        got = call(fn, dim, end, base, scaling, name=name)
+        case = f"yarn_frequencies(dim={dim}, end={end}, rope_base={base:g}, rope_scaling={scaling})"
+        got = call(fn, dim, end, base, scaling, name=name, case=case,
+                   hint="rope_scaling may be None, and a dict may lack attention_factor or type: read it with .get.")
         expected = reference_yarn_frequencies(dim, end, base, scaling)
-        hint = ("start from freqs = rope_base ** (-2i/dim); if rope_scaling is given AND "
-                "end / original_max_position_embeddings > 1, compute the ramp gamma (0 for fast pairs, 1 for "
-                "slow ones, yarn_ramp(dim, rope_base, original_max, beta_fast, beta_slow)) and return "
-                "freqs * ((1 - gamma) + gamma / factor); otherwise return freqs unchanged.")
-        check_close(got, expected, name=case, hint=hint)
+        wrong_dtype = isinstance(got, torch.Tensor) and got.dtype != expected.dtype
+        check_close(got, expected, name=name, case=case, recipe=recipe, mistakes=_yarn_mistakes(dim, end, base, scaling),
+                    hint="the frequencies are float32, like the tables built from them." if wrong_dtype else hint)
     return f"{len(_YARN_CASES)} cases (scaling on, off at end <= original_max, other settings) match minimind_ref"

@@ -53,6 +53,8 @@ def _matches(got: torch.Tensor, candidate: Any, rtol: float, atol: float) -> boo
             return False
     if not isinstance(candidate, torch.Tensor) or tuple(candidate.shape) != tuple(got.shape):
         return False
+    if candidate.dtype != got.dtype:  # the mistake computes another dtype: not what the learner did
+        return False
     g = got.detach().to(device=candidate.device, dtype=torch.float64)
     c = candidate.detach().to(torch.float64)
     both_nan = torch.isnan(g) & torch.isnan(c)
@@ -60,12 +62,27 @@ def _matches(got: torch.Tensor, candidate: Any, rtol: float, atol: float) -> boo
     return bool(close.all())
 
 
-def diagnose(got: torch.Tensor, mistakes: Optional[Mapping[str, Any]], rtol: float, atol: float) -> Optional[str]:
+def diagnose(
+    got: torch.Tensor,
+    mistakes: Optional[Mapping[str, Any]],
+    rtol: float,
+    atol: float,
+    expected: Optional[torch.Tensor] = None,
+) -> Optional[str]:
     """The description of the first known mistake whose output ``got`` equals, or None.
 
     ``mistakes`` maps a description ("normalised without eps") to the tensor that mistake
-    produces on the same input, or to a zero-argument function computing it (evaluated lazily)."""
+    produces on the same input, or to a zero-argument function computing it (evaluated lazily).
+    A mistake must produce ``got``'s dtype; with ``expected`` given, a mistake whose output is
+    itself within tolerance of ``expected`` is skipped (on this input it cannot explain a failure)."""
     for description, candidate in (mistakes or {}).items():
+        if callable(candidate):
+            try:
+                candidate = candidate()
+            except Exception:  # a mistake that cannot even be computed for this input matches nothing
+                continue
+        if expected is not None and isinstance(candidate, torch.Tensor) and _matches(candidate, expected, rtol, atol):
+            continue
         if _matches(got, candidate, rtol, atol):
             return description
     return None
@@ -98,7 +115,7 @@ def check_close(
     rtol = d_rtol if rtol is None else rtol
     atol = d_atol if atol is None else atol
     if tuple(got.shape) != tuple(expected.shape):
-        seen = diagnose(got, mistakes, rtol, atol)
+        seen = diagnose(got, mistakes, rtol, atol, expected)
         what = f"shape mismatch: expected {tuple(expected.shape)}, got {tuple(got.shape)}{_on(case)}"
         fail(name, (f"this looks like {seen}: " if seen else "") + what, hint, recipe)
     if check_dtype and got.dtype != expected.dtype:
@@ -114,7 +131,7 @@ def check_close(
     bad_val = finite & (diff > atol + rtol * e.abs())
     if not bool((bad_nan | bad_inf | bad_val).any()):
         return
-    seen = diagnose(got, mistakes, rtol, atol)
+    seen = diagnose(got, mistakes, rtol, atol, expected)
     prefix = f"this looks like {seen}. " if seen else ""
     scalar = g.dim() == 0
     if bool(bad_nan.any()):
@@ -152,14 +169,38 @@ def check_close(
     )
 
 
-def check_equal(got: Any, expected: Any, name: str = "check", hint: Optional[str] = None) -> None:
-    """Exact equality for non-tensor answers (counts, shapes, ints)."""
+def check_equal(
+    got: Any,
+    expected: Any,
+    name: str = "check",
+    hint: Optional[str] = None,
+    mistakes: Optional[Mapping[str, Any]] = None,
+    recipe: Optional[str] = None,
+    case: Optional[str] = None,
+) -> None:
+    """Exact equality for non-tensor answers (counts, shapes, ints).
+
+    ``mistakes`` maps a description to the value that mistake produces for this input (or a
+    zero-argument function computing it); a mismatch names the first one equal to ``got``, then
+    gives the hint, and the recipe last."""
     if isinstance(expected, torch.Tensor):
         if not isinstance(got, torch.Tensor) or got.shape != expected.shape or not torch.equal(got.to(expected.device), expected):
-            fail(name, f"expected {expected.tolist()!r:.200}, got {got.tolist() if isinstance(got, torch.Tensor) else got!r:.200}", hint)
+            fail(name, f"expected {expected.tolist()!r:.200}, got {got.tolist() if isinstance(got, torch.Tensor) else got!r:.200}"
+                 f"{_on(case)}", hint, recipe)
         return
     if got != expected:
-        fail(name, f"expected {expected!r}, got {got!r}", hint)
+        seen = None
+        for description, candidate in (mistakes or {}).items():
+            if callable(candidate):
+                try:
+                    candidate = candidate()
+                except Exception:  # a mistake that cannot be computed for this input matches nothing
+                    continue
+            if not isinstance(candidate, torch.Tensor) and type(candidate) is type(got) and candidate == got:
+                seen = description
+                break
+        prefix = f"this looks like {seen}: " if seen else ""
+        fail(name, f"{prefix}expected {expected!r}, got {got!r}{_on(case)}", hint, recipe)
 
 
 def expect_pair(got: Any, name: str, what: str) -> Tuple[Any, Any]:
@@ -178,15 +219,24 @@ def exercise(name: str) -> Iterator[None]:
         raise ExerciseError(f"[{name}] not implemented yet: {err}. Replace the stub with your code and run the cell again.") from None
 
 
+class _Plain:
+    """A snapshot of an immutable value (number, string, tuple of such), compared with ``==``."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
 def _snapshot(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value.detach().clone()
     if isinstance(value, list):
         return [_snapshot(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_snapshot(v) for v in value)
     if isinstance(value, dict):
         return {k: _snapshot(v) for k, v in value.items()}
-    if isinstance(value, (int, float, str, bool, tuple)):
-        return ("value", value)
+    if isinstance(value, (int, float, str, bool)):
+        return _Plain(value)
     return None
 
 
@@ -197,12 +247,13 @@ def _same(before: Any, after: Any) -> bool:
         return isinstance(after, torch.Tensor) and before.shape == after.shape and bool(
             torch.equal(before.nan_to_num(0.0) if before.is_floating_point() else before,
                         after.detach().nan_to_num(0.0) if after.is_floating_point() else after.detach()))
-    if isinstance(before, list):
-        return isinstance(after, list) and len(before) == len(after) and all(_same(b, a) for b, a in zip(before, after))
+    if isinstance(before, (list, tuple)):
+        return isinstance(after, type(before)) and len(before) == len(after) and all(
+            _same(b, a) for b, a in zip(before, after))
     if isinstance(before, dict):
         return isinstance(after, dict) and before.keys() == after.keys() and all(_same(before[k], after[k]) for k in before)
-    if isinstance(before, tuple) and len(before) == 2 and before[0] == "value":
-        return before[1] == after
+    if isinstance(before, _Plain):
+        return bool(before.value == after)
     return True
 
 
