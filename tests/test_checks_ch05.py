@@ -1,4 +1,5 @@
-"""Chapter 05 checks: the reference passes, the stub and typical mistakes fail."""
+"""Chapter 05 checks: the reference passes, the stub fails, and every planted mistake fails with a
+message that names it (and keeps the recipe for last)."""
 
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ def stub(*args, **kwargs):
 ])
 def test_reference_passes(check, fn, capsys):
     check(fn)
-    assert capsys.readouterr().out.startswith("✓")
+    out = capsys.readouterr().out
+    assert out.startswith("✓ Exercise 5."), out
 
 
 # ----------------------------------------------------------------------------- stubs fail
@@ -59,21 +61,44 @@ def test_stub_fails(check):
         check(stub)
 
 
-# ----------------------------------------------------------------------------- wrong answers fail
+def test_checks_leave_the_global_rng_alone():
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    ch05.check_block_forward(block_forward)
+    ch05.check_tie_weights(tie_weights)
+    ch05.check_shifted_cross_entropy(shifted_cross_entropy)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def assert_names(check, fn, *fragments, label):
+    """The check fails; its message carries the exercise label, each fragment, and the recipe last."""
+    with pytest.raises(AssertionError) as err:
+        check(fn)
+    msg = str(err.value)
+    assert msg.startswith(f"[{label}]"), msg
+    for fragment in fragments:
+        assert fragment in msg, f"{fragment!r} not in:\n{msg}"
+    if "if you are stuck" in msg:
+        assert msg.index("hint:") < msg.index("if you are stuck"), msg
+    return msg
+
+
+# ----------------------------------------------------------------------------- 5.1 wrong blocks
 def post_norm(block, h, pe):
-    h = block.input_layernorm(h + block.self_attn(h, pe)[0])
-    return block.post_attention_layernorm(h + block.mlp(h))
+    a = block.input_layernorm(h + block.self_attn(h, pe)[0])
+    return block.post_attention_layernorm(a + block.mlp(a))
 
 
 def no_residual(block, h, pe):
-    h = block.self_attn(block.input_layernorm(h), pe)[0]
-    return block.mlp(block.post_attention_layernorm(h))
+    a = block.self_attn(block.input_layernorm(h), pe)[0]
+    return block.mlp(block.post_attention_layernorm(a))
 
 
 def residual_of_normed(block, h, pe):
     n = block.input_layernorm(h)
-    h = n + block.self_attn(n, pe)[0]
-    n = block.post_attention_layernorm(h)
+    a = n + block.self_attn(n, pe)[0]
+    n = block.post_attention_layernorm(a)
     return n + block.mlp(n)
 
 
@@ -82,37 +107,67 @@ def one_norm_twice(block, h, pe):
     return h + block.mlp(block.input_layernorm(h))
 
 
+def swapped_norms(block, h, pe):
+    h = h + block.self_attn(block.post_attention_layernorm(h), pe)[0]
+    return h + block.mlp(block.input_layernorm(h))
+
+
 def parallel_block(block, h, pe):  # GPT-J style: both sub-layers read the same input
     return h + block.self_attn(block.input_layernorm(h), pe)[0] + block.mlp(block.post_attention_layernorm(h))
+
+
+def attention_only(block, h, pe):
+    return h + block.self_attn(block.input_layernorm(h), pe)[0]
+
+
+def ffn_only(block, h, pe):
+    return h + block.mlp(block.post_attention_layernorm(h))
+
+
+def normalized_output(block, h, pe):
+    h = h + block.self_attn(block.input_layernorm(h), pe)[0]
+    return block.post_attention_layernorm(h + block.mlp(block.post_attention_layernorm(h)))
+
+
+def in_place_residual(block, h, pe):
+    h += block.self_attn(block.input_layernorm(h), pe)[0]
+    h += block.mlp(block.post_attention_layernorm(h))
+    return h
 
 
 def returns_tuple(block, h, pe):
     return block(h, pe)
 
 
-def count_tied_twice(config, tie_word_embeddings=True):
-    return count_dense_parameters(config, tie_word_embeddings=False)
+def crashes(block, h, pe):
+    return block.self_attn(block.input_layernorm(h))[0]  # forgot position_embeddings
 
 
-def count_ignores_tying(config, tie_word_embeddings=True):
-    return count_dense_parameters(config, tie_word_embeddings=True)
+@pytest.mark.parametrize("fn, fragment", [
+    (post_norm, "post-norm"),
+    (no_residual, "no residual connection"),
+    (residual_of_normed, "output to the normalized copy"),
+    (one_norm_twice, "input_layernorm used before both sub-layers"),
+    (swapped_norms, "the two norms swapped"),
+    (parallel_block, "a parallel block"),
+    (attention_only, "the FFN half is missing"),
+    (ffn_only, "the attention half is missing"),
+    (normalized_output, "the block output is normalized"),
+    (in_place_residual, "changed its input (argument 2) in place"),
+    (returns_tuple, "you returned a tuple"),
+    (crashes, "your function raised TypeError"),
+])
+def test_block_mistakes_are_named(fn, fragment):
+    assert_names(ch05.check_block_forward, fn, fragment, "(on hidden 64", label=ch05.BLOCK)
 
 
-def count_no_norms(config, tie_word_embeddings=True):
-    return count_dense_parameters(config, tie_word_embeddings) - (2 * config.num_hidden_layers + 1) * config.hidden_size
+def test_block_hint_comes_before_the_recipe():
+    msg = assert_names(ch05.check_block_forward, post_norm, "hint:", "if you are stuck:", label=ch05.BLOCK)
+    hint = msg[msg.index("hint:"):msg.index("if you are stuck")]
+    assert "input_layernorm(h)" not in hint, "the hint must not hand out the code"
 
 
-def count_mha_kv(config, tie_word_embeddings=True):
-    h, L = config.hidden_size, config.num_hidden_layers
-    return count_dense_parameters(config, tie_word_embeddings) + L * 2 * h * (
-        config.num_attention_heads - config.num_key_value_heads) * config.head_dim
-
-
-def count_ffn_4x(config, tie_word_embeddings=True):
-    h, L = config.hidden_size, config.num_hidden_layers
-    return count_dense_parameters(config, tie_word_embeddings) - L * 3 * h * config.intermediate_size + L * 8 * h * h
-
-
+# ----------------------------------------------------------------------------- 5.2 wrong tying
 def tie_wrong_direction(model):
     model.lm_head.weight = model.model.embed_tokens.weight
 
@@ -126,6 +181,102 @@ def tie_by_clone(model):
     model.model.embed_tokens.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
 
 
+def tie_with_a_tensor(model):
+    model.model.embed_tokens.weight = model.lm_head.weight.data  # a plain tensor, not a Parameter
+
+
+def tie_modules(model):
+    model.model.embed_tokens = model.lm_head  # a Linear where the model needs an Embedding
+
+
+@pytest.mark.parametrize("fn, fragment", [
+    (tie_wrong_direction, "wrong direction"),
+    (tie_by_copy, "tying by copying values"),
+    (tie_by_clone, "tying by copying values"),
+    (lambda model: None, "nothing was tied"),
+    (tie_with_a_tensor, "your function raised TypeError: cannot assign"),
+    (tie_modules, "no longer runs"),
+])
+def test_tie_mistakes_are_named(fn, fragment):
+    assert_names(ch05.check_tie_weights, fn, fragment, label=ch05.TIE)
+
+
+# ----------------------------------------------------------------------------- 5.3 wrong counts
+def count_tied_twice(config, tie_word_embeddings=True):
+    return count_dense_parameters(config, tie_word_embeddings=False)
+
+
+def count_ignores_tying(config, tie_word_embeddings=True):
+    return count_dense_parameters(config, tie_word_embeddings=True)
+
+
+def count_no_norms(config, tie_word_embeddings=True):
+    return count_dense_parameters(config, tie_word_embeddings) - (2 * config.num_hidden_layers + 1) * config.hidden_size
+
+
+def count_no_final_norm(config, tie_word_embeddings=True):
+    return count_dense_parameters(config, tie_word_embeddings) - config.hidden_size
+
+
+def count_one_norm_per_layer(config, tie_word_embeddings=True):
+    return count_dense_parameters(config, tie_word_embeddings) - config.num_hidden_layers * config.hidden_size
+
+
+def count_mha_kv(config, tie_word_embeddings=True):
+    h, L = config.hidden_size, config.num_hidden_layers
+    return count_dense_parameters(config, tie_word_embeddings) + L * 2 * h * (
+        config.num_attention_heads - config.num_key_value_heads) * config.head_dim
+
+
+def count_two_matrix_ffn(config, tie_word_embeddings=True):
+    return count_dense_parameters(config, tie_word_embeddings) - config.num_hidden_layers * config.hidden_size * config.intermediate_size
+
+
+def count_ffn_4x(config, tie_word_embeddings=True):
+    h, L = config.hidden_size, config.num_hidden_layers
+    return count_dense_parameters(config, tie_word_embeddings) - L * 3 * h * config.intermediate_size + L * 8 * h * h
+
+
+def count_no_o_proj(config, tie_word_embeddings=True):
+    h, L = config.hidden_size, config.num_hidden_layers
+    return count_dense_parameters(config, tie_word_embeddings) - L * h * config.num_attention_heads * config.head_dim
+
+
+def count_no_embedding(config, tie_word_embeddings=True):
+    return count_dense_parameters(config, tie_word_embeddings) - config.vocab_size * config.hidden_size
+
+
+def count_off_by_some(config, tie_word_embeddings=True):
+    return count_dense_parameters(config, tie_word_embeddings) + 7
+
+
+@pytest.mark.parametrize("fn, fragment", [
+    (count_tied_twice, "the tied matrix counted twice"),
+    (count_ignores_tying, "the untied head left out"),
+    (count_no_norms, "the RMSNorm gains left out"),
+    (count_no_final_norm, "the final norm left out"),
+    (count_one_norm_per_layer, "one RMSNorm per layer"),
+    (count_mha_kv, "k_proj and v_proj sized like q_proj"),
+    (count_two_matrix_ffn, "the FFN counted with two matrices"),
+    (count_ffn_4x, "4x-wide two-matrix MLP"),
+    (count_no_o_proj, "the o_proj matrix left out"),
+    (count_no_embedding, "the embedding matrix left out"),
+    (count_off_by_some, "a difference of +7"),
+    (lambda c, tie_word_embeddings=True: float(count_dense_parameters(c, tie_word_embeddings)), "expected an int"),
+    (lambda c: count_dense_parameters(c), "your function raised TypeError"),
+])
+def test_count_mistakes_are_named(fn, fragment):
+    assert_names(ch05.check_count_parameters, fn, fragment, label="Exercise 5.3 count_dense_parameters")
+
+
+def test_count_parameters_reference_matches_upstreams_code():
+    """25,829,888 and 104,030,976 are what upstream's model/model_minimind.py builds (tied matrix once)."""
+    from minimind_ref import minimind2, minimind2_small
+    assert count_dense_parameters(minimind2_small()) == count_parameters(minimind2_small()) == 25_829_888
+    assert count_dense_parameters(minimind2()) == count_parameters(minimind2()) == 104_030_976
+
+
+# ----------------------------------------------------------------------------- 5.4 wrong losses
 def unshifted(logits, labels):
     V = logits.shape[-1]
     return F.cross_entropy(logits.reshape(-1, V), labels.reshape(-1), ignore_index=-100)
@@ -138,21 +289,18 @@ def shifted_backwards(logits, labels):
 
 def mean_over_ignored_too(logits, labels):
     V = logits.shape[-1]
-    lab = labels[:, 1:].reshape(-1)
-    per = F.cross_entropy(logits[:, :-1].reshape(-1, V), lab, ignore_index=-100, reduction="none")
+    per = F.cross_entropy(logits[:, :-1].reshape(-1, V), labels[:, 1:].reshape(-1), ignore_index=-100, reduction="none")
     return per.mean()
 
 
 def sum_not_mean(logits, labels):
     V = logits.shape[-1]
-    return F.cross_entropy(logits[:, :-1].reshape(-1, V), labels[:, 1:].reshape(-1), ignore_index=-100,
-                           reduction="sum")
+    return F.cross_entropy(logits[:, :-1].reshape(-1, V), labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum")
 
 
 def per_position(logits, labels):
     V = logits.shape[-1]
-    return F.cross_entropy(logits[:, :-1].reshape(-1, V), labels[:, 1:].reshape(-1), ignore_index=-100,
-                           reduction="none")
+    return F.cross_entropy(logits[:, :-1].reshape(-1, V), labels[:, 1:].reshape(-1), ignore_index=-100, reduction="none")
 
 
 def no_ignore_index(logits, labels):
@@ -160,37 +308,31 @@ def no_ignore_index(logits, labels):
     return F.cross_entropy(logits[:, :-1].reshape(-1, V), labels[:, 1:].clamp(min=0).reshape(-1))
 
 
-@pytest.mark.parametrize("check, fn, message", [
-    (ch05.check_block_forward, post_norm, "block_forward"),
-    (ch05.check_block_forward, no_residual, "block_forward"),
-    (ch05.check_block_forward, residual_of_normed, "block_forward"),
-    (ch05.check_block_forward, one_norm_twice, "block_forward"),
-    (ch05.check_block_forward, parallel_block, "block_forward"),
-    (ch05.check_block_forward, returns_tuple, "tuple"),
-    (ch05.check_count_parameters, count_tied_twice, "vocab_size \\* hidden_size"),
-    (ch05.check_count_parameters, count_ignores_tying, "vocab_size \\* hidden_size"),
-    (ch05.check_count_parameters, count_no_norms, "RMSNorm gains"),
-    (ch05.check_count_parameters, count_mha_kv, "count_parameters"),
-    (ch05.check_count_parameters, count_ffn_4x, "count_parameters"),
-    (ch05.check_count_parameters, lambda c, tie_word_embeddings=True: float(count_dense_parameters(c, tie_word_embeddings)),
-     "expected an int"),
-    (ch05.check_tie_weights, tie_wrong_direction, "embedding's old values"),
-    (ch05.check_tie_weights, tie_by_copy, "two different Parameter objects \\(with equal values"),
-    (ch05.check_tie_weights, tie_by_clone, "two different Parameter objects"),
-    (ch05.check_tie_weights, lambda model: None, "two different Parameter objects"),
-    (ch05.check_shifted_cross_entropy, unshifted, "shifted_cross_entropy"),
-    (ch05.check_shifted_cross_entropy, shifted_backwards, "shifted_cross_entropy"),
-    (ch05.check_shifted_cross_entropy, mean_over_ignored_too, "shifted_cross_entropy"),
-    (ch05.check_shifted_cross_entropy, sum_not_mean, "shifted_cross_entropy"),
-    (ch05.check_shifted_cross_entropy, per_position, "scalar"),
-    (ch05.check_shifted_cross_entropy, no_ignore_index, "shifted_cross_entropy"),
+def per_sequence_mean(logits, labels):
+    return torch.stack([shifted_cross_entropy(logits[i:i + 1], labels[i:i + 1]) for i in range(len(logits))]).mean()
+
+
+def labels_edited_in_place(logits, labels):
+    labels[:, 0] = -100  # "the first label is never a target" done by editing the caller's tensor
+    V = logits.shape[-1]
+    return F.cross_entropy(logits[:, :-1].reshape(-1, V), labels[:, 1:].reshape(-1), ignore_index=-100)
+
+
+def only_labels_shifted(logits, labels):
+    V = logits.shape[-1]
+    return F.cross_entropy(logits.reshape(-1, V), labels[:, 1:].reshape(-1), ignore_index=-100)
+
+
+@pytest.mark.parametrize("fn, fragment", [
+    (unshifted, "no shift"),
+    (shifted_backwards, "the shift goes the wrong way"),
+    (mean_over_ignored_too, "the -100 positions are counted in the mean"),
+    (no_ignore_index, "-100 labels turned into a real token id"),
+    (sum_not_mean, "a sum over positions"),
+    (per_sequence_mean, "a mean per sequence"),
+    (per_position, "one loss per position"),
+    (labels_edited_in_place, "changed its input (argument 2) in place"),
+    (only_labels_shifted, "your function raised ValueError"),
 ])
-def test_wrong_answers_fail(check, fn, message):
-    with pytest.raises(AssertionError, match=message):
-        check(fn)
-
-
-def test_count_parameters_reference_matches_published_sizes():
-    from minimind_ref import minimind2, minimind2_small
-    assert count_dense_parameters(minimind2_small()) == count_parameters(minimind2_small()) == 25_829_888
-    assert count_dense_parameters(minimind2()) == count_parameters(minimind2()) == 104_030_976
+def test_loss_mistakes_are_named(fn, fragment):
+    assert_names(ch05.check_shifted_cross_entropy, fn, fragment, label=ch05.LOSS)

@@ -1,4 +1,5 @@
-"""Chapter 06 checks: each accepts a correct answer and rejects stubs and typical wrong answers."""
+"""Chapter 06 checks: each accepts correct answers, rejects the stub, and names every planted mistake
+(in-place edits and the boundary cases included), with the hint before the recipe."""
 
 from __future__ import annotations
 
@@ -98,7 +99,20 @@ def test_stub_fails(check):
         check(stub)
 
 
-# ------------------------------------------------------------------ wrong answers
+def assert_names(check, fn, *fragments, label):
+    """The check fails; its message carries the exercise label, each fragment, and the recipe last."""
+    with pytest.raises(AssertionError) as err:
+        check(fn)
+    msg = str(err.value)
+    assert msg.startswith(f"[{label}"), msg
+    for fragment in fragments:
+        assert fragment in msg, f"{fragment!r} not in:\n{msg}"
+    if "if you are stuck" in msg:
+        assert msg.index("hint:") < msg.index("if you are stuck"), msg
+    return msg
+
+
+# ------------------------------------------------------------------ 6.1 wrong caches
 def cache_wrong_axis(axis):
     def fn(past, k_new, v_new):
         if past is None:
@@ -117,6 +131,10 @@ def cache_forgets_past(past, k_new, v_new):
     return k_new, v_new
 
 
+def cache_ignores_new(past, k_new, v_new):
+    return (k_new, v_new) if past is None else past
+
+
 def cache_swaps_kv(past, k_new, v_new):
     k, v = update_cache_ref(past, k_new, v_new)
     return v, k
@@ -126,12 +144,41 @@ def cache_none_crashes(past, k_new, v_new):
     return torch.cat([past[0], k_new], dim=1), torch.cat([past[1], v_new], dim=1)
 
 
+def cache_returns_one(past, k_new, v_new):
+    return update_cache_ref(past, k_new, v_new)[0]
+
+
+@pytest.mark.parametrize("fn, fragment", [
+    (cache_wrong_axis(0), "concatenated on dim 0, the batch axis"),
+    (cache_wrong_axis(2), "concatenated on dim 2, the head axis"),
+    (cache_wrong_axis(3), "concatenated on dim 3, the head_dim axis"),
+    (cache_new_first, "the new positions put before the cached ones"),
+    (cache_forgets_past, "the cached positions dropped"),
+    (cache_ignores_new, "the new positions never added"),
+    (cache_swaps_kv, "keys and values swapped"),
+    (cache_none_crashes, "your function raised TypeError"),
+    (cache_returns_one, "expected a pair (k, v), got Tensor"),
+])
+def test_cache_mistakes_are_named(fn, fragment):
+    assert_names(ch06.check_update_cache, fn, fragment, label=ch06.CACHE)
+
+
+def test_cache_crash_on_none_says_which_case():
+    msg = assert_names(ch06.check_update_cache, cache_none_crashes, "(on past=None", "past is None", label=ch06.CACHE)
+    assert "torch.cat" not in msg, "a crash report gives the hint, not the recipe"
+
+
+# ------------------------------------------------------------------ 6.2 wrong RoPE rows
 def rope_offset_zero(cos, sin, past_len, n_new):
     return cos[:n_new], sin[:n_new]
 
 
 def rope_off_by_one(cos, sin, past_len, n_new):
     return cos[past_len + 1:past_len + 1 + n_new], sin[past_len + 1:past_len + 1 + n_new]
+
+
+def rope_ends_at_past_len(cos, sin, past_len, n_new):
+    return cos[max(past_len - n_new, 0):past_len], sin[max(past_len - n_new, 0):past_len]
 
 
 def rope_whole_prefix(cos, sin, past_len, n_new):
@@ -142,6 +189,23 @@ def rope_swapped(cos, sin, past_len, n_new):
     return sin[past_len:past_len + n_new], cos[past_len:past_len + n_new]
 
 
+def rope_last_rows(cos, sin, past_len, n_new):
+    return cos[-n_new:], sin[-n_new:]
+
+
+@pytest.mark.parametrize("fn, fragment", [
+    (rope_offset_zero, "positions restarting at 0"),
+    (rope_off_by_one, "an off-by-one start"),
+    (rope_ends_at_past_len, "ending at past_len, not starting there"),
+    (rope_whole_prefix, "the whole prefix"),
+    (rope_swapped, "cos and sin swapped"),
+    (rope_last_rows, "the last n_new rows of the table"),
+])
+def test_rope_mistakes_are_named(fn, fragment):
+    assert_names(ch06.check_rope_for_new_tokens, fn, fragment, label=ch06.ROPE)
+
+
+# ------------------------------------------------------------------ 6.3 wrong nucleus filters
 def top_p_drops_crossing(logits, top_p):
     """Keeps only tokens whose cumulative probability is <= top_p: the crossing token is dropped."""
     sorted_logits, idx = logits.sort(dim=-1, descending=True)
@@ -156,6 +220,14 @@ def top_p_drops_crossing_keeps_first(logits, top_p):
     remove_sorted[..., 0] = False
     remove = remove_sorted.scatter(-1, idx, remove_sorted)
     return logits.masked_fill(remove, float("-inf"))
+
+
+def top_p_strict_boundary(logits, top_p):
+    """`before > top_p`: keeps a token whose more likely tokens already sum to exactly top_p."""
+    sorted_logits, idx = logits.sort(dim=-1, descending=True)
+    probs = sorted_logits.softmax(-1)
+    remove_sorted = probs.cumsum(-1) - probs > top_p
+    return logits.masked_fill(remove_sorted.scatter(-1, idx, remove_sorted), float("-inf"))
 
 
 def top_p_unsorted(logits, top_p):
@@ -175,6 +247,52 @@ def top_p_zero_instead_of_minus_inf(logits, top_p):
     return torch.nan_to_num(top_p_ref(logits, top_p), neginf=0.0)
 
 
+def top_p_returns_probs(logits, top_p):
+    return top_p_ref(logits, top_p).softmax(-1)
+
+
+def top_p_in_place(logits, top_p):
+    return logits.masked_fill_(~torch.isfinite(top_p_ref(logits, top_p)), float("-inf"))
+
+
+def top_p_crashes_on_batches(logits, top_p):
+    sorted_logits, idx = logits.sort(descending=True)
+    probs = sorted_logits.softmax(-1)
+    keep = int(((probs.cumsum(-1) - probs) < top_p).sum())  # one count for the whole batch
+    return logits.masked_fill(torch.ones_like(logits, dtype=torch.bool).scatter(-1, idx[:, :keep], False), float("-inf"))
+
+
+@pytest.mark.parametrize("fn, fragment", [
+    (top_p_drops_crossing, "the token whose probability crosses top_p is dropped"),
+    (top_p_drops_crossing_keeps_first, "crosses top_p is dropped"),
+    (top_p_strict_boundary, "sum to exactly top_p"),
+    (top_p_unsorted, "cumulative sum was taken in vocabulary order"),
+    (top_p_mask_in_sorted_order, "scattered back"),
+    (top_p_zero_instead_of_minus_inf, "removed tokens set to 0 instead of -inf"),
+    (top_p_returns_probs, "probabilities returned instead of logits"),
+    (lambda logits, top_p: logits, "nothing removed"),
+    (top_p_in_place, "changed its input (argument 1) in place"),
+])
+def test_top_p_mistakes_are_named(fn, fragment):
+    assert_names(ch06.check_top_p_filter, fn, fragment, label=ch06.TOP_P)
+
+
+def test_top_p_boundary_is_the_case_that_fails():
+    """[.5, .25, .125, .125] (shuffled) with top_p 0.75: minimind_ref keeps 2 tokens; `before > top_p` keeps 3."""
+    msg = assert_names(ch06.check_top_p_filter, top_p_strict_boundary, "2 tokens are kept in each row", label=ch06.TOP_P)
+    assert "expected -inf" in msg
+
+
+def test_top_p_missing_scatter_is_not_reported_as_a_zero_difference():
+    msg = assert_names(ch06.check_top_p_filter, top_p_mask_in_sorted_order, "this looks like", label=ch06.TOP_P)
+    assert "max abs diff 0" not in msg
+
+
+def test_top_p_unknown_mistake_still_reports_the_case():
+    assert_names(ch06.check_top_p_filter, top_p_crashes_on_batches, "(on ", "hint:", label=ch06.TOP_P)
+
+
+# ------------------------------------------------------------------ 6.4 wrong penalties
 def repetition_divides_all(logits, previous_ids, penalty):
     return logits.scatter(1, previous_ids, logits.gather(1, previous_ids) / penalty)
 
@@ -201,46 +319,41 @@ def repetition_every_token(logits, previous_ids, penalty):
     return torch.where(logits > 0, logits / penalty, logits * penalty)
 
 
-@pytest.mark.parametrize(
-    "check, wrong",
-    [
-        (ch06.check_update_cache, cache_wrong_axis(0)),
-        (ch06.check_update_cache, cache_wrong_axis(2)),
-        (ch06.check_update_cache, cache_wrong_axis(3)),
-        (ch06.check_update_cache, cache_new_first),
-        (ch06.check_update_cache, cache_forgets_past),
-        (ch06.check_update_cache, cache_swaps_kv),
-        (ch06.check_update_cache, cache_none_crashes),
-        (ch06.check_rope_for_new_tokens, rope_offset_zero),
-        (ch06.check_rope_for_new_tokens, rope_off_by_one),
-        (ch06.check_rope_for_new_tokens, rope_whole_prefix),
-        (ch06.check_rope_for_new_tokens, rope_swapped),
-        (ch06.check_top_p_filter, top_p_drops_crossing),
-        (ch06.check_top_p_filter, top_p_drops_crossing_keeps_first),
-        (ch06.check_top_p_filter, top_p_unsorted),
-        (ch06.check_top_p_filter, top_p_mask_in_sorted_order),
-        (ch06.check_top_p_filter, top_p_zero_instead_of_minus_inf),
-        (ch06.check_top_p_filter, lambda logits, top_p: logits),
-        (ch06.check_repetition_penalty, repetition_divides_all),
-        (ch06.check_repetition_penalty, repetition_per_occurrence),
-        (ch06.check_repetition_penalty, repetition_reversed),
-        (ch06.check_repetition_penalty, repetition_subtracts),
-        (ch06.check_repetition_penalty, repetition_every_token),
-        (ch06.check_repetition_penalty, lambda logits, previous_ids, penalty: logits),
-    ],
-)
-def test_wrong_answer_fails(check, wrong):
-    with pytest.raises(AssertionError) as err:
-        check(wrong)
-    assert "hint" in str(err.value) or "expected" in str(err.value)
+def repetition_all_rows(logits, previous_ids, penalty):
+    out = logits.clone()
+    for tok in set(previous_ids.flatten().tolist()):  # every row's ids, in every row
+        out[:, tok] = torch.where(out[:, tok] > 0, out[:, tok] / penalty, out[:, tok] * penalty)
+    return out
 
 
-def test_messages_name_the_mistake():
-    with pytest.raises(AssertionError, match="crosses top_p"):
-        ch06.check_top_p_filter(top_p_drops_crossing_keeps_first)
-    with pytest.raises(AssertionError, match="multiply negative logits"):
-        ch06.check_repetition_penalty(repetition_divides_all)
-    with pytest.raises(AssertionError, match="penalized once"):
-        ch06.check_repetition_penalty(repetition_per_occurrence)
-    with pytest.raises(AssertionError, match="restarts at position 0"):
-        ch06.check_rope_for_new_tokens(rope_offset_zero)
+def repetition_last_only(logits, previous_ids, penalty):
+    return repetition_ref(logits, previous_ids[:, -1:], penalty)
+
+
+def repetition_in_place(logits, previous_ids, penalty):
+    seen = logits.gather(1, previous_ids)
+    return logits.scatter_(1, previous_ids, torch.where(seen > 0, seen / penalty, seen * penalty))
+
+
+def repetition_in_place_loop(logits, previous_ids, penalty):
+    for row in range(logits.shape[0]):
+        for tok in set(previous_ids[row].tolist()):
+            x = logits[row, tok]
+            logits[row, tok] = x / penalty if x > 0 else x * penalty
+    return logits
+
+
+@pytest.mark.parametrize("fn, fragment", [
+    (repetition_divides_all, "negative logits divided by the penalty"),
+    (repetition_per_occurrence, "penalized once per occurrence"),
+    (repetition_reversed, "the two cases reversed"),
+    (repetition_subtracts, "the penalty subtracted"),
+    (repetition_every_token, "every token penalized"),
+    (repetition_all_rows, "the ids of every row penalized in every row"),
+    (repetition_last_only, "only the last previous token penalized"),
+    (lambda logits, previous_ids, penalty: logits, "nothing changed"),
+    (repetition_in_place, "changed its input (argument 1) in place"),
+    (repetition_in_place_loop, "changed its input (argument 1) in place"),
+])
+def test_penalty_mistakes_are_named(fn, fragment):
+    assert_names(ch06.check_repetition_penalty, fn, fragment, label=ch06.PENALTY)

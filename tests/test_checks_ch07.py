@@ -1,4 +1,5 @@
-"""The chapter-07 checks accept the reference solutions and reject stubs and typical mistakes."""
+"""The chapter-07 checks accept the reference solutions, reject the stubs, and name every planted
+mistake (in-place edits included), with the hint before the recipe."""
 
 from __future__ import annotations
 
@@ -163,6 +164,121 @@ def seq_loss_counts_tokens_not_slots(scores, topk_idx, batch, n_experts, alpha):
     return alpha * (f * p).sum(dim=1).mean()
 
 
+def route_sorted_pair_swapped(x, weight, top_k, norm_topk_prob=True):
+    idx, w = route(x, weight, top_k, norm_topk_prob)
+    return w, idx
+
+
+def route_smallest(x, weight, top_k, norm_topk_prob=True):
+    scores = F.linear(x, weight).softmax(dim=-1)
+    topk_weight, topk_idx = torch.topk(scores, k=top_k, dim=-1, largest=False)
+    return topk_idx, topk_weight
+
+
+def route_renormalizes_always(x, weight, top_k, norm_topk_prob=True):
+    scores = F.linear(x, weight).softmax(dim=-1)
+    topk_weight, topk_idx = torch.topk(scores, k=top_k, dim=-1)
+    if top_k > 1:  # ignores norm_topk_prob=False
+        topk_weight = topk_weight / topk_weight.sum(dim=-1, keepdim=True)
+    return topk_idx, topk_weight
+
+
+def route_float_ids(x, weight, top_k, norm_topk_prob=True):
+    idx, w = route(x, weight, top_k, norm_topk_prob)
+    return idx.float(), w
+
+
+def dispatch_weight_unsorted(x, experts, flat_idx, flat_weight, top_k):
+    out = torch.zeros_like(x)
+    order = flat_idx.argsort()
+    ends = flat_idx.bincount(minlength=len(experts)).cumsum(0).tolist()
+    start = 0
+    for i, end in enumerate(ends):
+        if end > start:
+            tokens = order[start:end] // top_k
+            out.index_add_(0, tokens, experts[i](x[tokens]) * flat_weight[start:end])  # wrong: unsorted weights
+        start = end
+    return out
+
+
+def dispatch_slot_as_token(x, experts, flat_idx, flat_weight, top_k):
+    out = torch.zeros_like(x)
+    order = flat_idx.argsort()
+    ends = flat_idx.bincount(minlength=len(experts)).cumsum(0).tolist()
+    start = 0
+    for i, end in enumerate(ends):
+        if end > start:
+            tokens = order[start:end]  # wrong: a slot index is not a token index
+            out.index_add_(0, tokens, experts[i](x[tokens]) * flat_weight[tokens])
+        start = end
+    return out
+
+
+def dispatch_in_place(x, experts, flat_idx, flat_weight, top_k):
+    y = dispatch(x, experts, flat_idx, flat_weight, top_k)
+    x.copy_(y)  # reuses the input as the output buffer
+    return x
+
+
+def moe_forward_unreshaped(moe, x):
+    b, s, d = x.shape
+    topk_idx, topk_weight, _ = moe.gate(x)
+    y = dispatch(x.view(-1, d), moe.experts, topk_idx.view(-1), topk_weight.view(-1, 1), moe.config.num_experts_per_tok)
+    for expert in getattr(moe, "shared_experts", []):
+        y = y + expert(x.view(-1, d))
+    return y
+
+
+def moe_forward_ignores_weights(moe, x):
+    b, s, d = x.shape
+    topk_idx, topk_weight, _ = moe.gate(x)
+    k = moe.config.num_experts_per_tok
+    y = dispatch(x.view(-1, d), moe.experts, topk_idx.view(-1), torch.ones_like(topk_weight.view(-1, 1)), k).view(b, s, d)
+    for expert in getattr(moe, "shared_experts", []):
+        y = y + expert(x)
+    return y
+
+
+def moe_forward_shared_on_output(moe, x):
+    y = moe_forward_no_shared(moe, x)
+    return y + sum(expert(y) for expert in getattr(moe, "shared_experts", []))
+
+
+def moe_forward_in_place(moe, x):
+    y = moe_forward(moe, x)
+    return x.copy_(y)
+
+
+def seq_loss_without_alpha(scores, topk_idx, batch, n_experts, alpha):
+    return seq_balance_loss(scores, topk_idx, batch, n_experts, 1.0)
+
+
+def seq_loss_summed(scores, topk_idx, batch, n_experts, alpha):
+    return seq_balance_loss(scores, topk_idx, batch, n_experts, alpha) * batch
+
+
+def seq_loss_keepdim(scores, topk_idx, batch, n_experts, alpha):
+    return seq_balance_loss(scores, topk_idx, batch, n_experts, alpha).reshape(1)
+
+
+def seq_loss_in_place(scores, topk_idx, batch, n_experts, alpha):
+    scores.data.clamp_(min=1e-3)  # "stabilizes" the caller's scores
+    return seq_balance_loss(scores, topk_idx, batch, n_experts, alpha)
+
+
+def assert_names(check, fn, *fragments, label):
+    """The check fails; its message carries the exercise label, each fragment, and the recipe last."""
+    with pytest.raises(AssertionError) as err:
+        check(fn)
+    msg = str(err.value)
+    assert msg.startswith(f"[{label}"), msg
+    for fragment in fragments:
+        assert fragment in msg, f"{fragment!r} not in:\n{msg}"
+    if "if you are stuck" in msg:
+        assert msg.index("hint:") < msg.index("if you are stuck"), msg
+    return msg
+
+
 # ----------------------------------------------------------------- tests
 def test_reference_solutions_pass(capsys):
     ch07.check_route(route)
@@ -170,7 +286,7 @@ def test_reference_solutions_pass(capsys):
     ch07.check_moe_forward(moe_forward)
     ch07.check_seq_aux_loss(seq_balance_loss)
     lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == 4 and all(line.startswith("✓") for line in lines), lines
+    assert len(lines) == 4 and all(line.startswith("✓ Exercise 7.") for line in lines), lines
 
 
 def test_reference_module_methods_pass(capsys):
@@ -191,60 +307,79 @@ def test_reference_module_methods_pass(capsys):
     assert capsys.readouterr().out.count("✓") == 3
 
 
+def test_checks_leave_the_global_rng_alone():
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    ch07.check_route(route)
+    ch07.check_dispatch(dispatch)
+    ch07.check_moe_forward(moe_forward)
+    ch07.check_seq_aux_loss(seq_balance_loss)
+    assert torch.equal(torch.rand(3), expected)
+
+
 @pytest.mark.parametrize("check", [ch07.check_route, ch07.check_dispatch, ch07.check_moe_forward, ch07.check_seq_aux_loss])
 def test_stub_fails(check):
     with pytest.raises(AssertionError, match="not implemented yet"):
         check(stub)
 
 
-@pytest.mark.parametrize(
-    "wrong, fragment",
-    [
-        (route_normalizes_top1, "NOT renormalized"),
-        (route_never_normalizes, "renormalize"),
-        (route_topk_of_logits, "topk_weight"),
-        (_route_dim0, "chosen experts"),
-    ],
-)
-def test_route_rejects(wrong, fragment):
-    with pytest.raises(AssertionError, match=fragment):
-        ch07.check_route(wrong)
+@pytest.mark.parametrize("wrong, fragment", [
+    (route_normalizes_top1, "the single top-1 weight was renormalized"),
+    (route_never_normalizes, "were not renormalized although top_k > 1"),
+    (route_renormalizes_always, "renormalized although norm_topk_prob=False"),
+    (route_topk_of_logits, "raw router logits"),
+    (_route_dim0, "softmax over the tokens (dim=0)"),
+    (route_smallest, "the k smallest scores"),
+    (route_sorted_pair_swapped, "the wrong way round"),
+    (route_float_ids, "topk_idx must be a LongTensor"),
+    (lambda x, w, k, n: route(x, w, k, n)[0], "expected a tuple"),
+])
+def test_route_mistakes_are_named(wrong, fragment):
+    assert_names(ch07.check_route, wrong, fragment, label=ch07.ROUTE)
 
 
-@pytest.mark.parametrize("wrong", [dispatch_wrong_token, dispatch_no_weights, dispatch_overwrites])
-def test_dispatch_rejects(wrong):
-    with pytest.raises(AssertionError, match="j // top_k"):
-        ch07.check_dispatch(wrong)
+@pytest.mark.parametrize("wrong, fragment", [
+    (dispatch_wrong_token, "slot j given to token j % n"),
+    (dispatch_no_weights, "the slot weights were not applied"),
+    (dispatch_overwrites, "assigned to its tokens instead of added"),
+    (dispatch_weight_unsorted, "unsorted slot order"),
+    (dispatch_slot_as_token, "your function raised IndexError"),
+    (dispatch_in_place, "changed its input (argument 1) in place"),
+])
+def test_dispatch_mistakes_are_named(wrong, fragment):
+    assert_names(ch07.check_dispatch, wrong, fragment, label=ch07.DISPATCH)
 
 
-@pytest.mark.parametrize("wrong", [moe_forward_no_shared, moe_forward_first_shared_only, moe_forward_uniform_weights])
-def test_moe_forward_rejects(wrong):
-    with pytest.raises(AssertionError, match="shared expert"):
-        ch07.check_moe_forward(wrong)
+@pytest.mark.parametrize("wrong, fragment", [
+    (moe_forward_no_shared, "the shared experts were left out"),
+    (moe_forward_first_shared_only, "only the first shared expert"),
+    (moe_forward_uniform_weights, "replaced by 1/k"),
+    (moe_forward_ignores_weights, "the routing weights were ignored"),
+    (moe_forward_unreshaped, "not reshaped back to x.shape ([b, s, d])"),
+    (moe_forward_shared_on_output, "applied to the routed output"),
+    (moe_forward_in_place, "changed its input (argument 2) in place"),
+])
+def test_moe_forward_mistakes_are_named(wrong, fragment):
+    assert_names(ch07.check_moe_forward, wrong, fragment, label=ch07.MOE)
 
 
-@pytest.mark.parametrize(
-    "wrong, fragment",
-    [
-        (seq_loss_without_n_experts, "value"),
-        (seq_loss_is_global, "value"),
-        (seq_loss_counts_tokens_not_slots, "value"),
-        (seq_loss_detached, "autograd"),
-    ],
-)
-def test_seq_aux_loss_rejects(wrong, fragment):
-    with pytest.raises(AssertionError, match=fragment):
-        ch07.check_seq_aux_loss(wrong)
+@pytest.mark.parametrize("wrong, fragment", [
+    (seq_loss_without_n_experts, "not multiplied by n_experts"),
+    (seq_loss_is_global, "the global form"),
+    (seq_loss_counts_tokens_not_slots, "divided by seq_len instead of seq_len * top_k"),
+    (seq_loss_without_alpha, "alpha was left out"),
+    (seq_loss_summed, "summed instead of averaged"),
+    (seq_loss_detached, "does not depend on `scores` through autograd"),
+    (seq_loss_keepdim, "return a 0-d tensor"),
+    (seq_loss_in_place, "changed its input (argument 1) in place"),
+])
+def test_seq_aux_loss_mistakes_are_named(wrong, fragment):
+    assert_names(ch07.check_seq_aux_loss, wrong, fragment, label=ch07.BALANCE)
 
 
-def test_route_returns_wrong_type():
-    with pytest.raises(AssertionError, match="tuple"):
-        ch07.check_route(lambda x, w, k, n: route(x, w, k, n)[0])
-
-
-def test_learner_exception_is_reported():
+def test_learner_exception_is_reported_with_the_case():
     def broken(*args):
         raise RuntimeError("boom")
 
-    with pytest.raises(AssertionError, match="RuntimeError: boom"):
-        ch07.check_dispatch(broken)
+    assert_names(ch07.check_dispatch, broken, "RuntimeError: boom", "(on n_experts=", label=ch07.DISPATCH)

@@ -2,20 +2,21 @@
 
 Each ``check_*`` runs the learner's function on inputs it makes itself (with its own random
 generator, so the notebook's random stream is untouched), compares with ``minimind_ref`` and
-prints one ``✓`` line, or raises ``AssertionError`` saying what was expected, what came back and
-what to try.
+prints one ``✓`` line, or raises ``AssertionError`` that names the mistake it recognised (when it
+recognises one), what was expected and what came back, a hint about the bug, and only then the
+recipe.
 
     from minimind_ref.checks import ch05
-    ch05.check_block_forward(block_forward)
-    ch05.check_count_parameters(count_dense_parameters)
-    ch05.check_tie_weights(tie_weights)
-    ch05.check_shifted_cross_entropy(shifted_cross_entropy)
+    ch05.check_block_forward(block_forward)                # Exercise 5.1
+    ch05.check_tie_weights(tie_weights)                    # Exercise 5.2
+    ch05.check_count_parameters(count_dense_parameters)    # Exercise 5.3
+    ch05.check_shifted_cross_entropy(shifted_cross_entropy)  # Exercise 5.4
 """
 
 from __future__ import annotations
 
 import operator
-from typing import Callable
+from typing import Callable, Dict
 
 import torch
 import torch.nn.functional as F
@@ -25,9 +26,14 @@ from ..config import MiniMindConfig, minimind2, minimind2_small
 from ..model import MiniMindBlock, MiniMindForCausalLM
 from ..params import count_parameters
 from ..rope import precompute_freqs_cis
-from .core import ExerciseError, call, check, check_close, check_equal, seeded
+from .core import call, check, check_close, fail, seeded
 
-__all__ = ["check_block_forward", "check_count_parameters", "check_tie_weights", "check_shifted_cross_entropy"]
+__all__ = ["check_block_forward", "check_tie_weights", "check_count_parameters", "check_shifted_cross_entropy"]
+
+BLOCK = "Exercise 5.1 block_forward"
+TIE = "Exercise 5.2 tie_weights"
+COUNT = "Exercise 5.3 count_dense_parameters"
+LOSS = "Exercise 5.4 shifted_cross_entropy"
 
 
 def _small(**kw) -> MiniMindConfig:
@@ -48,35 +54,158 @@ def _randomize(module: nn.Module, g: torch.Generator) -> None:
 
 
 # ----------------------------------------------------------------------------- 5.1 block forward
-@check("block_forward")
+def _block_mistakes(block: MiniMindBlock, h: torch.Tensor, pe) -> Dict[str, Callable[[], torch.Tensor]]:
+    """What the usual wrong blocks output on the same input (evaluated only when needed)."""
+    n1, n2, mlp = block.input_layernorm, block.post_attention_layernorm, block.mlp
+
+    def attn(x):
+        return block.self_attn(x, pe)[0]
+
+    def post_norm():
+        a = n1(h + attn(h))
+        return n2(a + mlp(a))
+
+    def no_residual():
+        return mlp(n2(attn(n1(h))))
+
+    def residual_of_normed():
+        x = n1(h)
+        a = x + attn(x)
+        y = n2(a)
+        return y + mlp(y)
+
+    def one_norm_twice():
+        a = h + attn(n1(h))
+        return a + mlp(n1(a))
+
+    def swapped_norms():
+        a = h + attn(n2(h))
+        return a + mlp(n1(a))
+
+    def parallel():
+        return h + attn(n1(h)) + mlp(n2(h))
+
+    def attention_only():
+        return h + attn(n1(h))
+
+    def ffn_only():
+        return h + mlp(n2(h))
+
+    def normalized_output():
+        a = h + attn(n1(h))
+        return n2(a + mlp(n2(a)))
+
+    return {
+        "post-norm: the norm is applied to the sum h + sub-layer(h); MiniMind normalizes only the "
+        "sub-layer's input and leaves h itself alone": post_norm,
+        "no residual connection: the sub-layer output replaces h instead of being added to it": no_residual,
+        "the residual adds the sub-layer output to the normalized copy instead of to h": residual_of_normed,
+        "input_layernorm used before both sub-layers (the FFN has its own norm, post_attention_layernorm)":
+            one_norm_twice,
+        "the two norms swapped (input_layernorm belongs to the attention, post_attention_layernorm to the FFN)":
+            swapped_norms,
+        "a parallel block: the FFN reads the block's input, but in MiniMind it reads h after the attention "
+        "residual": parallel,
+        "the FFN half is missing (only h + attention)": attention_only,
+        "the attention half is missing (only h + FFN)": ffn_only,
+        "the block output is normalized (the stream is normalized only once, after the last block)":
+            normalized_output,
+    }
+
+
+@check(BLOCK)
 def check_block_forward(fn: Callable[..., torch.Tensor]) -> str:
-    """``fn(block, h, position_embeddings)`` must equal ``MiniMindBlock.forward(h, pe)[0]``.
+    """``fn(block, h, position_embeddings)`` must equal ``MiniMindBlock.forward(h, pe)[0]`` and
+    leave ``h`` unchanged.
 
     ``block`` has upstream's sub-modules: ``input_layernorm``, ``self_attn`` (returns
     ``(out, present)``), ``post_attention_layernorm``, ``mlp``.
     """
-    name = "block_forward"
     g = seeded(501)
-    hint = ("pre-norm: h = h + self_attn(input_layernorm(h), position_embeddings)[0], then "
-            "h = h + mlp(post_attention_layernorm(h)). Normalize the *input* of each sub-layer and add its "
-            "output to the un-normalized residual stream; never normalize the sum.")
+    hint = ("each sub-layer reads a normalized copy of h made by its own norm, and its output is added to h "
+            "itself; inside the block h is never replaced and never normalized")
+    recipe = ("h = h + block.self_attn(block.input_layernorm(h), position_embeddings)[0], then "
+              "h = h + block.mlp(block.post_attention_layernorm(h)); return h")
     for cfg, shape in [(_small(), (2, 7)), (_small(num_key_value_heads=1, hidden_size=48), (1, 12))]:
-        block = MiniMindBlock(0, cfg).eval()
+        with torch.random.fork_rng(devices=[]):
+            block = MiniMindBlock(0, cfg).eval()
         _randomize(block, g)
         cos, sin = precompute_freqs_cis(cfg.head_dim, end=cfg.max_position_embeddings)
         pe = (cos[: shape[1]], sin[: shape[1]])
         h = torch.randn(*shape, cfg.hidden_size, generator=g) * 2
+        case = f"hidden {cfg.hidden_size}, h of shape {tuple(h.shape)}"
         with torch.no_grad():
             expected, _ = block(h.clone(), pe)
-            got = call(fn, block, h.clone(), pe, name=name)
-        if isinstance(got, tuple):
-            raise ExerciseError(f"[{name}] you returned a tuple of {len(got)}; return only the new hidden states.\n"
-                                "  hint: self_attn returns (output, kv_cache); take [0] of it, and return h alone.")
-        check_close(got, expected, name=f"{name} (hidden {cfg.hidden_size}, h {tuple(h.shape)})", hint=hint)
+            got = call(fn, block, h.clone(), pe, name=BLOCK, hint=hint, case=case, check_inputs=True)
+            if isinstance(got, tuple):
+                fail(BLOCK, f"you returned a tuple of {len(got)} (on {case}); return only the new hidden states",
+                     "self_attn returns (output, kv_cache): take [0] of it, and return h alone")
+            check_close(got, expected, name=BLOCK, hint=hint, recipe=recipe, case=case,
+                        mistakes=_block_mistakes(block, h, pe))
     return "pre-norm residual block equals minimind_ref.MiniMindBlock"
 
 
-# ----------------------------------------------------------------------------- 5.2 parameter count
+# ----------------------------------------------------------------------------- 5.2 weight tying
+@check(TIE)
+def check_tie_weights(fn: Callable[[nn.Module], object]) -> str:
+    """``fn(model)`` must make ``model.model.embed_tokens`` and ``model.lm_head`` share one Parameter,
+    the head's: after the call, both are the head's original matrix (as upstream ties them)."""
+    hint = ("the embedding and the head must hold the very same Parameter object (one tensor, one gradient), "
+            "not two tensors that happen to hold equal numbers today")
+    recipe = "assign the head's Parameter to the embedding: model.model.embed_tokens.weight = model.lm_head.weight"
+    g = seeded(503)
+    cfg = _small()
+    with torch.random.fork_rng(devices=[]):
+        model = MiniMindForCausalLM(cfg)
+    _randomize(model, g)
+    with torch.no_grad():  # untie: give the embedding its own, different matrix
+        model.model.embed_tokens.weight = nn.Parameter(torch.randn(cfg.vocab_size, cfg.hidden_size, generator=g))
+    head_before = model.lm_head.weight.detach().clone()
+    emb_before = model.model.embed_tokens.weight.detach().clone()
+    n_before = count_parameters(model)
+    call(fn, model, name=TIE, hint=hint, case="a 2-layer model whose embedding and head differ")
+    emb = getattr(getattr(model.model, "embed_tokens", None), "weight", None)
+    head = getattr(getattr(model, "lm_head", None), "weight", None)
+    if not isinstance(emb, nn.Parameter) or not isinstance(head, nn.Parameter):
+        fail(TIE, "model.model.embed_tokens.weight and model.lm_head.weight must both still be nn.Parameter "
+             f"objects; got {type(emb).__name__} and {type(head).__name__}", hint, recipe)
+    if emb is not head:
+        if emb.shape == head.shape and torch.equal(emb.detach(), head.detach()):
+            what = ("this looks like tying by copying values: embed_tokens.weight and lm_head.weight are two "
+                    "different Parameter objects with equal values right now; the first optimizer step would "
+                    "make them differ")
+        elif torch.equal(emb.detach(), emb_before) and torch.equal(head.detach(), head_before):
+            what = "nothing was tied: embed_tokens.weight and lm_head.weight are still two different Parameter objects"
+        else:
+            what = "embed_tokens.weight and lm_head.weight are two different Parameter objects"
+        fail(TIE, what, hint, recipe)
+    if not torch.equal(head.detach(), head_before):
+        if torch.equal(head.detach(), emb_before):
+            what = ("this looks like tying in the wrong direction: the two now share one matrix, but it holds the "
+                    "embedding's old values; upstream gives the embedding the head's matrix")
+        else:
+            what = "the two share one matrix, but it holds neither the head's values nor the embedding's"
+        fail(TIE, what, "as upstream does (MiniMindForCausalLM.__init__), the head's matrix is the one that survives",
+             recipe)
+    n_after = count_parameters(model)
+    if n_before - n_after != cfg.vocab_size * cfg.hidden_size:
+        fail(TIE, f"tying should remove exactly vocab_size * hidden_size = {cfg.vocab_size * cfg.hidden_size:,} "
+             f"parameters; the count went from {n_before:,} to {n_after:,}", hint, recipe)
+    keys = set(model.state_dict())
+    if not {"model.embed_tokens.weight", "lm_head.weight"} <= keys:
+        fail(TIE, "the state dict lost a key; expected both model.embed_tokens.weight and lm_head.weight", hint, recipe)
+    ids = torch.randint(0, cfg.vocab_size, (2, 6), generator=g)
+    try:
+        out = model(ids, labels=ids)
+        out.loss.backward()
+    except Exception as err:  # the learner replaced a module by something the model cannot run
+        fail(TIE, f"the tied model no longer runs: {type(err).__name__}: {err}", hint, recipe)
+    if head.grad is None:
+        fail(TIE, "no gradient reached the shared matrix", hint, recipe)
+    return f"one shared matrix, {cfg.vocab_size * cfg.hidden_size:,} parameters saved, both state-dict keys kept"
+
+
+# ----------------------------------------------------------------------------- 5.3 parameter count
 def _untied_count(cfg: MiniMindConfig) -> int:
     with torch.device("meta"):
         model = MiniMindForCausalLM(cfg)
@@ -84,14 +213,42 @@ def _untied_count(cfg: MiniMindConfig) -> int:
     return count_parameters(model)
 
 
-@check("count_parameters")
+def _count_mistakes(cfg: MiniMindConfig, tied: bool, expected: int) -> Dict[str, int]:
+    """What the usual wrong formulas give for ``cfg`` (description -> count)."""
+    h, L, V, m = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size, cfg.intermediate_size
+    d, nq, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+    mistakes = {}
+    if tied:
+        mistakes["the tied matrix counted twice (with tie_word_embeddings=True the embedding and the head are one "
+                 "vocab x hidden matrix)"] = expected + V * h
+        mistakes["the embedding matrix left out"] = expected - V * h
+    else:
+        mistakes["the untied head left out (tie_word_embeddings=False adds a second vocab x hidden matrix)"] = expected - V * h
+        mistakes["the untied head counted twice"] = expected + V * h
+    mistakes.update({
+        "the RMSNorm gains left out (two per layer plus the final one, hidden parameters each)": expected - (2 * L + 1) * h,
+        "the final norm left out (one more RMSNorm after the last layer)": expected - h,
+        "one RMSNorm per layer instead of two (a block has input_layernorm and post_attention_layernorm)": expected - L * h,
+        "k_proj and v_proj sized like q_proj (they have num_key_value_heads heads, not num_attention_heads)":
+            expected + 2 * L * h * (nq - nkv) * d,
+        "the FFN counted with two matrices (SwiGLU has three: gate_proj, up_proj and down_proj)": expected - L * h * m,
+        "the FFN counted as a 4x-wide two-matrix MLP instead of from intermediate_size":
+            expected - L * 3 * h * m + L * 8 * h * h,
+        "the o_proj matrix left out (attention has four projections: q, k, v and o)": expected - L * h * nq * d,
+    })
+    return {k: v for k, v in mistakes.items() if v != expected}
+
+
+@check(COUNT)
 def check_count_parameters(fn: Callable[..., int]) -> str:
     """``fn(config, tie_word_embeddings=True)`` must equal the number of parameters of a dense
     MiniMind built from ``config`` (with an untied head when ``tie_word_embeddings=False``)."""
-    name = "count_parameters"
-    hint = ("per layer: q/o are hidden x (heads * head_dim), k/v hidden x (kv_heads * head_dim), the FFN "
-            "3 * hidden * intermediate, two RMSNorm gains of hidden; plus the embedding vocab * hidden, the "
-            "final norm hidden, and a second vocab * hidden only when the head is NOT tied.")
+    hint = ("count one layer matrix by matrix from each weight's shape, multiply by the number of layers, then add "
+            "what sits outside the layers; every Linear here is bias-free and every RMSNorm has one gain per "
+            "hidden unit")
+    recipe = ("per layer: q and o are hidden x (heads * head_dim), k and v hidden x (kv_heads * head_dim), the FFN "
+              "3 * hidden * intermediate, two norms of hidden; plus the embedding vocab * hidden, the final norm "
+              "hidden, and a second vocab * hidden only when the head is NOT tied")
     configs = [
         ("MiniMind2-Small", minimind2_small()),
         ("MiniMind2", minimind2()),
@@ -102,99 +259,84 @@ def check_count_parameters(fn: Callable[..., int]) -> str:
     for label, cfg in configs:
         for tied in (True, False):
             expected = count_parameters(cfg) if tied else _untied_count(cfg)
-            got = call(fn, cfg, tie_word_embeddings=tied, name=name)
+            case = f"{label}, tie_word_embeddings={tied}"
+            got = call(fn, cfg, tie_word_embeddings=tied, name=COUNT, hint=hint, case=case)
             if isinstance(got, bool) or not isinstance(got, int):
                 try:
                     got = operator.index(got)
                 except TypeError:
-                    raise ExerciseError(f"[{name}] expected an int, got {type(got).__name__} {got!r}.\n"
-                                        "  hint: use integer arithmetic (//, *), or int(...) at the end.") from None
+                    fail(COUNT, f"expected an int, got {type(got).__name__} {got!r:.60} (on {case})",
+                         "use integer arithmetic (*, //) throughout, or int(...) at the end")
             if got != expected:
-                diff = got - expected
-                extra = ""
-                if abs(diff) == cfg.vocab_size * cfg.hidden_size:
-                    extra = " (off by exactly vocab_size * hidden_size: the embedding/lm_head matrix)"
-                elif abs(diff) == (2 * cfg.num_hidden_layers + 1) * cfg.hidden_size:
-                    extra = " (off by exactly the RMSNorm gains: 2 per layer + the final one)"
-                raise ExerciseError(f"[{name}] {label}, tie_word_embeddings={tied}: expected {expected:,}, got "
-                                    f"{got:,}, a difference of {diff:+,}{extra}.\n  hint: {hint}")
+                seen = next((k for k, v in _count_mistakes(cfg, tied, expected).items() if v == got), None)
+                prefix = f"this looks like {seen}: " if seen else ""
+                fail(COUNT, f"{prefix}expected {expected:,}, got {got:,}, a difference of {got - expected:+,} (on {case})",
+                     hint, recipe)
     return "matches minimind_ref.count_parameters for 5 configs, tied and untied (MiniMind2-Small: 25,829,888)"
 
 
-# ----------------------------------------------------------------------------- 5.3 weight tying
-@check("tie_weights")
-def check_tie_weights(fn: Callable[[nn.Module], object]) -> str:
-    """``fn(model)`` must make ``model.model.embed_tokens`` and ``model.lm_head`` share one Parameter,
-    the head's: after the call, both are the head's original matrix (as upstream ties them)."""
-    name = "tie_weights"
-    hint = ("assign the Parameter object itself, not its values: model.model.embed_tokens.weight = "
-            "model.lm_head.weight. Copying (.data.copy_, clone) gives two matrices that drift apart in training.")
-    g = seeded(503)
-    cfg = _small()
-    model = MiniMindForCausalLM(cfg)
-    _randomize(model, g)
-    with torch.no_grad():  # untie: give the embedding its own, different matrix
-        model.model.embed_tokens.weight = nn.Parameter(torch.randn(cfg.vocab_size, cfg.hidden_size, generator=g))
-    head_before = model.lm_head.weight.detach().clone()
-    n_before = count_parameters(model)
-    call(fn, model, name=name)
-    emb, head = model.model.embed_tokens.weight, model.lm_head.weight
-    if emb is not head:
-        same_values = emb.shape == head.shape and torch.equal(emb.detach(), head.detach())
-        raise ExerciseError(
-            f"[{name}] embed_tokens.weight and lm_head.weight are two different Parameter objects"
-            + (" (with equal values right now)" if same_values else "") + f".\n  hint: {hint}")
-    if not torch.equal(head.detach(), head_before):
-        raise ExerciseError(
-            f"[{name}] the two are shared, but the shared matrix is the embedding's old values, not the head's.\n"
-            "  hint: as upstream does, the head's matrix wins: model.model.embed_tokens.weight = model.lm_head.weight "
-            "(not the other way round).")
-    n_after = count_parameters(model)
-    check_equal(n_before - n_after, cfg.vocab_size * cfg.hidden_size, name=f"{name} (parameters saved)", hint=hint)
-    keys = set(model.state_dict())
-    if not {"model.embed_tokens.weight", "lm_head.weight"} <= keys:
-        raise ExerciseError(f"[{name}] the state dict lost a key; expected both model.embed_tokens.weight and "
-                            f"lm_head.weight.\n  hint: {hint}")
-    # one optimizer step through the embedding changes the head too
-    ids = torch.randint(0, cfg.vocab_size, (2, 6), generator=g)
-    out = model(ids, labels=ids)
-    out.loss.backward()
-    if head.grad is None or emb.grad is None:
-        raise ExerciseError(f"[{name}] no gradient reached the shared matrix.\n  hint: {hint}")
-    return f"one shared matrix, {cfg.vocab_size * cfg.hidden_size:,} parameters saved, both state-dict keys kept"
-
-
 # ----------------------------------------------------------------------------- 5.4 shifted loss
-@check("shifted_cross_entropy")
+def _loss_mistakes(logits: torch.Tensor, labels: torch.Tensor) -> Dict[str, Callable[[], torch.Tensor]]:
+    V = logits.shape[-1]
+    shifted_logits, shifted_labels = logits[:, :-1], labels[:, 1:]
+
+    def ce(lg, lb, **kw):
+        return F.cross_entropy(lg.reshape(-1, V), lb.reshape(-1), ignore_index=-100, **kw)
+
+    def ignored_in_mean():
+        return ce(shifted_logits, shifted_labels, reduction="none").mean()
+
+    def per_sequence_mean():
+        per = ce(shifted_logits, shifted_labels, reduction="none").view(shifted_labels.shape)
+        kept = (shifted_labels != -100).sum(dim=1).clamp(min=1)
+        return (per.sum(dim=1) / kept).mean()
+
+    return {
+        "no shift: position i is scored against its own token labels[:, i] instead of the next one": lambda: ce(logits, labels),
+        "the shift goes the wrong way (logits[:, 1:] scored against labels[:, :-1])":
+            lambda: ce(logits[:, 1:], labels[:, :-1]),
+        "the -100 positions are counted in the mean (they must drop out of the count as well as the sum)":
+            ignored_in_mean,
+        "-100 labels turned into a real token id instead of being ignored":
+            lambda: F.cross_entropy(shifted_logits.reshape(-1, V), shifted_labels.clamp(min=0).reshape(-1)),
+        "a sum over positions instead of the mean": lambda: ce(shifted_logits, shifted_labels, reduction="sum"),
+        "a mean per sequence, then a mean over the batch (MiniMind takes one mean over every kept position of the "
+        "batch)": per_sequence_mean,
+        "one loss per position (reduction='none'), not one scalar": lambda: ce(shifted_logits, shifted_labels, reduction="none"),
+    }
+
+
+@check(LOSS)
 def check_shifted_cross_entropy(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> str:
     """``fn(logits [b, s, V], labels [b, s])`` must equal MiniMind's next-token loss: position ``i``
-    predicts ``labels[i + 1]``; label ``-100`` is ignored; mean over the remaining positions."""
-    name = "shifted_cross_entropy"
-    hint = ("drop the last position of the logits and the first of the labels: "
-            "F.cross_entropy(logits[:, :-1].reshape(-1, V), labels[:, 1:].reshape(-1), ignore_index=-100).")
+    predicts ``labels[i + 1]``; label ``-100`` is ignored; one mean over the remaining positions."""
+    hint = ("position i is trained to predict the token at i + 1, so the last position has nothing to predict and "
+            "the first label is never a target; positions labelled -100 drop out of both the sum and the count")
+    recipe = ("F.cross_entropy(logits[:, :-1].reshape(-1, V), labels[:, 1:].reshape(-1), ignore_index=-100) "
+              "with V = logits.shape[-1]")
     g = seeded(504)
     # against the reference model's own loss
     cfg = _small()
-    torch.manual_seed(504)
-    model = MiniMindForCausalLM(cfg).eval()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(504)
+        model = MiniMindForCausalLM(cfg).eval()
     ids = torch.randint(0, cfg.vocab_size, (3, 9), generator=g)
     labels = ids.clone()
     labels[0, :3] = -100  # e.g. a prompt that is not trained on
     labels[2, -2:] = -100  # e.g. padding
     with torch.no_grad():
         out = model(ids, labels=labels)
-    got = call(fn, out.logits, labels, name=name)
-    if isinstance(got, torch.Tensor) and got.shape != ():
-        raise ExerciseError(f"[{name}] expected a scalar (shape ()), got shape {tuple(got.shape)}.\n  hint: {hint}")
-    check_close(got, out.loss, name=f"{name} (MiniMindForCausalLM's loss, labels with -100)", hint=hint)
+    cases = [("MiniMindForCausalLM's loss, batch 3 with -100 labels", out.logits.detach(), labels, out.loss.detach())]
     # random logits, several shapes, with and without ignored labels
     for b, s, v, n_ignored in [(2, 5, 11, 0), (1, 2, 7, 0), (4, 16, 33, 10)]:
         logits = torch.randn(b, s, v, generator=g) * 3
-        labels = torch.randint(0, v, (b, s), generator=g)
+        lab = torch.randint(0, v, (b, s), generator=g)
         if n_ignored:
-            flat = labels.view(-1)
+            flat = lab.view(-1)
             flat[torch.randperm(flat.numel(), generator=g)[:n_ignored]] = -100
-        expected = F.cross_entropy(logits[:, :-1].reshape(-1, v), labels[:, 1:].reshape(-1), ignore_index=-100)
-        got = call(fn, logits.clone(), labels.clone(), name=name)
-        check_close(got, expected, name=f"{name} (logits {tuple(logits.shape)}, {n_ignored} labels -100)", hint=hint)
+        expected = F.cross_entropy(logits[:, :-1].reshape(-1, v), lab[:, 1:].reshape(-1), ignore_index=-100)
+        cases.append((f"logits {tuple(logits.shape)}, {n_ignored} labels -100", logits, lab, expected))
+    for case, logits, lab, expected in cases:
+        got = call(fn, logits.clone(), lab.clone(), name=LOSS, hint=hint, case=case, check_inputs=True)
+        check_close(got, expected, name=LOSS, hint=hint, recipe=recipe, case=case, mistakes=_loss_mistakes(logits, lab))
     return "position i predicts label i+1, -100 ignored, equals MiniMindForCausalLM's loss"

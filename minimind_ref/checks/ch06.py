@@ -2,25 +2,27 @@
 
 Each ``check_*`` runs the learner's function on inputs it makes itself (with its own random
 generator, so the notebook's random stream is untouched), compares with ``minimind_ref`` and prints
-one ``✓`` line, or raises ``AssertionError`` saying what was expected, what came back and what to try.
+one ``✓`` line, or raises ``AssertionError`` that names the mistake it recognised (when it
+recognises one), what was expected and what came back, a hint about the bug, and the recipe last.
 
     from minimind_ref.checks import ch06
-    ch06.check_update_cache(update_cache)                  # Exercise 6.1
-    ch06.check_rope_for_new_tokens(rope_for_new_tokens)    # Exercise 6.2
-    ch06.check_top_p_filter(top_p_filter)                  # Exercise 6.3
+    ch06.check_update_cache(update_cache)                    # Exercise 6.1
+    ch06.check_rope_for_new_tokens(rope_for_new_tokens)      # Exercise 6.2
+    ch06.check_top_p_filter(top_p_filter)                    # Exercise 6.3
     ch06.check_repetition_penalty(apply_repetition_penalty)  # Exercise 6.4
 """
 
 from __future__ import annotations
 
-from typing import Callable, Tuple
+import math
+from typing import Callable, Dict, Tuple
 
 import torch
 
 from ..generation import apply_repetition_penalty as _ref_repetition_penalty
 from ..generation import top_p_filter as _ref_top_p_filter
 from ..rope import precompute_freqs_cis
-from .core import ExerciseError, call, check, check_close, expect_pair, seeded
+from .core import call, check, check_close, expect_pair, fail, seeded
 
 __all__ = [
     "check_update_cache",
@@ -29,29 +31,42 @@ __all__ = [
     "check_repetition_penalty",
 ]
 
-
-def _call(fn: Callable, *args, name: str, label: str, hint: str):
-    """``call`` plus the case and the hint when the learner's function raises."""
-    try:
-        return call(fn, *args, name=name)
-    except ExerciseError as err:
-        if "not implemented yet" in str(err):
-            raise
-        raise ExerciseError(f"{err} (case: {label})\n  hint: {hint}") from None
+CACHE = "Exercise 6.1 update_cache"
+ROPE = "Exercise 6.2 rope_for_new_tokens"
+TOP_P = "Exercise 6.3 top_p_filter"
+PENALTY = "Exercise 6.4 apply_repetition_penalty"
 
 
 # ----------------------------------------------------------------------------- 6.1 cache update
-@check("update_cache")
+def _cache_mistakes(past, new: torch.Tensor, other_expected: torch.Tensor) -> Dict[str, object]:
+    """Wrong versions of one of the two caches (keys or values); ``other_expected`` is the other one."""
+    mistakes: Dict[str, object] = {"keys and values swapped (each cache must grow with its own tensors)": other_expected}
+    if past is None:
+        return mistakes
+    old = past
+    for dim, what in ((0, "batch"), (2, "head"), (3, "head_dim")):
+        if old.shape[:dim] + old.shape[dim + 1:] == new.shape[:dim] + new.shape[dim + 1:]:
+            mistakes[f"concatenated on dim {dim}, the {what} axis, instead of the sequence axis (dim 1)"] = \
+                (lambda d=dim: torch.cat([old, new], dim=d))
+    mistakes["the new positions put before the cached ones (the oldest position comes first)"] = lambda: torch.cat([new, old], dim=1)
+    mistakes["the cached positions dropped (only the new keys/values returned)"] = new
+    mistakes["the new positions never added (the cache returned unchanged)"] = old
+    return mistakes
+
+
+@check(CACHE)
 def check_update_cache(fn: Callable[..., Tuple[torch.Tensor, torch.Tensor]]) -> str:
     """``fn(past, k_new, v_new) -> (k, v)``: ``past`` is ``None`` or a ``(k, v)`` pair of
     ``[batch, past_len, n_kv_heads, head_dim]``; the new keys/values go *after* the cached ones on
     the sequence axis (dim 1)."""
-    name = "update_cache"
-    hint = ("keys and values are [batch, seq, n_kv_heads, head_dim]; the cache grows along the sequence "
-            "axis: torch.cat([past_k, k_new], dim=1) (old positions first). With past=None return (k_new, v_new).")
+    hint = ("the cache holds every position so far, oldest first, in the layout [batch, seq, n_kv_heads, head_dim]; "
+            "a step adds new positions along the sequence axis and leaves the other axes alone. On the first call "
+            "there is nothing cached (past is None)")
+    recipe = ("past is None: return (k_new, v_new); otherwise return (torch.cat([past_k, k_new], dim=1), "
+              "torch.cat([past_v, v_new], dim=1))")
     g = seeded(601)
     # (batch, past_len, new_len, n_kv_heads, head_dim); past_len 0 means past=None
-    cases = [(2, 0, 5, 2, 8), (2, 5, 1, 2, 8), (1, 1, 1, 2, 4), (3, 7, 2, 4, 6), (2, 2, 2, 2, 2)]
+    cases = [(2, 0, 5, 2, 8), (2, 2, 2, 2, 2), (2, 5, 1, 2, 8), (1, 1, 1, 2, 4), (3, 7, 2, 4, 6)]
     for b, past_len, new_len, h, d in cases:
         k_new = torch.randn(b, new_len, h, d, generator=g)
         v_new = torch.randn(b, new_len, h, d, generator=g)
@@ -61,52 +76,101 @@ def check_update_cache(fn: Callable[..., Tuple[torch.Tensor, torch.Tensor]]) -> 
         exp_k = k_new if past is None else torch.cat([past[0], k_new], dim=1)
         exp_v = v_new if past is None else torch.cat([past[1], v_new], dim=1)
         arg_past = None if past is None else (past[0].clone(), past[1].clone())
-        label = f"past_len={past_len}, new={new_len}, batch={b}, kv_heads={h}"
-        got = _call(fn, arg_past, k_new.clone(), v_new.clone(), name=name, label=label, hint=hint)
-        got_k, got_v = expect_pair(got, name, "(k, v)")
-        check_close(got_k, exp_k, name=f"{name}: keys ({label})", hint=hint, rtol=0, atol=0)
-        check_close(got_v, exp_v, name=f"{name}: values ({label})",
-                    hint=hint + " Keys and values are separate caches: do not mix them up.", rtol=0, atol=0)
+        case = (f"past=None, {new_len} new positions" if past is None else
+                f"past_len={past_len}, new={new_len}, batch={b}, kv_heads={h}")
+        got = call(fn, arg_past, k_new.clone(), v_new.clone(), name=CACHE, hint=hint, case=case, check_inputs=True)
+        got_k, got_v = expect_pair(got, CACHE, "k, v")
+        check_close(got_k, exp_k, name=f"{CACHE}: keys", hint=hint, recipe=recipe, case=case, rtol=0, atol=0,
+                    mistakes=_cache_mistakes(None if past is None else past[0], k_new, exp_v))
+        check_close(got_v, exp_v, name=f"{CACHE}: values", hint=hint, recipe=recipe, case=case, rtol=0, atol=0,
+                    mistakes=_cache_mistakes(None if past is None else past[1], v_new, exp_k))
     return "new keys and values appended after the cached ones on dim 1"
 
 
 # ----------------------------------------------------------------------------- 6.2 RoPE offset
-@check("rope_for_new_tokens")
+@check(ROPE)
 def check_rope_for_new_tokens(fn: Callable[..., Tuple[torch.Tensor, torch.Tensor]]) -> str:
     """``fn(cos, sin, past_len, n_new) -> (cos_new, sin_new)``: the rows of the precomputed tables
     for the absolute positions ``past_len .. past_len + n_new - 1``."""
-    name = "rope_for_new_tokens"
-    hint = ("the new tokens sit after the cached ones: their positions are past_len, past_len + 1, ..., "
-            "past_len + n_new - 1, so take rows cos[past_len : past_len + n_new] (same for sin).")
+    hint = ("row r of the tables is the rotation of absolute position r, and the new tokens come right after the "
+            "past_len cached ones")
+    recipe = "return cos[past_len : past_len + n_new], sin[past_len : past_len + n_new]"
     cos, sin = precompute_freqs_cis(dim=16, end=64, rope_base=1e6)
     cases = [(0, 6), (6, 1), (7, 1), (17, 3), (40, 1), (63, 1)]
     for past_len, n_new in cases:
-        label = f"past_len={past_len}, n_new={n_new}"
-        got = _call(fn, cos.clone(), sin.clone(), past_len, n_new, name=name, label=label, hint=hint)
-        got_cos, got_sin = expect_pair(got, name, "(cos, sin)")
-        extra = ""
-        if isinstance(got_cos, torch.Tensor) and got_cos.shape == (n_new, 16) and past_len > 0:
-            if torch.equal(got_cos, cos[:n_new]):
-                extra = " Your rows are the ones for positions 0.. : every step restarts at position 0."
-        check_close(got_cos, cos[past_len:past_len + n_new], name=f"{name}: cos ({label})",
-                    hint=hint + extra, rtol=0, atol=0)
-        check_close(got_sin, sin[past_len:past_len + n_new], name=f"{name}: sin ({label})",
-                    hint=hint + extra, rtol=0, atol=0)
+        case = f"past_len={past_len}, n_new={n_new}"
+        got = call(fn, cos.clone(), sin.clone(), past_len, n_new, name=ROPE, hint=hint, case=case, check_inputs=True)
+        got_cos, got_sin = expect_pair(got, ROPE, "cos_new, sin_new")
+        for which, got_t, table, other in (("cos", got_cos, cos, sin), ("sin", got_sin, sin, cos)):
+            mistakes = {
+                "positions restarting at 0 at every step (rows 0 .. n_new - 1): the new tokens are not at the start":
+                    table[:n_new],
+                "an off-by-one start (rows from past_len + 1): the first new token is at position past_len itself":
+                    table[past_len + 1:past_len + 1 + n_new],
+                "the rows of the cached positions before the new ones (ending at past_len, not starting there)":
+                    table[max(past_len - n_new, 0):past_len],
+                "the whole prefix (rows 0 .. past_len + n_new - 1) instead of only the new tokens' rows":
+                    table[:past_len + n_new],
+                "cos and sin swapped": other[past_len:past_len + n_new],
+                "the last n_new rows of the table instead of the new tokens' rows": table[-n_new:],
+            }
+            check_close(got_t, table[past_len:past_len + n_new], name=f"{ROPE}: {which}", hint=hint, recipe=recipe,
+                        case=case, rtol=0, atol=0, mistakes=mistakes)
     return "new tokens get the rows of positions past_len .. past_len + n_new - 1"
 
 
 # ----------------------------------------------------------------------------- 6.3 top-p
-@check("top_p_filter")
+def _top_p_mistakes(logits: torch.Tensor, top_p: float) -> Dict[str, Callable[[], torch.Tensor]]:
+    """The usual wrong nucleus filters, on the same input."""
+    sorted_logits, idx = torch.sort(logits, descending=True, dim=-1)
+    probs = sorted_logits.softmax(-1)
+    before = probs.cumsum(-1) - probs
+    inf = float("-inf")
+
+    def back(remove_sorted):  # a mask in sorted order -> vocabulary order
+        return logits.masked_fill(remove_sorted.scatter(-1, idx, remove_sorted), inf)
+
+    def unsorted():
+        p = logits.softmax(-1)
+        return logits.masked_fill(p.cumsum(-1) - p >= top_p, inf)
+
+    def ref():
+        return _ref_top_p_filter(logits, top_p)
+
+    return {
+        "the token whose probability crosses top_p is dropped (it belongs to the nucleus: without it the kept "
+        "mass is still below top_p)": lambda: back(probs.cumsum(-1) > top_p),
+        "the crossing token is dropped whenever more than one token is kept": lambda: back(
+            (probs.cumsum(-1) > top_p) & (torch.arange(probs.shape[-1]) > 0)),
+        "a token is kept although the more likely tokens before it already sum to exactly top_p (at that point "
+        "the nucleus is complete)": lambda: back(before > top_p),
+        "the mask was computed in sorted order but applied in vocabulary order (it must be scattered back to the "
+        "positions the sort came from)": lambda: logits.masked_fill(before >= top_p, inf),
+        "the cumulative sum was taken in vocabulary order instead of from the most likely token down": unsorted,
+        "removed tokens set to 0 instead of -inf (a logit of 0 still gets probability after the softmax)":
+            lambda: torch.nan_to_num(ref(), neginf=0.0),
+        "probabilities returned instead of logits (the filter maps logits to logits)":
+            lambda: ref().softmax(-1),
+        "nothing removed (the logits came back unchanged)": logits,
+    }
+
+
+@check(TOP_P)
 def check_top_p_filter(fn: Callable[..., torch.Tensor]) -> str:
     """``fn(logits [b, vocab], top_p) -> logits`` with the tokens outside the nucleus set to
-    ``-inf``, equal to ``minimind_ref.generation.top_p_filter``."""
-    name = "top_p_filter"
-    hint = ("sort descending, softmax, cumulative sum. Keep a token if the probability of all *more likely* "
-            "tokens is still below top_p (cumsum - p < top_p): the token that crosses the threshold is kept, "
-            "and so is the most likely token. Removed tokens get -inf at their original positions.")
+    ``-inf``, equal to ``minimind_ref.generation.top_p_filter``; ``logits`` is left unchanged."""
+    hint = ("rank the tokens from most to least likely and keep a token while the probability of the tokens ranked "
+            "above it is still below top_p; every other token becomes -inf at its own position in the vocabulary")
+    recipe = ("sorted_logits, sorted_idx = torch.sort(logits, descending=True, dim=-1); probs = sorted_logits.softmax(-1); "
+              "remove = (probs.cumsum(-1) - probs) >= top_p; return logits.masked_fill(remove.scatter(-1, sorted_idx, "
+              "remove), float('-inf'))")
     g = seeded(603)
     peaked = torch.tensor([[6.0, 1.0, 0.5, 0.0, -1.0, -2.0]])  # top token alone has ~0.98 of the mass
+    # exact binary fractions, shuffled: the mass before a token hits top_p exactly (the boundary)
+    boundary = torch.tensor([[0.125, 0.5, 0.125, 0.25], [0.0625, 0.25, 0.5, 0.1875]]).log()
     cases = [
+        ("probabilities [.125, .5, .125, .25] and [.0625, .25, .5, .1875], top_p=0.75: in both rows the mass before "
+         "the 3rd most likely token is exactly 0.75, so 2 tokens are kept in each row", boundary, 0.75),
         ("random [4, 40], top_p=0.9", torch.randn(4, 40, generator=g) * 2, 0.9),
         ("random [4, 40], top_p=0.5", torch.randn(4, 40, generator=g) * 2, 0.5),
         ("random [3, 25], top_p=0.95", torch.randn(3, 25, generator=g), 0.95),
@@ -115,53 +179,60 @@ def check_top_p_filter(fn: Callable[..., torch.Tensor]) -> str:
         ("random [2, 10], top_p=0.05 (smaller than the top probability)", torch.randn(2, 10, generator=g), 0.05),
         ("random [2, 12], top_p=1.0 (keeps everything)", torch.randn(2, 12, generator=g), 1.0),
     ]
-    for label, logits, p in cases:
+    for case, logits, p in cases:
         expected = _ref_top_p_filter(logits.clone(), p)
-        got = _call(fn, logits.clone(), p, name=name, label=label, hint=hint)
-        if isinstance(got, torch.Tensor) and got.shape == expected.shape:
-            kept_got, kept_exp = int(torch.isfinite(got).sum()), int(torch.isfinite(expected).sum())
-            if kept_got != kept_exp:
-                extra = ""
-                if kept_got == kept_exp - expected.shape[0]:
-                    extra = " You keep one token too few per row: the token whose probability crosses top_p belongs to the nucleus."
-                elif kept_got == 0 or bool((~torch.isfinite(got)).all(-1).any()):
-                    extra = " A row lost every token: the most likely token must always survive."
-                raise ExerciseError(f"[{name}] ({label}) expected {kept_exp} tokens kept (finite) over the {expected.shape[0]} rows, "
-                                   f"got {kept_got}.{extra}\n  hint: {hint}")
-        check_close(got, expected, name=f"{name} ({label})", hint=hint)
-    return "the nucleus (threshold-crossing token included) is kept, the rest is -inf"
+        got = call(fn, logits.clone(), p, name=TOP_P, hint=hint, case=case, check_inputs=True)
+        check_close(got, expected, name=TOP_P, hint=hint, recipe=recipe, case=case, mistakes=_top_p_mistakes(logits, p))
+    return "the nucleus (threshold-crossing token included, boundary exact) is kept, the rest is -inf"
 
 
 # ----------------------------------------------------------------------------- 6.4 repetition penalty
-@check("repetition_penalty")
+def _penalty_mistakes(logits: torch.Tensor, prev: torch.Tensor, penalty: float) -> Dict[str, Callable[[], torch.Tensor]]:
+    def per_occurrence():
+        counts = torch.zeros_like(logits).scatter_add(1, prev, torch.ones(prev.shape, dtype=logits.dtype))
+        return torch.where(logits > 0, logits / penalty ** counts, logits * penalty ** counts)
+
+    def on_seen(values):
+        return logits.scatter(1, prev, values(logits.gather(1, prev)))
+
+    def all_rows_ids():
+        ids = prev.reshape(1, -1).expand(logits.shape[0], -1)
+        seen = logits.gather(1, ids)
+        return logits.scatter(1, ids, torch.where(seen > 0, seen / penalty, seen * penalty))
+
+    return {
+        "negative logits divided by the penalty, which moves them towards 0 and makes those tokens MORE likely":
+            lambda: on_seen(lambda s: s / penalty),
+        "a repeated id penalized once per occurrence (a token that was seen is penalized once)": per_occurrence,
+        "the two cases reversed (positive logits multiplied, negative ones divided)":
+            lambda: on_seen(lambda s: torch.where(s > 0, s * penalty, s / penalty)),
+        "the penalty subtracted instead of dividing or multiplying": lambda: on_seen(lambda s: s - penalty),
+        "every token penalized, not only the ones that occur in previous_ids":
+            lambda: torch.where(logits > 0, logits / penalty, logits * penalty),
+        "the ids of every row penalized in every row (each row has its own previous_ids)": all_rows_ids,
+        "only the last previous token penalized": lambda: _ref_repetition_penalty(logits, prev[:, -1:], penalty),
+        "nothing changed (the logits came back unchanged)": logits,
+    }
+
+
+@check(PENALTY)
 def check_repetition_penalty(fn: Callable[..., torch.Tensor]) -> str:
     """``fn(logits [b, vocab], previous_ids [b, t], penalty) -> logits``, equal to
-    ``minimind_ref.generation.apply_repetition_penalty`` (without a mask)."""
-    name = "repetition_penalty"
-    hint = ("for every token id that occurs in previous_ids (once, however often it occurs): a positive logit "
-            "is divided by the penalty, a negative one multiplied by it, so both become less likely. Other "
-            "tokens are untouched. gather -> torch.where(x > 0, x / penalty, x * penalty) -> scatter.")
+    ``minimind_ref.generation.apply_repetition_penalty`` (without a mask); ``logits`` is left unchanged."""
+    hint = ("only the tokens that occur in the row's own previous_ids change, each once however often it occurred, "
+            "and the change must make each of them less likely whatever the sign of its logit")
+    recipe = ("seen = logits.gather(1, previous_ids); seen = torch.where(seen > 0, seen / penalty, seen * penalty); "
+              "return logits.scatter(1, previous_ids, seen)")
     g = seeded(604)
     cases = []
     for b, vocab, t, penalty in [(2, 20, 6, 1.3), (3, 50, 10, 2.0), (1, 12, 8, 1.1), (2, 16, 5, 0.8), (2, 10, 4, 1.0)]:
         logits = torch.randn(b, vocab, generator=g) * 2
         prev = torch.randint(0, vocab, (b, t), generator=g)
         prev[:, -1] = prev[:, 0]  # a repeated id: it must be penalized once, not twice
-        cases.append((f"batch {b}, vocab {vocab}, {t} previous ids, penalty {penalty}", logits, prev, penalty))
-    for label, logits, prev, penalty in cases:
+        cases.append((f"batch {b}, vocab {vocab}, {t} previous ids with a repeat, penalty {penalty}", logits, prev, penalty))
+    for case, logits, prev, penalty in cases:
         expected = _ref_repetition_penalty(logits.clone(), prev.clone(), penalty)
-        got = _call(fn, logits.clone(), prev.clone(), penalty, name=name, label=label, hint=hint)
-        extra = ""
-        if isinstance(got, torch.Tensor) and got.shape == expected.shape and penalty != 1.0:
-            seen = torch.zeros_like(logits, dtype=torch.bool).scatter(1, prev, True)
-            neg = seen & (logits < 0)
-            divided = torch.where(neg, logits / penalty, expected)
-            counts = torch.zeros_like(logits).scatter_add(1, prev, torch.ones(prev.shape, dtype=logits.dtype))
-            per_occurrence = torch.where(logits > 0, logits / penalty ** counts, logits * penalty ** counts)
-            if bool(neg.any()) and torch.allclose(got[neg], divided[neg]):
-                extra = (" Negative logits were divided by the penalty, which moves them towards 0 and makes the "
-                         "token MORE likely; multiply negative logits instead.")
-            elif torch.allclose(got, per_occurrence) and not torch.allclose(got, expected):
-                extra = " Some logits were penalized twice: a repeated id must be penalized once."
-        check_close(got, expected, name=f"{name} ({label})", hint=hint + extra)
+        got = call(fn, logits.clone(), prev.clone(), penalty, name=PENALTY, hint=hint, case=case, check_inputs=True)
+        mistakes = _penalty_mistakes(logits, prev, penalty) if not math.isclose(penalty, 1.0) else None
+        check_close(got, expected, name=PENALTY, hint=hint, recipe=recipe, case=case, mistakes=mistakes)
     return "seen tokens: positive logits / penalty, negative logits * penalty, each once"
