@@ -5,7 +5,7 @@
     python tools/colab_like.py --setup-only         # (re)create the environment and stop
     python tools/colab_like.py --python python3.12  # another interpreter for the environment
 
-It proves three things at once, in the time of a single pass over the notebooks:
+It proves four things at once, in the time of a single pass over the notebooks:
 
 1. **The package is complete.** The sdist and the wheel of ``minimind-ref`` are built with
    ``python -m build --no-isolation`` (the wheel from the sdist); the wheel must hold every file of
@@ -27,6 +27,11 @@ It proves three things at once, in the time of a single pass over the notebooks:
    ``MPLBACKEND=Agg`` (a chapter that does not say ``%matplotlib inline`` itself shows no figure
    there, and nbval reports the missing figure). ``MINIMIND_DEVICE=cpu`` keeps the kernels on the
    CPU on a GPU machine (the stored outputs are CPU ones; ``make test-gpu`` runs the chapters on CUDA).
+
+4. **Every exercise check fails on its student stub.** Before nbval runs an exercise cell, the
+   plugin ``tools/nbval_stubs.py`` runs, in the same kernel, the stub of the committed student
+   edition and the check after it, which must fail (the random state is restored afterwards, so
+   the outputs nbval compares are unaffected). Each chapter thus executes once for both proofs.
 
 Notebooks run ``--workers`` at a time (pytest-xdist, ``--dist loadfile``: all cells of a notebook
 in one kernel, in order), the highest chapter number first (the later chapters are the longest).
@@ -57,6 +62,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 import tempdir_guard  # noqa: E402
 
 NOTEBOOKS = ROOT / "notebooks"
+STUDENT = ROOT / "student"
+STUB_PLUGIN = ROOT / "tools" / "nbval_stubs.py"
 DEFAULT_ENV = ROOT / ".colab-venv"
 EXTRA = "course"
 TORCH = "torch==2.13.0"
@@ -181,7 +188,7 @@ def install_wheel(env: Path, wheel: Path, outside: Path) -> str:
     where = run([env_python(env), "-c", "import minimind_ref, torch; print(minimind_ref.__file__); print(torch.__version__)"],
                 "importing minimind_ref from outside the repository", cwd=outside, env=clean_env(outside)).stdout.split()
     module, torch_version = Path(where[0]), where[1]
-    if ROOT in module.parents or "site-packages" not in module.parts:
+    if env.resolve() not in module.resolve().parents or "site-packages" not in module.parts:
         raise ColabLikeError(f"minimind_ref was imported from {module}, not from the installed wheel in {env}")
     if not torch_version.startswith(TORCH.split("==")[1]):
         raise ColabLikeError(f"{env} has torch {torch_version}, expected {TORCH}: delete {env} and run again")
@@ -213,13 +220,38 @@ def select(names: Sequence[str]) -> List[Path]:
     return chosen
 
 
+def copy_with_stubs(path: Path, dest: Path) -> int:
+    """Copy a chapter, storing in each exercise cell the stub of its committed student edition and
+    the source of its check cell (for tools/nbval_stubs.py). Returns the number of exercises."""
+    import nbformat
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    import make_student
+
+    nb = nbformat.read(path, as_version=4)
+    student_path = STUDENT / path.name
+    if not student_path.exists():
+        raise ColabLikeError(f"{student_path.relative_to(ROOT)} is missing: run `make student`")
+    student = nbformat.read(student_path, as_version=4)
+    if [c.cell_type for c in student.cells] != [c.cell_type for c in nb.cells]:
+        raise ColabLikeError(f"{student_path.relative_to(ROOT)} does not match {path.name} cell for cell: run `make student`")
+    exercises = 0
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "code" and make_student.has_solution(cell.source):
+            after = next((c for c in nb.cells[index + 1:] if c.cell_type == "code"), None)
+            cell.metadata["minimind_stub"] = {"stub": student.cells[index].source, "check": after.source if after else ""}
+            exercises += 1
+    nbformat.write(nb, dest)
+    return exercises
+
+
 def run_notebooks(env: Path, notebooks: Sequence[Path], workdir: Path, tmp: Path, workers: int) -> int:
-    for nb in notebooks:
-        shutil.copy2(nb, workdir / nb.name)
+    exercises = sum(copy_with_stubs(nb, workdir / nb.name) for nb in notebooks)
     ini = workdir.parent / "pytest.ini"  # beside the folder, which holds nothing but the notebooks
     ini.write_text("[pytest]\naddopts =\n", encoding="utf-8")
+    shutil.copy2(STUB_PLUGIN, workdir.parent / "conftest.py")  # the stub checks (tools/nbval_stubs.py)
     order = sorted(notebooks, key=lambda p: p.name, reverse=True)  # later chapters are the longest: start them first
-    args = [env_python(env), "-m", "pytest", "-c", ini, "--rootdir", ".", "-p", "no:cacheprovider",
+    args = [env_python(env), "-m", "pytest", "-c", ini, "--rootdir", workdir.parent, "-p", "no:cacheprovider",
             "--nbval", "--nbval-current-env", f"--nbval-cell-timeout={CELL_TIMEOUT_S}", "-q", "-rfE",
             "--color=yes" if sys.stdout.isatty() else "--color=no"]
     if workers > 1 and len(notebooks) > 1:
@@ -229,7 +261,8 @@ def run_notebooks(env: Path, notebooks: Sequence[Path], workdir: Path, tmp: Path
     args += [nb.name for nb in order]
     log("kernel settings: " + " ".join(f"{k}={v}" for k, v in KERNEL_ENV.items() if k in
                                         ("ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "MPLBACKEND", "MINIMIND_DEVICE")))
-    log(f"running nbval on {len(notebooks)} notebook(s) in {workdir} with {min(workers, len(notebooks))} worker(s)")
+    log(f"running nbval on {len(notebooks)} notebook(s) in {workdir} with {min(workers, len(notebooks))} worker(s), "
+        f"and the {exercises} exercise checks on their student stubs")
     return subprocess.run([str(a) for a in args], cwd=workdir, env=clean_env(tmp)).returncode
 
 
