@@ -43,17 +43,20 @@ venv: $(STAMP)
 # (OMP_NUM_THREADS=1: two workers fill two cores without oversubscribing them, and the run does not
 # depend on the core count). Both passes always run; make fails if either failed.
 #  1. test-package: pytest on tests/ in .venv (package, exercise checks with their planted
-#     mistakes, notebook structure, student editions and the proof that every check fails on its
-#     stub, the book build from the stored outputs, the browser look at a page, DDP), under
-#     pytest-xdist (`--dist loadgroup`: the tests that share the built site stay in one worker;
-#     slow tests start first). tests/conftest.py gives the session a private TMPDIR and fails it
-#     if anything named minimind_* is left there.
+#     mistakes, notebook structure and prose numbers, student editions, the book build from the
+#     stored outputs, the browser look at a page, DDP), under pytest-xdist (`--dist loadgroup`:
+#     the tests that share the built site stay in one worker; slow tests start first).
+#     tests/conftest.py gives the session a private TMPDIR and fails it if anything named
+#     minimind_* is left there. No chapter runs in this pass.
 #  2. test-colab: tools/colab_like.py builds the wheel, installs it (not editable, [course] extra)
 #     into .colab-venv, copies the chapters into an empty folder outside the repository and runs
 #     nbval there with kernel settings that differ from those of the stored outputs:
-#     ATEN_CPU_CAPABILITY=default, OMP_NUM_THREADS=1, MPLBACKEND=Agg. This is the one nbval pass
-#     over the chapters; it proves the stored outputs, the package data and the Colab install at
-#     once. CONTRIBUTING.md ("How make test spends its time") has the measured budget.
+#     ATEN_CPU_CAPABILITY=default, OMP_NUM_THREADS=1, MPLBACKEND=Agg; in the same kernel, right
+#     before each exercise cell, the check must fail on the student stub (tools/nbval_stubs.py).
+#     Each chapter executes once per `make test`, and that one run proves the stored outputs, the
+#     stubs, the package data and the Colab install. It fails if the chapters leave minimind_*
+#     entries in their TMPDIR or files in their folder.
+#     CONTRIBUTING.md ("How make test spends its time") has the measured budget.
 # OMP_WAIT_POLICY=PASSIVE: idle OpenMP threads sleep instead of spinning, so a test process, a
 # notebook kernel and the DDP workers cannot starve each other (numbers are unchanged).
 test: $(STAMP) browser vendor

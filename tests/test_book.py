@@ -117,7 +117,7 @@ def test_pages_name_the_configured_repository():
     stale = []
     for page in REPOSITORY_PAGES:
         for number, line in enumerate((ROOT / page).read_text(encoding="utf-8").splitlines(), 1):
-            for found in re.findall(r"github\.com/([\w.-]+/[\w-]+(?:\.[\w-]+)*)", line):
+            for found in re.findall(r"(?:github\.com|colab\.research\.google\.com/github)/([\w.-]+/[\w-]+(?:\.[\w-]+)*)", line):
                 found = found[:-4] if found.endswith(".git") else found
                 if found != org_repo and found not in CITED_REPOSITORIES:
                     stale.append(f"{page}:{number}: github.com/{found}")
