@@ -68,7 +68,7 @@ test: $(STAMP) browser vendor
 
 test-package: $(STAMP) browser vendor
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest tests -m "not gpu" \
-		-n $(WORKERS) --dist loadgroup -o addopts="--nbval-cell-timeout=600 -p no:cacheprovider"
+		-n $(WORKERS) --dist loadgroup --durations=10 -o addopts="--nbval-cell-timeout=600 -p no:cacheprovider"
 
 test-colab: $(STAMP)
 	$(BIN)/python tools/colab_like.py --python $(COLAB_PYTHON) --workers $(WORKERS)

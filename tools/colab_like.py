@@ -252,7 +252,7 @@ def run_notebooks(env: Path, notebooks: Sequence[Path], workdir: Path, tmp: Path
     shutil.copy2(STUB_PLUGIN, workdir.parent / "conftest.py")  # the stub checks (tools/nbval_stubs.py)
     order = sorted(notebooks, key=lambda p: p.name, reverse=True)  # later chapters are the longest: start them first
     args = [env_python(env), "-m", "pytest", "-c", ini, "--rootdir", workdir.parent, "-p", "no:cacheprovider",
-            "--nbval", "--nbval-current-env", f"--nbval-cell-timeout={CELL_TIMEOUT_S}", "-q", "-rfE",
+            "--nbval", "--nbval-current-env", f"--nbval-cell-timeout={CELL_TIMEOUT_S}", "-q", "-rfE", "--durations=5",
             "--color=yes" if sys.stdout.isatty() else "--color=no"]
     if workers > 1 and len(notebooks) > 1:
         args += ["-n", str(min(workers, len(notebooks))), "--dist", "loadfile", "--no-loadscope-reorder"]
