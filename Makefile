@@ -1,5 +1,7 @@
 # MiniMind from Zero: every target creates or reuses .venv and installs what it needs.
-#   make test     - set up, then run every test (package, checks, student editions, nbval, book, browser)
+#   make test     - set up, then run every test (package, checks, student editions, book, browser;
+#                   then nbval on every chapter in the Colab-like environment, see below)
+#   make test-gpu - the chapters, the training tests and the DDP test on CUDA (skipped without a GPU)
 #   make book     - set up, then execute the notebooks and build the site into _build/html
 #   make student  - regenerate the student editions (student/) from notebooks/
 #   make publish  - make book, then push _build/html to the gh-pages branch (ghp-import)
@@ -10,18 +12,21 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 STAMP  := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
-# Kernels (nbval, `make execute`, the book build) inherit this: the inline backend is what puts
-# figures into notebook outputs (with Agg, plt.show() displays nothing). It needs no display.
-export MPLBACKEND := module://matplotlib_inline.backend_inline
+# No MPLBACKEND here: every chapter's setup cell says `%matplotlib inline` itself, and the
+# Colab-like run proves it by running the notebooks with MPLBACKEND=Agg.
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
+# Parallel test processes (pytest-xdist workers, notebooks at a time in the Colab-like run).
+WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
+# The interpreter of the Colab-like environment (.colab-venv); e.g. `make test COLAB_PYTHON=python3.12`.
+COLAB_PYTHON ?= $(PYTHON)
 
 CHROMIUM := /usr/bin/chromium
 APT_GET  := DEBIAN_FRONTEND=noninteractive apt-get
 
-.PHONY: venv test test-fast book student execute publish vendor browser clean help
+.PHONY: venv test test-package test-colab test-gpu test-fast book student execute timings publish vendor browser clean help
 
 help:
-	@echo "make test | make book | make student | make publish | make execute NB=notebooks/01_normalization.ipynb | make clean"
+	@echo "make test | make test-gpu | make book | make student | make publish | make execute NB=notebooks/01_normalization.ipynb | make timings | make clean"
 
 # torch==2.13.0 goes in first and the constraints file holds it there for everything after.
 $(STAMP): pyproject.toml requirements/dev.txt requirements/constraints.txt
@@ -34,11 +39,45 @@ $(STAMP): pyproject.toml requirements/dev.txt requirements/constraints.txt
 
 venv: $(STAMP)
 
-# OMP_WAIT_POLICY=PASSIVE: idle OpenMP threads sleep instead of spinning, so the test process, a
-# notebook kernel and the DDP workers cannot starve each other on 2 cores (numbers are unchanged;
-# single-sequence decoding gets slower, which is why `make bench` does not set it).
+# `make test` is two passes, each WORKERS processes wide, each process single-threaded
+# (OMP_NUM_THREADS=1: two workers fill two cores without oversubscribing them, and the run does not
+# depend on the core count). Both passes always run; make fails if either failed.
+#  1. test-package: pytest on tests/ in .venv (package, exercise checks with their planted
+#     mistakes, notebook structure and prose numbers, student editions, the book build from the
+#     stored outputs, the browser look at a page, DDP), under pytest-xdist (`--dist loadgroup`:
+#     the tests that share the built site stay in one worker; slow tests start first).
+#     tests/conftest.py gives the session a private TMPDIR and fails it if anything named
+#     minimind_* is left there. No chapter runs in this pass.
+#  2. test-colab: tools/colab_like.py builds the wheel, installs it (not editable, [course] extra)
+#     into .colab-venv, copies the chapters into an empty folder outside the repository and runs
+#     nbval there with kernel settings that differ from those of the stored outputs:
+#     ATEN_CPU_CAPABILITY=default, OMP_NUM_THREADS=1, MPLBACKEND=Agg; in the same kernel, right
+#     before each exercise cell, the check must fail on the student stub (tools/nbval_stubs.py).
+#     Each chapter executes once per `make test`, and that one run proves the stored outputs, the
+#     stubs, the package data and the Colab install. It fails if the chapters leave minimind_*
+#     entries in their TMPDIR or files in their folder.
+#     CONTRIBUTING.md ("How make test spends its time") has the measured budget.
+# OMP_WAIT_POLICY=PASSIVE: idle OpenMP threads sleep instead of spinning, so a test process, a
+# notebook kernel and the DDP workers cannot starve each other (numbers are unchanged).
 test: $(STAMP) browser vendor
-	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest
+	@status=0; \
+	$(MAKE) --no-print-directory test-package || status=1; \
+	$(MAKE) --no-print-directory test-colab || status=1; \
+	if [ $$status -ne 0 ]; then echo "make test: FAILED (see the failures above)"; fi; \
+	exit $$status
+
+test-package: $(STAMP) browser vendor
+	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest tests -m "not gpu" \
+		-n $(WORKERS) --dist loadgroup --durations=10 -o addopts="--nbval-cell-timeout=600 -p no:cacheprovider"
+
+test-colab: $(STAMP)
+	$(BIN)/python tools/colab_like.py --python $(COLAB_PYTHON) --workers $(WORKERS)
+
+# The GPU path (nothing in `make test` needs it): every chapter executed on CUDA (outputs not
+# compared: the stored ones are CPU outputs), training with bf16 autocast and its tolerances, and
+# DDP over nccl with 2+ GPUs (tests/test_gpu.py). Without CUDA every test is skipped.
+test-gpu: $(STAMP)
+	$(BIN)/python -m pytest tests -m gpu -o addopts="-p no:cacheprovider" -rs
 
 # Package tests only (no notebooks, no book): the quick loop while editing minimind_ref.
 test-fast: $(STAMP)
@@ -50,6 +89,11 @@ student: $(STAMP)
 # Re-execute one notebook in place (stored outputs are what nbval compares against).
 execute: $(STAMP)
 	$(BIN)/python tools/execute_notebook.py $(NB)
+
+# Time "Restart & Run All" of every chapter (or NB=...) on this machine and write
+# book/notebook_timings.md, the table the welcome, setup and README pages quote. Run it on an idle machine.
+timings: $(STAMP)
+	$(BIN)/python tools/time_notebooks.py $(NB)
 
 # The website. Executes every notebook whose code changed since the last build (the cache is in
 # _build/.jupyter_cache), warnings are errors. The test build renders the stored outputs instead.
@@ -72,7 +116,7 @@ browser:
 	@test -x $(CHROMIUM) || { $(APT_GET) update && $(APT_GET) install -y chromium; }
 
 clean:
-	rm -rf _build .pytest_cache _vendor
+	rm -rf _build .pytest_cache _vendor .colab-venv
 
 # Benchmarks (not part of `make test`): writes benchmarks/results/{results.json,performance_table.md}.
 bench: $(STAMP)

@@ -1,12 +1,69 @@
 """Shared set-up for the test suite.
 
-Kernels started by the tests (nbval, the student-edition checks) inherit this process's
-environment. matplotlib's inline backend is what puts figures into a notebook's outputs; with
-``MPLBACKEND=Agg`` (a common headless default) ``plt.show()`` displays nothing and every stored
-figure would go missing from the comparison, so the kernels get the inline backend explicitly.
+* **Leave nothing behind.** The controlling pytest process (the only one without pytest-xdist)
+  points ``TMPDIR`` at a private empty folder before any worker, kernel or subprocess starts, so
+  everything they create with ``tempfile`` lands there. When the session ends it fails the run if
+  any ``minimind_*`` entry is left in that folder (chapter 08's ``minimind_ch08_*`` run folder, a
+  test's scratch directory), naming each one, and then removes the folder (``tools/tempdir_guard.py``).
+* **Slow tests first.** Tests marked ``slow`` (notebook kernels, the book build, subprocesses) are
+  moved to the front, keeping their order, so under ``pytest -n 2`` (``make test``) the long ones
+  start early instead of leaving one worker busy at the end. Tests that share a module fixture
+  that must not run twice at once (the built site) carry ``xdist_group`` marks and run with
+  ``--dist loadgroup`` in one worker.
+* **No backend for matplotlib here.** Kernels started by the tests inherit this environment as it
+  is: each chapter's setup cell says ``%matplotlib inline`` itself (tests/test_notebooks.py checks
+  it, and the Colab-like run of ``tools/colab_like.py`` runs the notebooks with ``MPLBACKEND=Agg``).
 """
 
-import os
+from __future__ import annotations
 
-os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+
+import tempdir_guard  # noqa: E402
+
+# debugpy inside ipykernel warns on stderr about frozen modules on Python 3.11+; a kernel's stderr
+# is part of what nbval compares.
 os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+
+_TMP_KEY = pytest.StashKey[Path]()
+_LEFT_KEY = pytest.StashKey[list]()
+
+
+def _is_controller(config) -> bool:
+    return not hasattr(config, "workerinput")
+
+
+def pytest_configure(config):
+    if _is_controller(config) and os.environ.get(tempdir_guard.ENV) is None:
+        folder = tempdir_guard.make_private_tempdir("pytest-private-tmp")
+        tempdir_guard.use_tempdir(folder)
+        config.stash[_TMP_KEY] = folder
+
+
+def pytest_collection_modifyitems(config, items):
+    items[:] = [item for item in items if item.get_closest_marker("slow")] + [
+        item for item in items if not item.get_closest_marker("slow")]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    folder = session.config.stash.get(_TMP_KEY, None)
+    if folder is None:
+        return
+    names = tempdir_guard.leftovers(folder)
+    session.config.stash[_LEFT_KEY] = names
+    tempdir_guard.remove(folder)
+    if names and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    names = config.stash.get(_LEFT_KEY, [])
+    if names:
+        terminalreporter.section("temporary files left behind", red=True)
+        terminalreporter.write_line(tempdir_guard.leftover_message(names, "this test session"), red=True)

@@ -26,14 +26,31 @@ SCREENSHOTS = ROOT / "_build" / "screenshots"
 CHAPTERS = ["01_normalization", "02_rope", "03_attention", "04_feedforward",
             "05_architecture", "06_kv_cache", "07_moe", "08_training"]
 BROWSER_PAGE = "notebooks/01_normalization"
-COLAB_PREFIX = "https://colab.research.google.com/github/minimind-from-zero/minimind-from-zero/blob/main/"
-REQUIRED_EXCLUDES = ["_build", ".venv", ".pytest_cache", "minimind_ref", "tests", "student", ".helpers", "node_modules",
+REQUIRED_EXCLUDES = ["_build", ".venv", ".colab-venv", ".pytest_cache", "minimind_ref", "tests", "student", ".helpers", "node_modules",
                      "_vendor", "tools", "benchmarks", "README.md", "CONTRIBUTING.md", "requirements"]
 CDN_HOSTS = ("cdn.jsdelivr.net", "cdnjs.cloudflare.com", "unpkg.com", "mathjax.org", "polyfill.io")
 
 
 def load_yaml(name: str) -> dict:
     return yaml.safe_load((ROOT / name).read_text(encoding="utf-8"))
+
+
+def repository() -> tuple:
+    """(https://github.com/ORG/REPO, ORG/REPO, branch) from _config.yml: the one place for the URL."""
+    config = load_yaml("_config.yml")
+    url = str(config["repository"]["url"]).rstrip("/")
+    url = url[:-4] if url.endswith(".git") else url
+    match = re.fullmatch(r"https://github\.com/([\w.-]+/[\w.-]+)", url)
+    assert match, f"_config.yml: repository.url must be https://github.com/ORG/REPO, got {url!r}"
+    return url, match.group(1), str(config["repository"].get("branch") or "main")
+
+
+def colab_prefix() -> str:
+    """Where the site's Colab buttons point, derived from _config.yml (launch_buttons.colab_url and
+    repository.url/branch), not typed here: a fork that changes the repository gets its own links."""
+    config = load_yaml("_config.yml")
+    _, org_repo, branch = repository()
+    return f"{config['launch_buttons']['colab_url'].rstrip('/')}/github/{org_repo}/blob/{branch}/"
 
 
 def toc_files() -> list:
@@ -70,12 +87,74 @@ def test_config():
     assert sphinx["mathjax_path"] == "mathjax/tex-mml-chtml.js"
     assert list(sphinx["nb_ipywidgets_js"]) == ["requirejs/require.js", "html-manager/embed-amd.js"]
     assert config["execute"]["execute_notebooks"] in ("cache", "force")
-    assert config["repository"]["url"] == "https://github.com/minimind-from-zero/minimind-from-zero"
+    url, _, _ = repository()
+    import sync_colab_cells
+
+    assert sync_colab_cells.repository_url() == url, "tools/sync_colab_cells.py reads another repository URL"
     assert config["launch_buttons"]["colab_url"] == "https://colab.research.google.com"
     # Every .js under a _static/ folder is auto-included by Jupyter Book: the vendored files must not be there.
     stray = [str(p.relative_to(ROOT)) for folder in ("_static", "book/_static", "notebooks/_static")
              for p in (ROOT / folder).glob("**/*.js")]
     assert not stray, f"JavaScript in a _static/ folder: {stray}"
+
+
+# Pages that name the course's own repository or site (a clone command, a pip install, a Colab
+# link). Other GitHub projects they cite (upstream MiniMind) are allowed by name.
+REPOSITORY_PAGES = ["README.md", "book/welcome.md", "book/how_to_use.md", "book/setup.md", "CONTRIBUTING.md"]
+CITED_REPOSITORIES = {"jingyaogong/minimind"}
+
+
+def test_pages_name_the_configured_repository():
+    """One place for the repository URL: every github.com/ORG/REPO or ORG.github.io/REPO address in
+    the pages is the repository and site of _config.yml (repository.url, html.baseurl), so a fork
+    that changes those two settings finds every line still naming the old ones here."""
+    _, org_repo, _ = repository()
+    baseurl = load_yaml("_config.yml")["html"]["baseurl"].rstrip("/")
+    org, name = org_repo.split("/")
+    if ".github.io" in baseurl:  # GitHub Pages (a custom domain is fine too)
+        assert baseurl.lower() == f"https://{org}.github.io/{name}".lower(), (
+            f"html.baseurl {baseurl} is the GitHub Pages site of another repository than {org_repo}")
+    stale = []
+    for page in REPOSITORY_PAGES:
+        for number, line in enumerate((ROOT / page).read_text(encoding="utf-8").splitlines(), 1):
+            for found in re.findall(r"(?:github\.com|colab\.research\.google\.com/github)/([\w.-]+/[\w-]+(?:\.[\w-]+)*)", line):
+                found = found[:-4] if found.endswith(".git") else found
+                if found != org_repo and found not in CITED_REPOSITORIES:
+                    stale.append(f"{page}:{number}: github.com/{found}")
+            for site in re.findall(r"https://[\w-]+\.github\.io/[\w-]+", line):
+                if site.lower() != baseurl.lower():
+                    stale.append(f"{page}:{number}: {site}")
+    assert not stale, (f"these lines name another repository or site than _config.yml's repository.url "
+                       f"(https://github.com/{org_repo}) and html.baseurl ({baseurl}):\n" + "\n".join(stale))
+
+
+def test_timing_claims_come_from_the_measured_table():
+    """README and the start pages quote chapter times only inside the blocks `make timings` writes
+    from book/notebook_timings.json (which names the machine), never typed by hand."""
+    import time_notebooks
+
+    stale = time_notebooks.stale_pages()
+    assert not stale, "run `python tools/time_notebooks.py --write`:\n" + "\n".join(stale)
+    loose = []
+    for page in time_notebooks.PAGES:
+        text = time_notebooks.BLOCK.sub("", (ROOT / page).read_text(encoding="utf-8"))
+        loose += [f"{page}: {m.group(0)!r}" for m in re.finditer(
+            r"(about|in|under|within) (a|one|two|a few|\d+) (seconds?|minutes?|min)\b", text, re.I)]
+    assert not loose, "timing claims outside the measured blocks:\n" + "\n".join(loose)
+
+
+def test_timing_summary_names_the_machine_and_the_outliers():
+    import time_notebooks
+
+    table = {"machine": {"device": "CPU Intel(R) Xeon(R) Test, 2 threads", "cores": 2, "torch_threads": 2,
+                         "torch": "2.13.0", "python": "3.11.7", "date": "2026-01-01"},
+             "load_average": [0.1, 0.9], "busy": False,
+             "seconds": {"01_a": 7.2, "02_b": 15.4, "03_c": 9.0, "08_training": 64.0}}
+    assert time_notebooks.summary(table) == (
+        "Measured on a 2-core machine (Intel(R) Xeon(R) Test; torch 2.13.0, 2 threads, 2026-01-01): each chapter "
+        "ran from top to bottom in 7–15 s (chapter 08: 64 s).")
+    assert "busy" in time_notebooks.summary(dict(table, busy=True))
+    assert "| 08_training | 64.0 |" in time_notebooks.table_markdown(table)
 
 
 def test_vendor_layout_matches_config():
@@ -130,7 +209,13 @@ def site():
     return HTML
 
 
+# The slow tests share one build of the site (a module fixture): under pytest-xdist they run in one
+# worker (`--dist loadgroup`), never two builds into _build/html at once.
+SITE = pytest.mark.xdist_group("site")
+
+
 @pytest.mark.slow
+@SITE
 def test_site_has_every_page_and_no_cdn(site):
     for entry in toc_files():
         assert (site / f"{entry}.html").is_file(), f"no page for {entry}"
@@ -145,19 +230,23 @@ def test_site_has_every_page_and_no_cdn(site):
 
 
 @pytest.mark.slow
+@SITE
 def test_colab_buttons_open_the_student_edition(site):
     chapters = [name for name in CHAPTERS if (site / "notebooks" / f"{name}.html").exists()]
-    assert chapters
+    assert chapters == CHAPTERS
+    prefix = colab_prefix()
     for name in chapters:
         html = (site / "notebooks" / f"{name}.html").read_text(encoding="utf-8")
         links = set(re.findall(r'href="(https://colab\.research\.google\.com/[^"]+)"', html))
-        assert links == {f"{COLAB_PREFIX}student/{name}.ipynb"}, f"{name}: Colab links {links}"
+        assert links == {f"{prefix}student/{name}.ipynb"}, (
+            f"{name}: Colab links {links}, expected the student edition under {prefix} (from _config.yml)")
         assert (ROOT / "student" / f"{name}.ipynb").is_file()
         # solutions are folded behind a click on the page
         assert "tag_hide-input" in html
 
 
 @pytest.mark.slow
+@SITE
 def test_chapter_page_in_a_real_browser(site):
     import browser
 
@@ -174,7 +263,8 @@ def test_chapter_page_in_a_real_browser(site):
         assert report["rendered_widgets"] > 0 and report["widget_controls"] > 0, f"widgets did not render: {report}"
     else:  # no saved widget state: the static figure next to the widget is the fallback
         assert report["images"] > 0
-    assert report["colab_links"] and all(link == f"{COLAB_PREFIX}student/01_normalization.ipynb" for link in report["colab_links"]), report["colab_links"]
+    assert report["colab_links"] and all(link == f"{colab_prefix()}student/01_normalization.ipynb"
+                                         for link in report["colab_links"]), report["colab_links"]
     assert report["folded_inputs"] > 0, "exercise solutions are not folded"
     assert not report["console_errors"], "console errors:\n" + "\n".join(report["console_errors"])
     assert not report["external_requests"], f"the page requested resources off this machine: {report['external_requests']}"

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
 import make_student  # noqa: E402
+import prose_numbers  # noqa: E402
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
@@ -73,10 +74,11 @@ def test_executed_in_order_with_outputs(nb):
 def test_outputs_hold_figures_and_no_errors(nb):
     outputs = [out for cell in code_cells(nb) for out in cell.outputs]
     assert any("image/png" in out.get("data", {}) for out in outputs), (
-        "no figure in the stored outputs (the chapter needs a matplotlib figure; "
-        "executed with MPLBACKEND=Agg? use make execute)")
+        "no figure in the stored outputs (the chapter needs a matplotlib figure; does the setup cell "
+        "start with %matplotlib inline? then re-execute with make execute)")
     agg = [out for out in outputs if "non-interactive, and thus cannot be shown" in str(out.get("text", ""))]
-    assert not agg, "a figure was not displayed (MPLBACKEND=Agg in the kernel): re-execute with make execute"
+    assert not agg, ("a figure was not displayed (a non-inline backend in the kernel): start the setup cell "
+                     "with %matplotlib inline and re-execute with make execute")
     errors = [(i, out.get("ename")) for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
               and "raises-exception" not in tags(cell) for out in cell.outputs if out.output_type == "error"]
     assert not errors, f"stored error outputs (cell index, exception): {errors}"
@@ -86,6 +88,31 @@ def test_first_code_cell_is_the_colab_cell(nb):
     first = code_cells(nb)[0].source.strip()
     assert first == colab_cell(), (
         f"the first code cell must be the Colab cell that tools/sync_colab_cells.py writes (run it), got:\n{first}")
+
+
+def test_setup_cell_starts_with_matplotlib_inline(nb):
+    """The cell after the Colab cell sets the backend itself: a kernel whose environment says
+    MPLBACKEND=Agg (a common headless default, and the Colab-like run of `make test`) would
+    otherwise show no figure at all, silently."""
+    setup = code_cells(nb)[1].source.lstrip()
+    first = setup.splitlines()[0].strip() if setup else ""
+    assert first == "%matplotlib inline", (
+        "the setup cell (the first code cell after the Colab cell) must start with the line "
+        f"`%matplotlib inline`; its first line is {first!r}")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_prose_numbers_are_printed_above_them(path):
+    """Numbers with a decimal point or a percent sign in markdown come from an output above them
+    in the same section, formatted the same way (tools/prose_numbers.py has the exact rule; the
+    opt-out for numbers that are not computed here is the HTML comment it names)."""
+    findings = prose_numbers.check_notebook(path)
+    assert not findings, (
+        f"{len(findings)} number(s) in the prose are not printed by a code cell above them in their section. "
+        "Print the number in the cell that computes it (same rounding), correct the prose, or, for numbers "
+        f"that are not computed in the notebook (a problem's inputs, a published figure), put "
+        f"{prose_numbers.OPT_OUT} in the markdown cell and say where they come from:\n"
+        + "\n".join(str(f) for f in findings))
 
 
 def test_ignored_outputs_say_why(nb):

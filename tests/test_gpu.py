@@ -1,0 +1,151 @@
+"""The GPU path, in one command: `make test-gpu` (``pytest tests -m gpu``).
+
+Every test here is marked ``gpu`` and skipped cleanly where torch sees no CUDA device; ``make test``
+deselects them (``-m "not gpu"``), so the CPU suite never needs a GPU. What runs on CUDA, and the
+device tolerances:
+
+* **Every chapter**, executed top to bottom in a kernel with ``MINIMIND_DEVICE=cuda`` (so
+  ``pick_device()`` returns CUDA, which a last added cell asserts). Outputs are not compared: the
+  stored ones are CPU outputs, and on a GPU the last digits differ (other kernels, other reduction
+  orders). A cell that raises fails the test, naming the notebook, the cell and the error; the
+  exercise checks use their CUDA tolerances (``minimind_ref.utils.default_tolerance``). Set
+  ``MINIMIND_FULL=1`` in the environment to run the chapters' GPU-sized runs as well.
+* **Training in fp32 on CUDA equals training on the CPU** (configs/tiny_test.json, 8 AdamW steps,
+  same initial weights and data order): logged losses within rtol = atol = 1e-4 and final weights
+  within 1e-3. Matrix products on CUDA sum in another order than on the CPU (TF32 is off: torch's
+  default for float32 matmuls), so the runs agree to float32 rounding, amplified by 8 optimizer steps.
+* **Training with bf16 autocast** (``dtype="auto"`` picks it on a GPU that supports bf16):
+  the loss at step 0 within 0.02 of the fp32 CPU run (bfloat16 keeps 8 significant bits, about
+  0.4 % of a logit, and the loss itself is computed in fp32 under autocast), every logged loss of
+  the 8 steps within 0.1 of it (about 2 % of ln 300, the initial loss: AdamW's normalised steps
+  amplify the rounding of small gradients), and a 30-step run lowers the loss as much as the CPU
+  test demands (tests/test_train.py).
+* **DDP over nccl** (2+ GPUs): two processes under torchrun follow one process on one GPU with the
+  same global batch, in fp32: losses within rtol = atol = 1e-4, weights within 1e-3 (the same mean
+  computed in another order, as tests/test_ddp.py checks on the CPU at 1e-5 / 1e-4; cuBLAS also
+  picks its kernels by shape, and half a batch has another shape than the whole one).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+from minimind_ref.tokenizer import load_tokenizer
+from minimind_ref.train import TrainConfig, autocast_for, build_data, build_model, train
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "configs" / "tiny_test.json"
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+CELL_TIMEOUT_S = 600
+
+CUDA = torch.cuda.is_available()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="no CUDA device (torch.cuda.is_available() is False)")]
+
+
+def tiny(**changes) -> TrainConfig:
+    return TrainConfig.from_json(str(TINY)).replace(**changes)
+
+
+@pytest.fixture(scope="module")
+def tiny_data():
+    return build_data(tiny())
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tiny_data):
+    return train(tiny(device="cpu", dtype="float32"), data=tiny_data)
+
+
+# --- every chapter on CUDA ---------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_chapter_runs_on_cuda(path, tmp_path, monkeypatch):
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    monkeypatch.setenv("MINIMIND_DEVICE", "cuda")  # the kernel inherits it: pick_device() -> cuda
+    nb = nbformat.read(path, as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(
+        "from minimind_ref.utils import pick_device\n"
+        "assert pick_device().type == 'cuda', f'the chapter ran on {pick_device()}, not on CUDA'"))
+    client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}})
+    try:
+        client.execute()
+    except CellExecutionError as err:
+        failed = next((i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
+                       and any(out.get("output_type") == "error" for out in cell.get("outputs", []))), None)
+        source = nb.cells[failed].source[:600] if failed is not None else ""
+        pytest.fail(f"{path.name} failed on CUDA in cell {failed} ({err.ename}: {err.evalue}):\n{source}", pytrace=False)
+
+
+# --- training --------------------------------------------------------------------------------
+
+def test_fp32_training_on_cuda_equals_cpu(tiny_data, cpu_run):
+    gpu = train(tiny(device="cuda", dtype="float32"), data=tiny_data)
+    assert next(gpu.model.parameters()).device.type == "cuda"
+    torch.testing.assert_close(torch.tensor(gpu.history["loss"]), torch.tensor(cpu_run.history["loss"]),
+                               rtol=1e-4, atol=1e-4)
+    for (name, a), b in zip(cpu_run.model.state_dict().items(), gpu.model.state_dict().values()):
+        torch.testing.assert_close(b.cpu(), a, rtol=1e-3, atol=1e-3, msg=name)
+
+
+def test_bf16_autocast_training_on_cuda(tiny_data, cpu_run):
+    if not torch.cuda.is_bf16_supported():
+        pytest.skip("this GPU has no bf16: dtype='auto' trains in fp32 there (test_fp32_training_on_cuda_equals_cpu)")
+    cfg = tiny(device="cuda", dtype="auto")
+    assert autocast_for(cfg, torch.device("cuda")) is not None, "dtype='auto' must pick bf16 autocast on this GPU"
+    gpu = train(cfg, data=tiny_data)
+    ref = cpu_run.history["loss"]
+    assert abs(gpu.history["loss"][0] - ref[0]) < 0.02, (gpu.history["loss"][0], ref[0])
+    torch.testing.assert_close(torch.tensor(gpu.history["loss"]), torch.tensor(ref), rtol=0, atol=0.1)
+    long = train(tiny(device="cuda", dtype="auto", max_steps=30, eval_every=30), data=tiny_data)
+    h = long.history
+    assert all(math.isfinite(g) for g in h["grad_norm"])
+    assert sum(h["loss"][-5:]) / 5 < h["loss"][0] - 1.5, h["loss"]
+    assert h["eval_loss"][1] < h["eval_loss"][0]
+
+
+# --- DDP over nccl ---------------------------------------------------------------------------
+
+def _run(args, env):
+    proc = subprocess.run([str(a) for a in args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"{' '.join(map(str, args))} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="DDP over nccl needs 2 or more GPUs")
+def test_two_nccl_processes_match_one_gpu(tmp_path):
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
+    single, ddp = tmp_path / "single", tmp_path / "ddp"
+    common = ["--config", TINY, "--set", 'device="cuda"', 'dtype="float32"']
+    _run([sys.executable, "-m", "minimind_ref.train", *common, f"out_dir={json.dumps(str(single))}",
+          "--history", tmp_path / "single.json"], env)
+    out = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                "-m", "minimind_ref.train", *common, f"out_dir={json.dumps(str(ddp))}",
+                f"tokenizer={json.dumps(str(single / 'tokenizer.json'))}", "--history", tmp_path / "ddp.json"], env)
+    assert "x2 processes" in out
+    h1 = json.loads((tmp_path / "single.json").read_text())
+    h2 = json.loads((tmp_path / "ddp.json").read_text())
+    assert h1["world_size"] == 1 and h2["world_size"] == 2
+    torch.testing.assert_close(torch.tensor(h2["history"]["loss"]), torch.tensor(h1["history"]["loss"]), rtol=1e-4, atol=1e-4)
+    w1 = torch.load(single / "ckpt.pt", weights_only=True, map_location="cpu")["state_dict"]
+    w2 = torch.load(ddp / "ckpt.pt", weights_only=True, map_location="cpu")["state_dict"]
+    assert w1.keys() == w2.keys()
+    for k in w1:
+        torch.testing.assert_close(w2[k], w1[k], rtol=1e-3, atol=1e-3, msg=k)
+    cfg = TrainConfig.from_json(str(TINY))
+    torch.manual_seed(cfg.seed)
+    init = build_model(cfg, load_tokenizer(single / "tokenizer.json").get_vocab_size()).state_dict()
+    assert max(float((w1[k] - init[k]).abs().max()) for k in w1) > 1e-2  # training moved the weights
