@@ -1,0 +1,222 @@
+"""Checks for chapter 11 (DPO): the masked sequence log-probability, upstream's DPO loss, the
+implicit rewards, and the shift of a DPO example.
+
+Each check runs the learner's function on inputs it generates (empty masks, unequal lengths,
+several betas) and compares with ``minimind_ref.dpo``; a mismatch names the known mistake it
+matches when it can.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from .. import dpo as ref_dpo
+from .core import call, check, check_close, expect_pair, fail, seeded
+
+
+def _logits_case(seed: int, pairs: int = 3, seq: int = 9, vocab: int = 11, empty_row: bool = True
+                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(logits [2B, T, V], labels [2B, T], mask [2B, T] long)`` with unequal reply lengths,
+    replies that start after a prompt, and (optionally) one row without a supervised token."""
+    g = seeded(seed)
+    logits = torch.randn(2 * pairs, seq, vocab, generator=g) * 2.0
+    labels = torch.randint(0, vocab, (2 * pairs, seq), generator=g)
+    mask = torch.zeros(2 * pairs, seq, dtype=torch.long)
+    for row in range(2 * pairs):
+        start = int(torch.randint(1, seq // 2, (1,), generator=g))
+        length = int(torch.randint(1, seq - start + 1, (1,), generator=g))
+        mask[row, start : start + length] = 1
+    if empty_row:
+        mask[1] = 0
+    return logits, labels, mask
+
+
+def _log_probs_case(seed: int, pairs: int, seq: int, empty_row: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(ref_log_probs, policy_log_probs, mask)`` ``[2B, T]`` with the policy a little away from the reference."""
+    logits, labels, mask = _logits_case(seed, pairs, seq, empty_row=empty_row)
+    ref = ref_dpo.logits_to_log_probs(logits, labels)
+    g = seeded(seed + 100)
+    policy = ref_dpo.logits_to_log_probs(logits + 0.8 * torch.randn(logits.shape, generator=g), labels)
+    return ref, policy, mask
+
+
+# ---------------------------------------------------------------------- 11.1 sequence log-prob
+@check("Exercise 11.1 sequence_log_probs")
+def check_sequence_log_probs(sequence_log_probs: Callable[..., Any]) -> str:
+    """``sequence_log_probs(logits, labels, mask) -> [batch]``: upstream's per-sequence
+    log-probability, the mean log-probability of the labels over the masked positions (an empty
+    mask gives 0)."""
+    name = "Exercise 11.1 sequence_log_probs"
+    cases = [("unequal reply lengths and one empty mask", _logits_case(1)),
+             ("every reply the same length", _logits_case(2, empty_row=False)),
+             ("one pair, long replies", _logits_case(3, pairs=1, seq=14, empty_row=False))]
+    for case, (logits, labels, mask) in cases:
+        got = call(sequence_log_probs, logits.clone(), labels.clone(), mask.clone(), name=name, case=case,
+                   check_inputs=True)
+        token_lp = F.log_softmax(logits, -1).gather(-1, labels[..., None]).squeeze(-1)
+        expected = ref_dpo.sequence_log_probs(ref_dpo.logits_to_log_probs(logits, labels), mask, "mean")
+        m = mask.float()
+        mistakes: Dict[str, Any] = {
+            "the masked sum, not the mean (the DPO paper's sum; upstream divides by the reply's length)":
+                lambda: (token_lp * m).sum(1),
+            "the mean over every position, padding and prompt included (upstream before issue #298)":
+                lambda: token_lp.mean(1),
+            "the masked sum divided by the whole row length instead of the number of masked tokens":
+                lambda: (token_lp * m).sum(1) / m.shape[1],
+            "raw logits gathered without log_softmax": lambda: (logits.gather(-1, labels[..., None]).squeeze(-1) * m).sum(1)
+            / m.sum(1).clamp_min(1e-8),
+            "probabilities (softmax) averaged instead of log-probabilities":
+                lambda: (F.softmax(logits, -1).gather(-1, labels[..., None]).squeeze(-1) * m).sum(1) / m.sum(1).clamp_min(1e-8),
+            "the mask shifted by one position (mask[:, 1:] or mask[:, :-1]): the dataset already aligned it with the labels":
+                lambda: (token_lp[:, 1:] * m[:, :-1]).sum(1) / m[:, :-1].sum(1).clamp_min(1e-8),
+            "one count for the whole batch (mask.sum()) instead of one per sequence (mask.sum(dim=1))":
+                lambda: (token_lp * m).sum(1) / m.sum(),
+        }
+        if isinstance(got, torch.Tensor) and got.shape == expected.shape and bool(torch.isnan(got).any()):
+            fail(name, f"your result has NaN for a sequence whose mask is all zeros ({case})",
+                 "0 / 0 is NaN: divide by mask.sum(dim=1).clamp_min(1e-8) as upstream does, so an empty mask gives 0.",
+                 "token_lp = log_softmax(logits, -1).gather(-1, labels[..., None]).squeeze(-1); "
+                 "return (token_lp * mask).sum(1) / mask.sum(1).clamp_min(1e-8)")
+        check_close(got, expected, name=name, rtol=1e-5, atol=1e-6, check_dtype=False, mistakes=mistakes, case=case,
+                    hint="log_softmax over the vocabulary, gather the label's entry, zero the positions where the "
+                         "mask is 0, and divide each row's sum by that row's number of masked tokens.",
+                    recipe="token_lp = log_softmax(logits, -1).gather(-1, labels[..., None]).squeeze(-1); "
+                           "return (token_lp * mask).sum(1) / mask.sum(1).clamp_min(1e-8)")
+    return "unequal lengths, an empty mask, one pair"
+
+
+# ---------------------------------------------------------------------- 11.2 the loss
+@check("Exercise 11.2 dpo_loss")
+def check_dpo_loss(dpo_loss: Callable[..., Any]) -> str:
+    """``dpo_loss(ref_log_probs, policy_log_probs, mask, beta)`` must equal upstream's
+    ``dpo_loss`` (``minimind_ref.dpo.dpo_loss``), value and gradient."""
+    name = "Exercise 11.2 dpo_loss"
+    n = 0
+    for seed, (pairs, seq, empty, beta) in enumerate([(3, 9, True, 0.1), (2, 12, False, 0.5), (4, 8, False, 2.0),
+                                                      (1, 10, False, 0.1), (2, 7, True, 1.0)]):
+        ref, policy, mask = _log_probs_case(seed + 10, pairs, seq, empty)
+        case = f"{pairs} pair(s), beta={beta}" + (", one empty mask" if empty else "")
+        pol = policy.clone().requires_grad_(True)
+        got = call(dpo_loss, ref.clone(), pol, mask.clone(), beta, name=name, case=case)
+        expected = ref_dpo.dpo_loss(ref, policy, mask, beta)
+        m = mask.float()
+        seq_ref = (ref * m).sum(1) / m.sum(1).clamp_min(1e-8)
+        seq_pol = (policy * m).sum(1) / m.sum(1).clamp_min(1e-8)
+        b = pairs
+
+        def from_logits(logits: torch.Tensor) -> torch.Tensor:
+            return (-F.logsigmoid(beta * logits)).mean()
+
+        mistakes: Dict[str, Any] = {
+            "chosen and rejected swapped (the batch holds the chosen replies first, then the rejected ones)":
+                lambda: from_logits((seq_pol[b:] - seq_pol[:b]) - (seq_ref[b:] - seq_ref[:b])),
+            "the reference terms left out (ref_c - ref_r is what makes DPO relative to the starting model)":
+                lambda: from_logits(seq_pol[:b] - seq_pol[b:]),
+            "the reference added instead of subtracted":
+                lambda: from_logits((seq_pol[:b] - seq_pol[b:]) + (seq_ref[:b] - seq_ref[b:])),
+            "pairs taken as neighbouring rows (0,1), (2,3), ... instead of rows i and i + B":
+                lambda: from_logits((seq_pol[0::2] - seq_pol[1::2]) - (seq_ref[0::2] - seq_ref[1::2])),
+            "beta outside the log-sigmoid (it must scale the margin inside)":
+                lambda: (-beta * F.logsigmoid((seq_pol[:b] - seq_pol[b:]) - (seq_ref[:b] - seq_ref[b:]))).mean(),
+            "the minus sign of -logsigmoid missing":
+                lambda: F.logsigmoid(beta * ((seq_pol[:b] - seq_pol[b:]) - (seq_ref[:b] - seq_ref[b:]))).mean(),
+            "summed over the pairs instead of averaged":
+                lambda: (-F.logsigmoid(beta * ((seq_pol[:b] - seq_pol[b:]) - (seq_ref[:b] - seq_ref[b:])))).sum(),
+            "the paper's summed sequence log-probabilities (upstream averages over each reply's tokens)":
+                lambda: ref_dpo.dpo_loss(ref, policy, mask, beta, reduction="sum"),
+        }
+        if isinstance(got, torch.Tensor) and got.dim() != 0:
+            fail(name, f"expected a scalar loss, got shape {tuple(got.shape)} ({case})",
+                 "average the per-pair losses with .mean() at the end.")
+        check_close(got, expected, name=name, rtol=1e-5, atol=1e-6, check_dtype=False, mistakes=mistakes, case=case,
+                    hint="per sequence: masked mean of the log-probabilities (clamp the count); split the rows into "
+                         "chosen = first half, rejected = second half; logits = (pi_c - pi_r) - (ref_c - ref_r); "
+                         "loss = -logsigmoid(beta * logits).mean().")
+        if not got.requires_grad:
+            fail(name, f"the loss carries no gradient ({case})",
+                 "compute it with torch operations on policy_log_probs (no .item(), .detach() or numpy).")
+        got.backward()
+        pol_ref = policy.clone().requires_grad_(True)
+        ref_dpo.dpo_loss(ref, pol_ref, mask, beta).backward()
+        check_close(pol.grad, pol_ref.grad, name=name + " (gradient)", rtol=1e-5, atol=1e-7, case=case,
+                    hint="the value matches but the gradient does not: is something computed from a detached copy?")
+        n += 1
+    return f"value and gradient on {n} batches, betas 0.1 to 2, empty masks included"
+
+
+# ---------------------------------------------------------------------- 11.3 implicit rewards
+@check("Exercise 11.3 implicit_rewards")
+def check_implicit_rewards(implicit_rewards: Callable[..., Any]) -> str:
+    """``implicit_rewards(policy_seq, ref_seq, beta) -> (chosen, rejected)``: from ``[2B]``
+    sequence log-probabilities (chosen rows first), the implicit rewards
+    ``beta * (log pi - log pi_ref)`` of the chosen and of the rejected replies, ``[B]`` each."""
+    name = "Exercise 11.3 implicit_rewards"
+    g = seeded(11)
+    for pairs, beta in ((3, 0.1), (1, 0.5), (5, 2.0)):
+        ref = -torch.rand(2 * pairs, generator=g) * 3
+        policy = ref + torch.randn(2 * pairs, generator=g)
+        case = f"{pairs} pair(s), beta={beta}"
+        got = call(implicit_rewards, policy.clone(), ref.clone(), beta, name=name, case=case, check_inputs=True)
+        chosen, rejected = expect_pair(got, name, "the chosen rewards and the rejected rewards")
+        r = ref_dpo.implicit_rewards(policy, ref, beta)
+        exp_c, exp_r = r[:pairs], r[pairs:]
+        for got_part, expected, other, label in ((chosen, exp_c, exp_r, "chosen"), (rejected, exp_r, exp_c, "rejected")):
+            mistakes = {
+                "beta left out": (policy - ref)[:pairs] if label == "chosen" else (policy - ref)[pairs:],
+                "the log-ratio reversed (log pi_ref - log pi)": -expected,
+                "the chosen and rejected halves swapped (chosen rows come first)": other,
+                "rows split as neighbours (0::2 / 1::2) instead of halves":
+                    (beta * (policy - ref))[0::2] if label == "chosen" else (beta * (policy - ref))[1::2],
+                "a ratio of probabilities (exp) instead of a difference of log-probabilities":
+                    beta * (policy.exp() / ref.exp())[:pairs] if label == "chosen" else beta * (policy.exp() / ref.exp())[pairs:],
+                "the policy's log-probability alone (no reference)":
+                    beta * policy[:pairs] if label == "chosen" else beta * policy[pairs:],
+            }
+            check_close(got_part, expected, name=f"{name} ({label})", rtol=1e-5, atol=1e-7, check_dtype=False,
+                        mistakes=mistakes, case=case,
+                        hint="reward = beta * (policy_seq - ref_seq); the first half of the rows are the chosen "
+                             "replies, the second half the rejected ones.")
+    return "three batches, betas 0.1 to 2"
+
+
+# ---------------------------------------------------------------------- 11.4 the shift
+def _shift_cases() -> List[Tuple[str, List[int], List[int]]]:
+    return [
+        ("a reply in the middle", [1, 5, 6, 2, 7, 1, 8, 9, 4, 2, 7], [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1]),
+        ("two replies", [1, 8, 9, 3, 2, 7, 1, 8, 9, 4, 2, 7], [0, 0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 1]),
+        ("a reply cut off at the end", [1, 8, 9, 3, 3, 3], [0, 0, 0, 1, 1, 1]),
+        ("no reply", [1, 5, 6, 2], [0, 0, 0, 0]),
+    ]
+
+
+@check("Exercise 11.4 shift_example")
+def check_shift_example(shift_example: Callable[..., Any]) -> str:
+    """``shift_example(ids, mask) -> (x, y, loss_mask)``: upstream's ``DPODataset`` shift,
+    ``x = ids[:-1]``, ``y = ids[1:]``, ``loss_mask = mask[1:]`` (long tensors)."""
+    name = "Exercise 11.4 shift_example"
+    for case, ids, mask in _shift_cases():
+        got = call(shift_example, list(ids), list(mask), name=name, case=case, check_inputs=True)
+        if not isinstance(got, (tuple, list)) or len(got) != 3:
+            fail(name, f"expected three tensors (x, y, loss_mask), got {type(got).__name__} ({case})",
+                 "return x, y, loss_mask")
+        t_ids, t_mask = torch.tensor(ids), torch.tensor(mask)
+        expected = (t_ids[:-1], t_ids[1:], t_mask[1:])
+        swapped = "inputs and targets the other way round"
+        mistakes = [
+            {swapped: t_ids[1:], "the whole sequence as input (x = ids: the last token predicts nothing)": t_ids},
+            {swapped: t_ids[:-1], "the whole sequence as target (y = ids)": t_ids},
+            {"the mask not shifted (mask[:-1] goes with the inputs; the loss counts where the *target* is an "
+             "assistant token, so the first reply token would be missed and the token after the reply counted)":
+                 t_mask[:-1]},
+        ]
+        for part, (g_part, e_part, label) in enumerate(zip(got, expected, ("x", "y", "loss_mask"))):
+            if isinstance(g_part, torch.Tensor) and g_part.dtype != torch.long:
+                fail(name, f"{label} has dtype {g_part.dtype}; upstream's dataset returns torch.long ({case})",
+                     "torch.tensor(list_of_ints, dtype=torch.long)")
+            check_close(g_part, e_part, name=f"{name} ({label})", rtol=0, atol=0, mistakes=mistakes[part],
+                        case=case, hint="x = ids[:-1], y = ids[1:], loss_mask = mask[1:]: position t of x predicts "
+                                        "y[t] = ids[t + 1], and loss_mask[t] says whether that target counts.")
+    return "four examples, a cut-off reply and an example without a reply included"

@@ -1,0 +1,432 @@
+"""Direct preference optimisation (chapter 11): align the chat model to preference pairs without
+a reward model, as upstream's ``trainer/train_dpo.py`` does (jingyaogong/minimind at c090b69).
+
+A preference pair is one prompt with a *chosen* and a *rejected* reply. DPO compares how much
+more the trained model (the *policy*) likes each reply than a frozen copy of the starting model
+(the *reference*) does::
+
+    r(y)  = beta * (log pi(y | x) - log pi_ref(y | x))           the implicit reward
+    loss  = -log sigmoid(r(chosen) - r(rejected))                 averaged over the pairs
+
+Upstream's ``log pi(y | x)`` is the **mean** log-probability per assistant token (the masked sum
+divided by the number of masked tokens, clamped so an empty mask gives 0 instead of NaN;
+upstream issue #298); the DPO paper sums the tokens' log-probabilities. Both are here:
+``reduction="mean"`` (upstream's default) and ``reduction="sum"`` (the paper).
+
+Batches follow upstream's layout: the first half of the rows are the chosen replies, the second
+half the rejected ones, pair ``i`` in rows ``i`` and ``i + B``. Shapes: ``logits`` ``[2B, T, V]``,
+per-token log-probabilities and masks ``[2B, T]``, per-sequence values ``[2B]``, per-pair values
+``[B]``.
+
+* ``logits_to_log_probs``, ``dpo_loss``: upstream's two functions;
+* ``sequence_log_probs``, ``implicit_rewards``, ``dpo_pair_stats``: the pieces, for logging;
+* ``DPODataset``: preference records (``{"chosen": [...], "rejected": [...]}``) as upstream's
+  ``DPODataset`` encodes them (chat template, assistant mask, inputs ``ids[:-1]``, targets
+  ``ids[1:]``, mask shifted with the targets);
+* ``DPOObjective``: the objective ``minimind_ref.train`` optimises, holding the frozen reference;
+* ``train_dpo`` / ``build_stage``: the shipped ``dpo`` stage.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import math
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from .sft import assistant_loss_mask, encode_chat, marker_ids
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .train import RunData, TrainConfig, TrainResult
+
+REDUCTIONS = ("mean", "sum")
+DPO_CONFIG = "ch11_dpo"  # minimind_ref/configs/ch11_dpo.json: the loop's settings of the shipped `dpo` stage
+# What the loop's config cannot hold: the DPO settings of the shipped stage (recorded in dpo.pt).
+STAGE_SETTINGS: Dict[str, Any] = {"beta": 0.1, "reduction": "mean", "n_train": 3000, "n_val": 150, "seed": 0}
+
+
+# ---------------------------------------------------------------------- upstream's functions
+def logits_to_log_probs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Log-probability of each label under the logits at the same position.
+
+    ``logits`` ``[batch, seq, vocab]``, ``labels`` ``[batch, seq]`` (already shifted: position
+    ``t`` holds the token the logits at ``t`` predict) -> ``[batch, seq]``. Upstream's
+    ``logits_to_log_probs``: ``log_softmax`` over the vocabulary, then ``gather`` the labels."""
+    if logits.dim() != 3 or labels.shape != logits.shape[:2]:
+        raise ValueError(f"logits must be [batch, seq, vocab] and labels [batch, seq] with the same batch and seq; "
+                         f"got logits {tuple(logits.shape)} and labels {tuple(labels.shape)}.")
+    log_probs = F.log_softmax(logits, dim=2)
+    return torch.gather(log_probs, dim=2, index=labels.unsqueeze(2)).squeeze(-1)
+
+
+def _check_reduction(reduction: str) -> None:
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be 'mean' (upstream: average over the reply's tokens) or 'sum' (the DPO "
+                         f"paper: the sequence's log-probability), got {reduction!r}.")
+
+
+def _check_beta(beta: float) -> None:
+    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta <= 0:
+        raise ValueError(f"beta must be a positive finite number (upstream's default is 0.1), got {beta!r}; with "
+                         "beta = 0 the loss no longer depends on the model.")
+
+
+def sequence_log_probs(log_probs: torch.Tensor, mask: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Per-sequence log-probability of the masked tokens: ``[batch, seq]`` -> ``[batch]``.
+
+    ``"mean"`` (upstream): ``(log_probs * mask).sum(1) / mask.sum(1).clamp_min(1e-8)``, the
+    average per masked token; a row with no masked token gives 0, not NaN. ``"sum"`` (the
+    paper): ``(log_probs * mask).sum(1)``, the log-probability of the whole reply."""
+    _check_reduction(reduction)
+    if log_probs.shape != mask.shape or log_probs.dim() != 2:
+        raise ValueError(f"log_probs and mask must both be [batch, seq]; got {tuple(log_probs.shape)} and "
+                         f"{tuple(mask.shape)}.")
+    total = (log_probs * mask).sum(dim=1)
+    if reduction == "sum":
+        return total
+    return total / mask.sum(dim=1).clamp_min(1e-8)
+
+
+def _split_pairs(values: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    n = values.shape[0]
+    if n % 2:
+        raise ValueError(f"a DPO batch holds the chosen rows then the rejected rows, so it needs an even number of "
+                         f"rows; got {n}.")
+    return values[: n // 2], values[n // 2 :]
+
+
+def dpo_loss(ref_log_probs: torch.Tensor, policy_log_probs: torch.Tensor, mask: torch.Tensor, beta: float,
+             reduction: str = "mean") -> torch.Tensor:
+    """Upstream's ``dpo_loss`` (scalar), with the paper's summed variant as an option.
+
+    ``ref_log_probs``, ``policy_log_probs``, ``mask`` ``[2B, T]``: rows ``0..B-1`` are the chosen
+    replies, rows ``B..2B-1`` the rejected ones. Per sequence, the masked log-probabilities are
+    averaged (``reduction="mean"``, upstream) or summed (``"sum"``); then
+    ``-logsigmoid(beta * ((pi_c - pi_r) - (ref_c - ref_r)))`` averaged over the ``B`` pairs."""
+    _check_beta(beta)
+    if ref_log_probs.shape != policy_log_probs.shape:
+        raise ValueError(f"ref_log_probs {tuple(ref_log_probs.shape)} and policy_log_probs "
+                         f"{tuple(policy_log_probs.shape)} must have the same shape.")
+    ref = sequence_log_probs(ref_log_probs, mask, reduction)
+    policy = sequence_log_probs(policy_log_probs, mask, reduction)
+    ref_chosen, ref_rejected = _split_pairs(ref)
+    policy_chosen, policy_rejected = _split_pairs(policy)
+    logits = (policy_chosen - policy_rejected) - (ref_chosen - ref_rejected)
+    return (-F.logsigmoid(beta * logits)).mean()
+
+
+def implicit_rewards(policy_seq_log_probs: torch.Tensor, ref_seq_log_probs: torch.Tensor, beta: float) -> torch.Tensor:
+    """DPO's implicit reward of each sequence, ``beta * (log pi - log pi_ref)`` (same shape)."""
+    _check_beta(beta)
+    return beta * (policy_seq_log_probs - ref_seq_log_probs)
+
+
+def dpo_pair_stats(ref_log_probs: torch.Tensor, policy_log_probs: torch.Tensor, mask: torch.Tensor, beta: float,
+                   reduction: str = "mean") -> Dict[str, torch.Tensor]:
+    """Everything the chapter logs about a batch of pairs, each ``[B]`` (one value per pair):
+
+    ``policy_chosen`` / ``policy_rejected`` / ``ref_chosen`` / ``ref_rejected`` (sequence
+    log-probabilities, reduced as in ``dpo_loss``), ``reward_chosen`` / ``reward_rejected``
+    (implicit rewards), ``margin`` (= ``reward_chosen - reward_rejected``), ``loss``
+    (``-logsigmoid(margin)``; its mean is ``dpo_loss``) and ``correct`` (1.0 where the margin is
+    positive: the policy prefers the chosen reply more than the reference does)."""
+    ref_chosen, ref_rejected = _split_pairs(sequence_log_probs(ref_log_probs, mask, reduction))
+    policy_chosen, policy_rejected = _split_pairs(sequence_log_probs(policy_log_probs, mask, reduction))
+    reward_chosen = implicit_rewards(policy_chosen, ref_chosen, beta)
+    reward_rejected = implicit_rewards(policy_rejected, ref_rejected, beta)
+    margin = reward_chosen - reward_rejected
+    return {"policy_chosen": policy_chosen, "policy_rejected": policy_rejected, "ref_chosen": ref_chosen,
+            "ref_rejected": ref_rejected, "reward_chosen": reward_chosen, "reward_rejected": reward_rejected,
+            "margin": margin, "loss": -F.logsigmoid(margin), "correct": (margin > 0).float()}
+
+
+# ---------------------------------------------------------------------- the data
+def encode_reply(tokenizer: Any, messages: Sequence[Dict[str, str]], max_length: int) -> Tuple[List[int], List[int]]:
+    """``(ids, mask)`` of one side of a pair, before the shift: the conversation encoded with the
+    chat template (``sft.encode_chat``) and cut to ``max_length`` tokens; the mask is upstream's
+    ``generate_loss_mask`` (``sft.assistant_loss_mask``: every assistant reply, its
+    ``<|im_end|>`` and the newline after it)."""
+    bos, eos = marker_ids(tokenizer)
+    ids = encode_chat(tokenizer, messages)[:max_length]
+    return ids, assistant_loss_mask(ids, bos, eos, max_length)
+
+
+class DPODataset:
+    """Preference records ``{"chosen": [messages], "rejected": [messages]}`` for DPO.
+
+    Upstream's ``DPODataset`` semantics: each side is rendered with the chat template, cut to
+    ``max_length`` tokens and masked with the assistant loss mask; then shifted, ``x = ids[:-1]``,
+    ``y = ids[1:]``, ``mask = mask[1:]`` (so ``mask[t]`` says whether the *target* ``y[t]`` is
+    an assistant token). ``self[i]`` is exactly what upstream returns (each tensor right-padded
+    with ``pad_id`` to ``max_length - 1``); ``batch(indices)`` pads only to the widest row of the
+    batch (both sides alike): right padding has mask 0 and cannot change a real position under
+    the causal mask, so the loss is the same and short batches are cheaper. Both return upstream's
+    keys ``x_chosen, y_chosen, mask_chosen, x_rejected, y_rejected, mask_rejected`` (``long``)."""
+
+    KEYS = ("x_chosen", "y_chosen", "mask_chosen", "x_rejected", "y_rejected", "mask_rejected")
+
+    def __init__(self, records: Sequence[Dict[str, Any]], tokenizer: Any, max_length: int = 256, pad_id: int = 0) -> None:
+        if max_length < 2:
+            raise ValueError(f"max_length must be at least 2 (one input and the token it predicts), got {max_length}.")
+        self.max_length, self.pad_id = max_length, pad_id
+        self.pairs: List[Tuple[List[int], List[int], List[int], List[int]]] = []
+        self.kinds: List[Optional[str]] = []
+        for n, record in enumerate(records):
+            if not isinstance(record, dict) or "chosen" not in record or "rejected" not in record:
+                raise ValueError(f"record {n} must have 'chosen' and 'rejected' conversations (upstream's DPO format): "
+                                 f"{record!r:.100}")
+            chosen = encode_reply(tokenizer, record["chosen"], max_length)
+            rejected = encode_reply(tokenizer, record["rejected"], max_length)
+            self.pairs.append((*chosen, *rejected))
+            self.kinds.append(record.get("kind"))
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    @staticmethod
+    def _shift(ids: List[int], mask: List[int], width: int, pad_id: int) -> Tuple[torch.Tensor, ...]:
+        ids = ids + [pad_id] * (width + 1 - len(ids))
+        mask = mask + [0] * (width + 1 - len(mask))
+        return (torch.tensor(ids[:-1], dtype=torch.long), torch.tensor(ids[1:], dtype=torch.long),
+                torch.tensor(mask[1:], dtype=torch.long))
+
+    def __getitem__(self, i: int) -> Dict[str, torch.Tensor]:
+        ids_c, mask_c, ids_r, mask_r = self.pairs[i]
+        width = self.max_length - 1
+        return dict(zip(self.KEYS, self._shift(ids_c, mask_c, width, self.pad_id) + self._shift(ids_r, mask_r, width, self.pad_id)))
+
+    def batch(self, indices: Any) -> Dict[str, torch.Tensor]:
+        rows = [self.pairs[int(i)] for i in indices]
+        width = max(max(len(r[0]), len(r[2])) for r in rows) - 1
+        columns: List[List[torch.Tensor]] = [[] for _ in self.KEYS]
+        for ids_c, mask_c, ids_r, mask_r in rows:
+            for column, tensor in zip(columns, self._shift(ids_c, mask_c, width, self.pad_id)
+                                      + self._shift(ids_r, mask_r, width, self.pad_id)):
+                column.append(tensor)
+        return {key: torch.stack(column) for key, column in zip(self.KEYS, columns)}
+
+    def fingerprint(self) -> str:
+        h = hashlib.sha256()
+        for pair in self.pairs:
+            h.update(str(pair).encode())
+        return h.hexdigest()[:16]
+
+
+def concat_pairs(batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(x, y, mask)`` with the chosen rows first, then the rejected rows, as upstream's loop
+    concatenates them (``[2B, T]`` each)."""
+    missing = [k for k in DPODataset.KEYS if k not in batch]
+    if missing:
+        raise ValueError(f"a DPO batch needs the keys {DPODataset.KEYS}; missing {missing}.")
+    x = torch.cat([batch["x_chosen"], batch["x_rejected"]], dim=0)
+    y = torch.cat([batch["y_chosen"], batch["y_rejected"]], dim=0)
+    mask = torch.cat([batch["mask_chosen"], batch["mask_rejected"]], dim=0)
+    return x, y, mask
+
+
+# ---------------------------------------------------------------------- the objective
+def freeze_reference(model: torch.nn.Module) -> torch.nn.Module:
+    """A frozen copy of ``model`` to serve as the reference: eval mode, ``requires_grad`` off
+    (upstream loads the SFT weights a second time and does the same)."""
+    ref = copy.deepcopy(model)
+    ref.eval()
+    ref.requires_grad_(False)
+    return ref
+
+
+class DPOObjective:
+    """DPO as an objective for ``minimind_ref.train``: ``objective(model, batch) -> metrics``.
+
+    Holds the frozen reference (eval mode, no gradient, ``requires_grad`` off). Per batch, as
+    upstream's loop: concatenate chosen and rejected rows, reference log-probabilities under
+    ``no_grad``, policy log-probabilities with gradient, ``loss = dpo_loss + aux_loss`` (the MoE
+    balancing term, 0 for dense models). ``ref_model=None`` is the chapter's ablation "no
+    reference model": the reference log-probabilities are taken as 0, so the loss only compares
+    the policy's chosen and rejected log-probabilities.
+
+    Returned metrics (means over the batch's pairs, detached): ``dpo_loss``, ``aux_loss``,
+    ``policy_chosen``, ``policy_rejected``, ``ref_chosen``, ``ref_rejected`` (sequence
+    log-probabilities as reduced), ``reward_chosen``, ``reward_rejected``, ``margin``,
+    ``reward_accuracy`` (pairs with a positive margin), ``kl`` (mean per-token KL(pi || pi_ref)
+    over the supervised tokens, exact over the vocabulary; 0 without a reference) and ``tokens``
+    (supervised targets; a batch with none is skipped by the loop)."""
+
+    def __init__(self, ref_model: Optional[torch.nn.Module], beta: float = 0.1, reduction: str = "mean") -> None:
+        _check_beta(beta)
+        _check_reduction(reduction)
+        if ref_model is not None:
+            ref_model.eval()
+            ref_model.requires_grad_(False)
+        self.ref_model, self.beta, self.reduction = ref_model, float(beta), reduction
+
+    def _reference_logits(self, x: torch.Tensor) -> Optional[torch.Tensor]:
+        if self.ref_model is None:
+            return None
+        if next(self.ref_model.parameters()).device != x.device:
+            self.ref_model.to(x.device)
+        self.ref_model.eval()
+        with torch.no_grad():
+            return self.ref_model(x).logits.detach()
+
+    def __call__(self, model: torch.nn.Module, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        x, y, mask = concat_pairs(batch)
+        ref_logits = self._reference_logits(x)
+        out = model(x)
+        policy_lp = logits_to_log_probs(out.logits, y)
+        if ref_logits is None:
+            ref_lp = torch.zeros_like(policy_lp).detach()
+        else:
+            ref_lp = logits_to_log_probs(ref_logits, y)
+        loss = dpo_loss(ref_lp, policy_lp, mask, self.beta, self.reduction)
+        with torch.no_grad():
+            stats = dpo_pair_stats(ref_lp, policy_lp.detach(), mask, self.beta, self.reduction)
+            tokens = mask.sum()
+            if ref_logits is None:
+                kl = torch.zeros((), device=x.device)
+            else:
+                logp = F.log_softmax(out.logits.detach().float(), dim=-1)
+                logq = F.log_softmax(ref_logits.float(), dim=-1)
+                per_token = (logp.exp() * (logp - logq)).sum(-1)
+                kl = (per_token * mask).sum() / tokens.clamp_min(1)
+        aux = out.aux_loss
+        metrics = {"loss": loss + aux, "dpo_loss": loss.detach(), "aux_loss": aux.detach(), "tokens": tokens,
+                   "reward_accuracy": stats["correct"].mean(), "kl": kl}
+        for name in ("policy_chosen", "policy_rejected", "ref_chosen", "ref_rejected", "reward_chosen",
+                     "reward_rejected", "margin"):
+            metrics[name] = stats[name].mean()
+        return metrics
+
+
+# ---------------------------------------------------------------------- evaluation
+@torch.no_grad()
+def pair_log_probs(model: torch.nn.Module, dataset: DPODataset, reduction: str = "mean",
+                   batch_size: int = 64) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(chosen, rejected)``: the model's sequence log-probabilities of every pair's replies
+    (reduced as in ``dpo_loss``), ``[len(dataset)]`` each, in eval mode."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    chosen, rejected = [], []
+    try:
+        for start in range(0, len(dataset), batch_size):
+            batch = dataset.batch(range(start, min(len(dataset), start + batch_size)))
+            x, y, mask = (t.to(device) for t in concat_pairs(batch))
+            seq = sequence_log_probs(logits_to_log_probs(model(x).logits.float(), y), mask, reduction)
+            c, r = _split_pairs(seq)
+            chosen.append(c.cpu())
+            rejected.append(r.cpu())
+    finally:
+        model.train(was_training)
+    return torch.cat(chosen), torch.cat(rejected)
+
+
+def preference_report(model: torch.nn.Module, ref_model: torch.nn.Module, dataset: DPODataset, beta: float = 0.1,
+                      reduction: str = "mean") -> Dict[str, float]:
+    """Held-out DPO measurements of ``model`` against ``ref_model`` on ``dataset``:
+    ``reward_accuracy`` (pairs where the policy prefers the chosen reply more than the reference
+    does), ``margin`` (mean implicit-reward margin), ``policy_accuracy`` (pairs whose chosen reply
+    the policy itself scores higher), ``chosen_change`` / ``rejected_change`` (mean change of the
+    sequence log-probabilities from the reference) and, with ``dataset.kinds``, the reward
+    accuracy of each kind of pair (``reward_accuracy_<kind>``)."""
+    pc, pr = pair_log_probs(model, dataset, reduction)
+    rc, rr = pair_log_probs(ref_model, dataset, reduction)
+    margin = beta * ((pc - rc) - (pr - rr))
+    out = {"reward_accuracy": float((margin > 0).float().mean()), "margin": float(margin.mean()),
+           "policy_accuracy": float((pc > pr).float().mean()), "chosen_change": float((pc - rc).mean()),
+           "rejected_change": float((pr - rr).mean())}
+    kinds = sorted({k for k in dataset.kinds if k is not None})
+    for kind in kinds:
+        idx = torch.tensor([k == kind for k in dataset.kinds])
+        out[f"reward_accuracy_{kind}"] = float((margin[idx] > 0).float().mean())
+    return out
+
+
+@torch.no_grad()
+def mean_kl(model: torch.nn.Module, ref_model: torch.nn.Module, dataset: DPODataset, batch_size: int = 64) -> float:
+    """Drift from the reference: the mean per-token KL(pi || pi_ref), exact over the vocabulary,
+    at the assistant positions of the chosen replies of ``dataset`` (teacher-forced)."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0.0
+    try:
+        for start in range(0, len(dataset), batch_size):
+            batch = dataset.batch(range(start, min(len(dataset), start + batch_size)))
+            x, mask = batch["x_chosen"].to(device), batch["mask_chosen"].to(device)
+            logp = F.log_softmax(model(x).logits.float(), dim=-1)
+            logq = F.log_softmax(ref_model(x).logits.float(), dim=-1)
+            per_token = (logp.exp() * (logp - logq)).sum(-1)
+            total += float((per_token * mask).sum())
+            count += float(mask.sum())
+    finally:
+        model.train(was_training)
+    return total / max(count, 1.0)
+
+
+# ---------------------------------------------------------------------- the DPO stage
+def dpo_data(tokenizer: Any, n_train: int = 3000, n_val: int = 150, seed: int = 0, max_length: int = 256) -> "RunData":
+    """Generated preference pairs (``chat_data.preference_pairs``) as a ``train.RunData``: the
+    training split and a held-out split, both ``DPODataset``."""
+    from . import chat_data
+    from .train import RunData
+
+    train_set = DPODataset(chat_data.preference_pairs(n_train, seed=seed, split="train"), tokenizer, max_length)
+    val_set = DPODataset(chat_data.preference_pairs(n_val, seed=seed, split="test"), tokenizer, max_length)
+    return RunData(tokenizer, train_set, val_set, [])
+
+
+def train_dpo(model: torch.nn.Module, tokenizer: Any, cfg: "Optional[TrainConfig]" = None, beta: float = 0.1,
+              reduction: str = "mean", ref_model: Any = "copy", data: "Optional[RunData]" = None,
+              n_train: int = 3000, seed: int = 0, **train_kwargs: Any) -> "TrainResult":
+    """DPO with ``minimind_ref.train``'s loop; ``model`` (the policy) is trained in place.
+
+    ``ref_model``: ``"copy"`` (default) freezes a copy of ``model`` before training, as upstream
+    does; a module is used as given (frozen); ``None`` trains without a reference (the
+    ablation). The default evaluation logs the objective's metrics on ``data.val``
+    (``history["eval_reward_accuracy"]``, ``eval_margin``, ...). Returns the ``TrainResult``;
+    the objective (with its reference) is ``result.objective``."""
+    from .train import TrainConfig, evaluate_objective, train
+
+    if isinstance(ref_model, str) and ref_model != "copy":
+        raise ValueError(f"ref_model must be 'copy', a model, or None (no reference), got {ref_model!r}.")
+    cfg = cfg if cfg is not None else TrainConfig.from_json(DPO_CONFIG)
+    if isinstance(ref_model, str):
+        ref_model = freeze_reference(model)
+    data = data if data is not None else dpo_data(tokenizer, n_train=n_train, seed=seed, max_length=cfg.seq_len)
+    objective = DPOObjective(ref_model, beta=beta, reduction=reduction)
+
+    def evaluate(policy: torch.nn.Module, step: int) -> Dict[str, float]:
+        if data.val is None or not len(data.val):
+            return {}
+        device = next(policy.parameters()).device
+        return evaluate_objective(policy, data.val, objective, cfg.batch_size, cfg.eval_batches, device)
+
+    train_kwargs.setdefault("evaluate", evaluate)
+    result = train(cfg, model=model, data=data, objective=objective, **train_kwargs)
+    result.objective = objective  # type: ignore[attr-defined]
+    return result
+
+
+def build_stage(parent: torch.nn.Module, tokenizer: Any) -> Tuple[torch.nn.Module, Dict[str, Any], Any]:
+    """The shipped ``dpo`` stage: ``train_dpo`` on the ``sft`` stage with ``DPO_CONFIG`` and
+    ``STAGE_SETTINGS`` (``python -m minimind_ref.stages rebuild dpo``)."""
+    from .train import TrainConfig
+
+    s = STAGE_SETTINGS
+    cfg = TrainConfig.from_json(DPO_CONFIG).replace(progress=False, out_dir=None)
+    ref = freeze_reference(parent)
+    data = dpo_data(tokenizer, n_train=s["n_train"], n_val=s["n_val"], seed=s["seed"], max_length=cfg.seq_len)
+    result = train_dpo(parent, tokenizer, cfg, beta=s["beta"], reduction=s["reduction"], ref_model=ref, data=data,
+                       log=lambda line: None)
+    held_out = preference_report(result.model, ref, data.val, s["beta"], s["reduction"])
+    extra = {"recipe": "minimind_ref.dpo:build_stage", "command": "python -m minimind_ref.stages rebuild dpo",
+             "train_config": cfg.to_dict(), "dpo_settings": dict(s),
+             "metrics": {"final_train_loss_mean20": sum(result.history["dpo_loss"][-20:]) / 20,
+                         "heldout_reward_accuracy": held_out["reward_accuracy"], "heldout_margin": held_out["margin"],
+                         "heldout_chosen_change": held_out["chosen_change"],
+                         "heldout_rejected_change": held_out["rejected_change"],
+                         "heldout_mean_kl": mean_kl(result.model, ref, data.val)}}
+    return result.model, extra, tokenizer

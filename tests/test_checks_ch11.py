@@ -1,0 +1,197 @@
+"""Chapter 11 checks accept the reference and reject stubs and the common mistakes, naming each."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minimind_ref import dpo
+from minimind_ref.checks import ch11
+from minimind_ref.checks.core import ExerciseError
+
+
+def stub(*args, **kwargs):
+    raise NotImplementedError("Exercise 11.x: stub")
+
+
+def token_lp(logits, labels):
+    return F.log_softmax(logits, -1).gather(-1, labels[..., None]).squeeze(-1)
+
+
+# ---------------------------------------------------------------------- 11.1
+def seq_reference(logits, labels, mask):
+    return dpo.sequence_log_probs(dpo.logits_to_log_probs(logits, labels), mask)
+
+
+def test_sequence_log_probs_reference_passes(capsys):
+    ch11.check_sequence_log_probs(seq_reference)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+SEQ_MISTAKES = {
+    "the masked sum, not the mean": lambda lo, la, m: (token_lp(lo, la) * m).sum(1),
+    "the mean over every position": lambda lo, la, m: token_lp(lo, la).mean(1),
+    "divided by the whole row length": lambda lo, la, m: (token_lp(lo, la) * m).sum(1) / m.shape[1],
+    "raw logits gathered without log_softmax":
+        lambda lo, la, m: (lo.gather(-1, la[..., None]).squeeze(-1) * m).sum(1) / m.sum(1).clamp_min(1e-8),
+    "probabilities (softmax) averaged":
+        lambda lo, la, m: (F.softmax(lo, -1).gather(-1, la[..., None]).squeeze(-1) * m).sum(1) / m.sum(1).clamp_min(1e-8),
+    "the mask shifted by one position":
+        lambda lo, la, m: (token_lp(lo, la)[:, 1:] * m[:, :-1]).sum(1) / m[:, :-1].sum(1).clamp_min(1e-8),
+    "one count for the whole batch": lambda lo, la, m: (token_lp(lo, la) * m).sum(1) / m.sum(),
+    "NaN for a sequence whose mask is all zeros": lambda lo, la, m: (token_lp(lo, la) * m).sum(1) / m.sum(1),
+}
+
+
+@pytest.mark.parametrize("message", list(SEQ_MISTAKES))
+def test_sequence_log_probs_names_the_mistake(message):
+    with pytest.raises(ExerciseError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        ch11.check_sequence_log_probs(SEQ_MISTAKES[message])
+
+
+def test_sequence_log_probs_rejects_stub_and_in_place_edits():
+    with pytest.raises(ExerciseError, match="not implemented"):
+        ch11.check_sequence_log_probs(stub)
+
+    def edits_mask(logits, labels, mask):
+        mask[:, 0] = 1
+        return seq_reference(logits, labels, mask)
+
+    with pytest.raises(ExerciseError, match="in place"):
+        ch11.check_sequence_log_probs(edits_mask)
+
+
+# ---------------------------------------------------------------------- 11.2
+def test_dpo_loss_reference_passes(capsys):
+    ch11.check_dpo_loss(dpo.dpo_loss)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def _seq(lp, mask):
+    m = mask.float()
+    return (lp * m).sum(1) / m.sum(1).clamp_min(1e-8)
+
+
+def loss_from(fn):
+    def loss(ref, pol, mask, beta):
+        r, p = _seq(ref, mask), _seq(pol, mask)
+        b = r.shape[0] // 2
+        return fn(r, p, b, beta)
+    return loss
+
+
+LOSS_MISTAKES = {
+    "chosen and rejected swapped": loss_from(lambda r, p, b, beta: (-F.logsigmoid(beta * ((p[b:] - p[:b]) - (r[b:] - r[:b])))).mean()),
+    "the reference terms left out": loss_from(lambda r, p, b, beta: (-F.logsigmoid(beta * (p[:b] - p[b:]))).mean()),
+    "the reference added instead of subtracted":
+        loss_from(lambda r, p, b, beta: (-F.logsigmoid(beta * ((p[:b] - p[b:]) + (r[:b] - r[b:])))).mean()),
+    "pairs taken as neighbouring rows":
+        loss_from(lambda r, p, b, beta: (-F.logsigmoid(beta * ((p[0::2] - p[1::2]) - (r[0::2] - r[1::2])))).mean()),
+    "beta outside the log-sigmoid":
+        loss_from(lambda r, p, b, beta: (-beta * F.logsigmoid((p[:b] - p[b:]) - (r[:b] - r[b:]))).mean()),
+    "the minus sign of -logsigmoid missing":
+        loss_from(lambda r, p, b, beta: F.logsigmoid(beta * ((p[:b] - p[b:]) - (r[:b] - r[b:]))).mean()),
+    "summed over the pairs": loss_from(lambda r, p, b, beta: (-F.logsigmoid(beta * ((p[:b] - p[b:]) - (r[:b] - r[b:])))).sum()),
+    "the paper's summed sequence log-probabilities": lambda ref, pol, mask, beta: dpo.dpo_loss(ref, pol, mask, beta, "sum"),
+}
+
+
+@pytest.mark.parametrize("message", list(LOSS_MISTAKES))
+def test_dpo_loss_names_the_mistake(message):
+    with pytest.raises(ExerciseError, match=message):
+        ch11.check_dpo_loss(LOSS_MISTAKES[message])
+
+
+def test_dpo_loss_rejects_stub_detached_nan_and_per_pair():
+    with pytest.raises(ExerciseError, match="not implemented"):
+        ch11.check_dpo_loss(stub)
+    with pytest.raises(ExerciseError, match="no gradient"):
+        ch11.check_dpo_loss(lambda ref, pol, mask, beta: dpo.dpo_loss(ref, pol.detach(), mask, beta))
+
+    def no_clamp(ref, pol, mask, beta):
+        m = mask.float()
+        r, p = (ref * m).sum(1) / m.sum(1), (pol * m).sum(1) / m.sum(1)
+        b = r.shape[0] // 2
+        return (-F.logsigmoid(beta * ((p[:b] - p[b:]) - (r[:b] - r[b:])))).mean()
+
+    with pytest.raises(ExerciseError, match="NaN"):
+        ch11.check_dpo_loss(no_clamp)
+    with pytest.raises(ExerciseError, match="scalar"):
+        ch11.check_dpo_loss(lambda ref, pol, mask, beta: dpo.dpo_pair_stats(ref, pol, mask, beta)["loss"])
+
+
+# ---------------------------------------------------------------------- 11.3
+def rewards_reference(policy, ref, beta):
+    r = dpo.implicit_rewards(policy, ref, beta)
+    b = r.shape[0] // 2
+    return r[:b], r[b:]
+
+
+def test_implicit_rewards_reference_passes(capsys):
+    ch11.check_implicit_rewards(rewards_reference)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def halves(t):
+    b = t.shape[0] // 2
+    return t[:b], t[b:]
+
+
+REWARD_MISTAKES = {
+    "beta left out": lambda p, r, beta: halves(p - r),
+    "the log-ratio reversed": lambda p, r, beta: halves(beta * (r - p)),
+    "the chosen and rejected halves swapped": lambda p, r, beta: halves(beta * (p - r))[::-1],
+    "rows split as neighbours": lambda p, r, beta: ((beta * (p - r))[0::2], (beta * (p - r))[1::2]),
+    "a ratio of probabilities": lambda p, r, beta: halves(beta * p.exp() / r.exp()),
+    "the policy's log-probability alone": lambda p, r, beta: halves(beta * p),
+}
+
+
+@pytest.mark.parametrize("message", list(REWARD_MISTAKES))
+def test_implicit_rewards_names_the_mistake(message):
+    with pytest.raises(ExerciseError, match=message.replace("(", r"\(")):
+        ch11.check_implicit_rewards(REWARD_MISTAKES[message])
+
+
+def test_implicit_rewards_rejects_stub_and_non_pairs():
+    with pytest.raises(ExerciseError, match="not implemented"):
+        ch11.check_implicit_rewards(stub)
+    with pytest.raises(ExerciseError, match="pair"):
+        ch11.check_implicit_rewards(lambda p, r, beta: beta * (p - r))
+
+
+# ---------------------------------------------------------------------- 11.4
+def shift_reference(ids, mask):
+    ids, mask = torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.long)
+    return ids[:-1], ids[1:], mask[1:]
+
+
+def test_shift_reference_passes(capsys):
+    ch11.check_shift_example(shift_reference)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def shift_mask_unshifted(ids, mask):
+    x, y, _ = shift_reference(ids, mask)
+    return x, y, torch.tensor(mask[:-1])
+
+
+def shift_swapped(ids, mask):
+    x, y, m = shift_reference(ids, mask)
+    return y, x, m
+
+
+def shift_float_mask(ids, mask):
+    x, y, m = shift_reference(ids, mask)
+    return x, y, m.float()
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (shift_mask_unshifted, "the mask not shifted"),
+    (shift_swapped, "inputs and targets the other way round"),
+    (shift_float_mask, "torch.long"),
+    (lambda ids, mask: shift_reference(ids, mask)[:2], "three tensors"),
+    (stub, "not implemented"),
+])
+def test_shift_names_the_mistake(wrong, message):
+    with pytest.raises(ExerciseError, match=message):
+        ch11.check_shift_example(wrong)
