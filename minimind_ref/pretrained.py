@@ -1,0 +1,650 @@
+"""Upstream's trained MiniMind2: load its published weights and tokenizer, fetch them if asked.
+
+Three kinds of files, each read without ``transformers``:
+
+==========================  ===============================================  ====================
+artifact                    files                                            loader
+==========================  ===============================================  ====================
+PyTorch weights             ``<stage>_<hidden>[_moe].pth``: a bare fp16       ``load_pth``
+                            ``state_dict`` as upstream's trainers save it
+                            (``full_sft_512.pth``, ``full_sft_640_moe.pth``)
+Hugging Face model folder   ``config.json`` + ``model.safetensors`` or        ``load_hf_dir``
+                            ``pytorch_model.bin``, in the Llama layout
+                            (``model_type: llama``) or MiniMind's own
+                            (``model_type: minimind``, ``auto_map``), the
+                            two layouts upstream's ``scripts/convert_model.py``
+                            writes
+tokenizer                   ``tokenizer.json`` + ``tokenizer_config.json``    ``load_tokenizer_dir``
+                            (+ ``chat_template.jinja`` when transformers
+                            saved the template separately)
+==========================  ===============================================  ====================
+
+``load_pretrained(model, stage)`` puts them together: from a local folder (the ``path``
+argument or the ``MINIMIND_WEIGHTS`` environment variable; never the network), or, only when
+asked (``download=True``, or by default in Colab), from the Hugging Face Hub with
+``huggingface_hub`` (``pip install "minimind-ref[hub]"``). ``load_or_skip`` is the form the
+chapters' optional cells use: it prints one line and returns ``None`` when no weights are
+available, and it never looks anywhere under pytest/nbval or with ``MINIMIND_REAL_WEIGHTS=off``.
+
+What is verified and what is inferred (details in the book's ``minimind_ref`` page):
+
+* Names, fp16 storage and the tied keys of the ``.pth`` files come from upstream's trainers at
+  c090b69 (``f'{save_dir}/{save_weight}_{hidden_size}{_moe}.pth'``, ``v.half()``) and match the
+  hub listing of ``jingyaogong/MiniMind2-Pytorch`` (``full_sft_512.pth`` 58.2 MB, HalfStorage, =
+  2 bytes x 29.1M tensor entries: both tied keys stored). The head count is not in the shapes:
+  8 query heads (2 KV heads) are taken from the published configs (``config.json`` of
+  MiniMind2 / MiniMind2-Small: ``num_attention_heads 8``; upstream's ``eval_llm.py`` loads every
+  ``.pth`` strictly into ``MiniMindConfig``'s default 8 heads); MoE top-2 likewise.
+* The Llama ``config.json`` fields are those of ``jingyaogong/MiniMind2`` as mirrored in public
+  clones (``LlamaForCausalLM``, ``head_dim 96``, ``rope_theta 1e6``, ``tie_word_embeddings``
+  true, newer transformers: ``rope_parameters``/``dtype``); the MiniMind layout's fields are
+  inferred from ``convert_model.py`` + ``MiniMindConfig`` (no published copy was found).
+* Files from before upstream's 2025-04-26 rename (keys ``tok_embeddings``, ``layers.N.attention.wq``;
+  ``config.json`` with ``dim``/``n_layers``) are refused with an explanation: upstream's own code
+  at c090b69 no longer loads them.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import torch
+
+from .checkpoint import infer_config, load_state_dict_strict
+from .config import YARN_ROPE_SCALING, MiniMindConfig
+from .model import MiniMindForCausalLM
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+#: The published MiniMind2 models: name -> (hidden_size, use_moe, num_hidden_layers).
+MODELS: Dict[str, Tuple[int, bool, int]] = {
+    "MiniMind2-Small": (512, False, 8),
+    "MiniMind2": (768, False, 16),
+    "MiniMind2-MoE": (640, True, 8),
+}
+#: Head layout of every published MiniMind2 (not readable from the weights' shapes).
+PUBLISHED_HEADS = {"num_attention_heads": 8, "num_key_value_heads": 2}
+#: Experts per token of MiniMind2-MoE (not readable from the weights either).
+PUBLISHED_TOP_K = 2
+
+#: Hugging Face Hub repositories (``jingyaogong``'s MiniMind collection).
+HUB_PTH_REPO = "jingyaogong/MiniMind2-Pytorch"          # the .pth files (spelled -Pytorch on the Hub)
+HUB_MODEL_REPOS = {name: f"jingyaogong/{name}" for name in MODELS}  # transformers-format folders
+HUB_TOKENIZER_REPO = "jingyaogong/MiniMind2-Small"       # any MiniMind2 folder holds the same tokenizer
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+OPTIONAL_TOKENIZER_FILES = ("chat_template.jinja", "special_tokens_map.json")
+
+#: The line an optional chapter cell prints when it skips (the same on every machine).
+SKIP_NOTE = ("Optional cell skipped: real MiniMind2 weights not found "
+             "(set MINIMIND_WEIGHTS=/path/to/folder, or run the chapter in Colab to download them).")
+
+_PTH_NAME = re.compile(r"^(?P<stage>[a-z][a-z0-9_]*?)_(?P<hidden>\d+)(?P<moe>_moe)?(?:_(?P<tag>[a-z][a-z0-9]*))?\.pth$")
+_LFS_POINTER = b"version https://git-lfs"
+
+
+class WeightsUnavailable(RuntimeError):
+    """No local copy of the requested upstream files, and no way (or no permission) to download them."""
+
+
+# ---------------------------------------------------------------------- .pth files
+@dataclass(frozen=True)
+class PthName:
+    """What upstream's file name says: ``full_sft_640_moe.pth`` -> stage ``full_sft``, hidden 640, MoE."""
+
+    stage: str
+    hidden_size: int
+    use_moe: bool
+    tag: Optional[str] = None  # e.g. "zero" in full_sft_512_zero.pth
+
+    @property
+    def filename(self) -> str:
+        return pth_filename(self.stage, self.hidden_size, self.use_moe) if self.tag is None else \
+            f"{self.stage}_{self.hidden_size}{'_moe' if self.use_moe else ''}_{self.tag}.pth"
+
+
+def pth_filename(stage: str, hidden_size: int, use_moe: bool = False) -> str:
+    """Upstream's weight file name: ``f"{stage}_{hidden_size}{'_moe' if use_moe else ''}.pth"``."""
+    return f"{stage}_{hidden_size}{'_moe' if use_moe else ''}.pth"
+
+
+def parse_pth_name(filename: str) -> PthName:
+    """Split an upstream weight file name; ``ValueError`` for a name upstream's trainers do not write."""
+    base = os.path.basename(os.fspath(filename))
+    if base.startswith("lora_"):
+        raise ValueError(
+            f"{base} is a LoRA adapter (only the low-rank A/B matrices), not a model: load the base model "
+            "(e.g. full_sft_512.pth) and apply the adapter to it."
+        )
+    if base.endswith("_resume.pth"):
+        raise ValueError(
+            f"{base} is a training-resume checkpoint (weights + optimizer + step); load the weights file "
+            f"saved next to it, {base[: -len('_resume.pth')]}.pth."
+        )
+    found = _PTH_NAME.match(base)
+    if not found:
+        raise ValueError(
+            f"{base!r} is not named like upstream's weights: expected <stage>_<hidden>[_moe].pth, e.g. "
+            "full_sft_512.pth (MiniMind2-Small), full_sft_768.pth (MiniMind2), full_sft_640_moe.pth (MiniMind2-MoE). "
+            "For a checkpoint of this course use minimind_ref.load_checkpoint."
+        )
+    return PthName(found["stage"], int(found["hidden"]), bool(found["moe"]), found["tag"])
+
+
+def _check_not_lfs_pointer(path: Path) -> None:
+    if path.stat().st_size < 1024:
+        with open(path, "rb") as f:
+            if f.read(len(_LFS_POINTER)) == _LFS_POINTER:
+                raise ValueError(
+                    f"{path} is a Git LFS pointer (a few bytes of text), not the weights: the repository was "
+                    "cloned without git-lfs. Run `git lfs install && git lfs pull` in it, or download the file."
+                )
+
+
+def _read_torch_file(path: Path, map_location: Union[str, torch.device]) -> Any:
+    if not path.is_file():
+        raise FileNotFoundError(f"no file at {path}")
+    _check_not_lfs_pointer(path)
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as err:  # truncated, not a torch file, or a pickle of arbitrary objects
+        first = str(err).strip().splitlines()[0][:120] if str(err).strip() else type(err).__name__
+        raise ValueError(
+            f"{path} could not be read as a weights-only torch file ({first}); an interrupted download, or "
+            "not a state dict."
+        ) from None
+
+
+def _as_state_dict(blob: Any, source: Path) -> Dict[str, torch.Tensor]:
+    """The flat ``{name: tensor}`` upstream saves, with a clear error for everything else."""
+    if not isinstance(blob, Mapping) or not blob:
+        raise ValueError(f"{source} does not hold a state dict (a mapping of names to tensors), got {type(blob).__name__}.")
+    if "model" in blob and "optimizer" in blob:
+        raise ValueError(f"{source} is a training-resume checkpoint (model + optimizer); load the plain weights file.")
+    if not all(isinstance(v, torch.Tensor) for v in blob.values()):
+        raise ValueError(f"{source} is not a bare state dict: some entries are not tensors (keys {list(blob)[:5]}).")
+    if "tok_embeddings.weight" in blob or any(".attention.wq." in k for k in blob):
+        raise ValueError(
+            f"{source} uses MiniMind's names from before 2025-04-26 (tok_embeddings, layers.N.attention.wq, ...). "
+            "Upstream renamed every parameter then (and changed the RoPE layout), and its own code no longer loads "
+            "these files; download the current weights (Hub: jingyaogong/MiniMind2-Pytorch)."
+        )
+    if any("lora" in k.lower() for k in blob):
+        raise ValueError(f"{source} holds LoRA adapter weights, not a whole model.")
+    if "model.embed_tokens.weight" not in blob:
+        raise ValueError(
+            f"{source} is not a MiniMind2 state dict: no 'model.embed_tokens.weight' (first keys {list(blob)[:5]})."
+        )
+    return dict(blob)
+
+
+def _tie(state: Dict[str, torch.Tensor], source: Path, embedding_wins: bool) -> Dict[str, torch.Tensor]:
+    """Drop buffers that are recomputed, and make ``lm_head.weight`` the embedding (MiniMind ties
+    them): a missing head is filled in (transformers drops the tied duplicate from safetensors); a
+    stored one must be equal, unless ``embedding_wins`` (a Llama folder declaring tied weights)."""
+    state = {k: v for k, v in state.items() if not k.endswith(("freqs_cos", "freqs_sin", "rotary_emb.inv_freq"))}
+    embed = state["model.embed_tokens.weight"]
+    head = state.get("lm_head.weight")
+    if head is None or embedding_wins:
+        state["lm_head.weight"] = embed
+    elif head.shape != embed.shape or not torch.equal(head, embed):
+        raise ValueError(
+            f"{source}: lm_head.weight differs from model.embed_tokens.weight, but MiniMind2 ties them (one "
+            "matrix); this is not a MiniMind2 model."
+        )
+    return state
+
+
+def _build(config: MiniMindConfig, state: Dict[str, torch.Tensor], dtype: Optional[torch.dtype],
+           map_location: Union[str, torch.device]) -> MiniMindForCausalLM:
+    if dtype is None:  # keep the file's precision: build the model in it (load_state_dict copies into it)
+        dtype = next(v.dtype for v in state.values() if v.is_floating_point())
+    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    model = MiniMindForCausalLM(config).to(dtype)
+    load_state_dict_strict(model, state)
+    return model.to(map_location).eval()
+
+
+def load_pth(path: PathLike, dtype: Optional[torch.dtype] = torch.float32,
+             map_location: Union[str, torch.device] = "cpu") -> MiniMindForCausalLM:
+    """Load upstream's ``<stage>_<hidden>[_moe].pth`` strictly into ``MiniMindForCausalLM`` (eval mode).
+
+    The config comes from the file name and the shapes: hidden size, MoE and the name must agree
+    with the tensors; layers, vocabulary, FFN width, KV width and expert counts are read from the
+    shapes; the head count (8 query heads) and MoE top-2, which no shape holds, are the published
+    models'. Weights are cast to ``dtype`` (``None`` keeps upstream's fp16).
+    """
+    path = Path(path)
+    name = parse_pth_name(path.name)
+    state = _as_state_dict(_read_torch_file(path, map_location), path)
+    width = state["model.embed_tokens.weight"].shape[1]
+    is_moe = any(".mlp.experts." in k for k in state)
+    if width != name.hidden_size or is_moe != name.use_moe:
+        what = f"hidden size {width}" + (", MoE" if is_moe else ", dense")
+        raise ValueError(
+            f"{path.name} names hidden size {name.hidden_size}{' and MoE' if name.use_moe else ''}, but its tensors "
+            f"say {what}: a renamed file? Name it {pth_filename(name.stage, width, is_moe)}."
+        )
+    overrides: Dict[str, Any] = {"num_attention_heads": PUBLISHED_HEADS["num_attention_heads"]}
+    if is_moe:
+        overrides["num_experts_per_tok"] = PUBLISHED_TOP_K
+    config = infer_config(state, **overrides)
+    return _build(config, _tie(state, path, embedding_wins=False), dtype, map_location)
+
+
+# ---------------------------------------------------------------------- Hugging Face folders
+def config_from_hf(raw: Mapping[str, Any]) -> MiniMindConfig:
+    """The ``MiniMindConfig`` of a ``config.json`` dict, Llama or MiniMind layout.
+
+    Llama: the fields ``convert_torch2transformers_llama`` sets, with transformers' defaults for
+    what is missing (``rope_theta`` 10000, ``tie_word_embeddings`` false); both the
+    ``rope_theta`` key and transformers-5's ``rope_parameters`` are read. A Llama that MiniMind
+    cannot express (biases, ``head_dim`` other than hidden / heads, RoPE scaling) is a
+    ``ValueError`` listing why. MiniMind: ``MiniMindConfig``'s own keys; the rest (``auto_map``,
+    ``torch_dtype``, ``max_seq_len``, ...) is ignored.
+    """
+    if not isinstance(raw, Mapping):
+        raise TypeError(f"config must be a dict (the parsed config.json), got {type(raw).__name__}.")
+    if "dim" in raw and "n_layers" in raw:
+        raise ValueError(
+            "this config.json is MiniMind's layout from before 2025-04-26 (LMConfig: dim, n_layers, n_heads); "
+            "upstream's code no longer loads those models. Download the current folder from the Hub."
+        )
+    model_type = raw.get("model_type")
+    if model_type == "llama":
+        return _config_from_llama(raw)
+    if model_type == "minimind":
+        return _config_from_minimind(raw)
+    raise ValueError(
+        f"config.json has model_type {model_type!r}; MiniMind2 folders are 'llama' (convert_torch2transformers_llama) "
+        "or 'minimind' (convert_torch2transformers_minimind)."
+    )
+
+
+def _config_from_llama(raw: Mapping[str, Any]) -> MiniMindConfig:
+    needed = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+    missing = [k for k in needed if k not in raw]
+    if missing:
+        raise ValueError(f"Llama config.json lacks {missing}; it cannot describe a MiniMind2 model.")
+    heads = raw["num_attention_heads"]
+    rope = raw.get("rope_parameters") or {}
+    rope_theta = raw.get("rope_theta", rope.get("rope_theta", 10000.0))
+    problems = []
+    if raw.get("attention_bias") or raw.get("mlp_bias"):
+        problems.append("attention_bias/mlp_bias must be false")
+    if raw.get("head_dim") not in (None, raw["hidden_size"] // heads):
+        problems.append(f"head_dim {raw['head_dim']} must equal hidden_size / num_attention_heads")
+    if raw.get("rope_scaling") or rope.get("rope_type", "default") != "default":
+        problems.append("RoPE scaling is not supported (MiniMind2 folders have none)")
+    if raw.get("pretraining_tp", 1) != 1:
+        problems.append("pretraining_tp must be 1")
+    if problems:
+        raise ValueError("cannot express this Llama config as MiniMind2: " + "; ".join(problems) + ".")
+    eos = raw.get("eos_token_id", 2)
+    return MiniMindConfig(
+        vocab_size=raw["vocab_size"], hidden_size=raw["hidden_size"], intermediate_size=raw["intermediate_size"],
+        num_hidden_layers=raw["num_hidden_layers"], num_attention_heads=heads,
+        num_key_value_heads=raw.get("num_key_value_heads") or heads, hidden_act=raw.get("hidden_act", "silu"),
+        max_position_embeddings=raw.get("max_position_embeddings", 2048), rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+        rope_theta=float(rope_theta), bos_token_id=raw.get("bos_token_id", 1),
+        eos_token_id=eos[0] if isinstance(eos, (list, tuple)) else eos,
+    )
+
+
+def _config_from_minimind(raw: Mapping[str, Any]) -> MiniMindConfig:
+    known = set(MiniMindConfig().to_dict())
+    kwargs = {k: raw[k] for k in known if k in raw}
+    scaling = raw.get("rope_scaling")
+    if scaling and not (raw.get("inference_rope_scaling") and dict(scaling) == YARN_ROPE_SCALING):
+        raise ValueError(f"config.json has rope_scaling {scaling!r}, which is not MiniMind's YaRN setting; unsupported.")
+    return MiniMindConfig(**kwargs)
+
+
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def _load_safetensors(path: Path) -> Dict[str, torch.Tensor]:
+    try:
+        from safetensors.torch import load_file
+    except ImportError as err:
+        raise ImportError(
+            f"{path.name} is a safetensors file and reading it needs the 'safetensors' package: pip install safetensors "
+            "(or pass a folder holding pytorch_model.bin)."
+        ) from err
+    _check_not_lfs_pointer(path)
+    return load_file(str(path))
+
+
+def read_hf_weights(folder: PathLike, map_location: Union[str, torch.device] = "cpu") -> Dict[str, torch.Tensor]:
+    """The state dict of a Hugging Face model folder: ``model.safetensors`` (preferred, as in
+    transformers) or ``pytorch_model.bin``, single or sharded (``*.index.json``)."""
+    folder = Path(folder)
+    for name in _WEIGHT_FILES:
+        path = folder / name
+        if not path.is_file():
+            continue
+        if name.endswith(".index.json"):
+            shards = sorted(set(json.loads(path.read_text(encoding="utf-8"))["weight_map"].values()))
+            files = [folder / s for s in shards]
+        else:
+            files = [path]
+        state: Dict[str, torch.Tensor] = {}
+        for f in files:
+            part = _load_safetensors(f) if f.suffix == ".safetensors" else _read_torch_file(f, map_location)
+            if not isinstance(part, Mapping) or not all(isinstance(v, torch.Tensor) for v in part.values()):
+                raise ValueError(f"{f} is not a state dict (a mapping of names to tensors).")
+            state.update(part)
+        return {k: v.to(map_location) for k, v in state.items()}
+    raise FileNotFoundError(f"{folder} holds no weights: expected one of {', '.join(_WEIGHT_FILES)}.")
+
+
+def load_hf_dir(folder: PathLike, dtype: Optional[torch.dtype] = torch.float32,
+                map_location: Union[str, torch.device] = "cpu") -> MiniMindForCausalLM:
+    """Load a Hugging Face model folder (Llama or MiniMind layout) strictly, without transformers."""
+    folder = Path(folder)
+    cfg_path = folder / "config.json"
+    if not cfg_path.is_file():
+        raise FileNotFoundError(
+            f"{folder} has no config.json, so it is not a Hugging Face model folder (for a .pth file use load_pth)."
+        )
+    raw = json.loads(cfg_path.read_text(encoding="utf-8"))
+    config = config_from_hf(raw)
+    # Llama with tie_word_embeddings: transformers ties the head to the embedding (a stored
+    # lm_head.weight is ignored). Otherwise a stored head must equal the embedding.
+    embedding_wins = raw.get("model_type") == "llama" and bool(raw.get("tie_word_embeddings", False))
+    state = _as_state_dict(read_hf_weights(folder, map_location), folder)
+    return _build(config, _tie(state, folder, embedding_wins), dtype, map_location)
+
+
+# ---------------------------------------------------------------------- tokenizer and chat template
+@functools.lru_cache(maxsize=8)
+def _compiled_template(template: str):
+    try:
+        import jinja2
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError as err:
+        raise ImportError("rendering a chat template needs jinja2: pip install jinja2") from err
+    import datetime
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+    return env.from_string(template)
+
+
+def render_chat_template(template: str, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = False,
+                         **kwargs: Any) -> str:
+    """Render a Hugging Face chat template as ``transformers`` does: a sandboxed jinja2 environment
+    with ``trim_blocks`` and ``lstrip_blocks``, its ``tojson`` filter, ``raise_exception`` and
+    ``strftime_now``, called with ``messages``, ``tools=None``, ``documents=None``,
+    ``add_generation_prompt`` and ``kwargs`` (e.g. ``enable_thinking``, the special tokens)."""
+    kwargs.setdefault("tools", None)
+    kwargs.setdefault("documents", None)
+    return _compiled_template(template).render(messages=list(messages), add_generation_prompt=add_generation_prompt,
+                                                **kwargs)
+
+
+class UpstreamTokenizer:
+    """Upstream's tokenizer as ``transformers.PreTrainedTokenizerFast`` would read it, minus transformers.
+
+    ``tokenizer`` is the ``tokenizers.Tokenizer`` (byte-level BPE, 6,400 tokens for MiniMind2);
+    ``encode``/``decode`` mirror transformers' calls; ``chat_template`` and
+    ``apply_chat_template`` render the folder's template. The special tokens (``bos_token``
+    ``<|im_start|>`` = 1, ``eos_token`` ``<|im_end|>`` = 2, ``pad_token`` ``<|endoftext|>`` = 0 in
+    MiniMind2) come from ``tokenizer_config.json`` and are checked against ``tokenizer.json``.
+    """
+
+    SPECIAL_ATTRIBUTES = ("bos_token", "eos_token", "unk_token", "pad_token")
+
+    def __init__(self, tokenizer: Any, config: Mapping[str, Any], chat_template: Optional[str] = None,
+                 special_tokens_map: Optional[Mapping[str, Any]] = None, source: str = "") -> None:
+        self.tokenizer = tokenizer
+        self.config = dict(config)
+        self.chat_template = chat_template
+        self.source = source
+        extra = dict(special_tokens_map or {})
+        self.special_tokens: Dict[str, str] = {}
+        for attr in self.SPECIAL_ATTRIBUTES:
+            value = self.config.get(attr, extra.get(attr))
+            if isinstance(value, Mapping):
+                value = value.get("content")
+            if value is not None:
+                self.special_tokens[attr] = str(value)
+        for index, entry in (self.config.get("added_tokens_decoder") or {}).items():
+            content = entry.get("content") if isinstance(entry, Mapping) else entry
+            if tokenizer.token_to_id(content) != int(index):
+                raise ValueError(
+                    f"{source}: tokenizer_config.json gives {content!r} the id {index}, tokenizer.json gives it "
+                    f"{tokenizer.token_to_id(content)}; the two files do not belong together."
+                )
+        for attr, token in self.special_tokens.items():
+            if tokenizer.token_to_id(token) is None:
+                raise ValueError(f"{source}: the {attr} {token!r} is not in the vocabulary of tokenizer.json.")
+
+    def _id(self, attr: str) -> Optional[int]:
+        token = self.special_tokens.get(attr)
+        return None if token is None else self.tokenizer.token_to_id(token)
+
+    @property
+    def bos_token_id(self) -> Optional[int]:
+        return self._id("bos_token")
+
+    @property
+    def eos_token_id(self) -> Optional[int]:
+        return self._id("eos_token")
+
+    @property
+    def pad_token_id(self) -> Optional[int]:
+        return self._id("pad_token")
+
+    @property
+    def unk_token_id(self) -> Optional[int]:
+        return self._id("unk_token")
+
+    def __len__(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> List[int]:
+        """Token ids of ``text`` (special-token strings in it become their ids, as in transformers)."""
+        if not isinstance(text, str):
+            raise TypeError(f"encode takes a str, got {type(text).__name__}.")
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def decode(self, ids: Any, skip_special_tokens: bool = False) -> str:
+        """Text of ``ids`` (a list or a 1-D tensor)."""
+        if isinstance(ids, torch.Tensor):
+            ids = ids.tolist()
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = False,
+                            tokenize: bool = False, **kwargs: Any) -> Union[str, List[int]]:
+        """The folder's chat template rendered for ``messages`` (``tokenize=True``: its ids)."""
+        if not self.chat_template:
+            raise ValueError(f"{self.source}: this tokenizer has no chat template (no chat_template in "
+                             "tokenizer_config.json and no chat_template.jinja).")
+        template_kwargs = {**self.special_tokens, "additional_special_tokens":
+                           list(self.config.get("additional_special_tokens") or []), **kwargs}
+        text = render_chat_template(self.chat_template, messages, add_generation_prompt, **template_kwargs)
+        return self.encode(text, add_special_tokens=False) if tokenize else text
+
+    def __repr__(self) -> str:
+        return (f"UpstreamTokenizer({len(self)} tokens, bos={self.bos_token_id}, eos={self.eos_token_id}, "
+                f"pad={self.pad_token_id}, chat_template={'yes' if self.chat_template else 'no'})")
+
+
+def load_tokenizer_dir(folder: PathLike) -> UpstreamTokenizer:
+    """Read ``tokenizer.json`` + ``tokenizer_config.json`` (and ``chat_template.jinja``, which takes
+    priority over the config's ``chat_template`` as in transformers) with the ``tokenizers`` library."""
+    folder = Path(folder)
+    if folder.is_file():
+        folder = folder.parent
+    missing = [name for name in TOKENIZER_FILES if not (folder / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{folder} lacks {', '.join(missing)}: upstream's tokenizer is tokenizer.json + "
+                                "tokenizer_config.json (in every MiniMind2 model folder and in upstream's model/).")
+    try:
+        from tokenizers import Tokenizer
+    except ImportError as err:
+        raise ImportError("reading tokenizer.json needs the 'tokenizers' package: pip install tokenizers") from err
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    template = config.get("chat_template")
+    if isinstance(template, list):  # transformers' legacy form for several named templates
+        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    jinja_file = folder / "chat_template.jinja"
+    if jinja_file.is_file():
+        template = jinja_file.read_text(encoding="utf-8")
+    special_map = folder / "special_tokens_map.json"
+    special = json.loads(special_map.read_text(encoding="utf-8")) if special_map.is_file() else None
+    return UpstreamTokenizer(tokenizer, config, template, special, source=str(folder))
+
+
+# ---------------------------------------------------------------------- finding and fetching
+def fetch(repo_id: str, filename: Optional[str] = None, *, revision: Optional[str] = None,
+          cache_dir: Optional[PathLike] = None, allow_patterns: Optional[Sequence[str]] = None) -> Path:
+    """Download one file (``filename``) or a whole repository from the Hugging Face Hub; return its
+    local path. Needs ``huggingface_hub`` and the network; a ``WeightsUnavailable`` error says
+    what to install or which local path to pass instead."""
+    try:
+        import huggingface_hub
+    except ImportError:
+        raise WeightsUnavailable(
+            f"downloading {repo_id} needs huggingface_hub: pip install \"minimind-ref[hub]\" (or pip install "
+            "huggingface_hub); or download the files yourself and pass their folder (path=... or MINIMIND_WEIGHTS)."
+        ) from None
+    what = f"{repo_id}/{filename}" if filename else repo_id
+    try:
+        if filename is not None:
+            return Path(huggingface_hub.hf_hub_download(repo_id, filename, revision=revision, cache_dir=cache_dir))
+        return Path(huggingface_hub.snapshot_download(repo_id, revision=revision, cache_dir=cache_dir,
+                                                      allow_patterns=allow_patterns))
+    except Exception as err:  # offline, unknown file, hub error: one message with what to do instead
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        reason = reason if len(reason) <= 160 else reason[:160].rsplit(" ", 1)[0] + " ..."
+        raise WeightsUnavailable(
+            f"could not download {what} from the Hugging Face Hub ({type(err).__name__}: {reason}). Without network, "
+            f"fetch https://huggingface.co/{repo_id} elsewhere and pass the local folder (path=... or MINIMIND_WEIGHTS)."
+        ) from err
+
+
+def fetch_tokenizer(repo_id: str = HUB_TOKENIZER_REPO) -> Path:
+    """Download upstream's tokenizer files from a MiniMind2 repository; return their folder."""
+    folder = None
+    for name in TOKENIZER_FILES:
+        folder = fetch(repo_id, name).parent
+    for name in OPTIONAL_TOKENIZER_FILES:
+        try:
+            fetch(repo_id, name)
+        except WeightsUnavailable:
+            pass  # optional: older uploads keep the template inside tokenizer_config.json
+    return folder
+
+
+def in_colab() -> bool:
+    return "google.colab" in sys.modules
+
+
+def real_weights_enabled(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """False under pytest (nbval kernels inherit ``PYTEST_VERSION``) and with
+    ``MINIMIND_REAL_WEIGHTS=off``: tests and the book build never depend on files outside the repository
+    or on the network."""
+    env = os.environ if environ is None else environ
+    return "PYTEST_VERSION" not in env and env.get("MINIMIND_REAL_WEIGHTS", "").lower() not in ("off", "0", "no")
+
+
+def _find_tokenizer(folders: Sequence[Path]) -> Path:
+    for folder in folders:
+        if all((folder / name).is_file() for name in TOKENIZER_FILES):
+            return folder
+    raise WeightsUnavailable(
+        "found weights but no tokenizer: put upstream's tokenizer.json and tokenizer_config.json (from any MiniMind2 "
+        f"model folder, e.g. {HUB_TOKENIZER_REPO}, or upstream's model/) next to them. Looked in: "
+        + ", ".join(str(f) for f in folders)
+    )
+
+
+def _load_local(path: Path, model: str, stage: str, dtype: Optional[torch.dtype],
+                map_location: Union[str, torch.device]) -> Tuple[MiniMindForCausalLM, UpstreamTokenizer]:
+    hidden, moe, _ = MODELS[model]
+    filename = pth_filename(stage, hidden, moe)
+    if path.is_file():
+        if path.name != filename:
+            raise WeightsUnavailable(f"{path} is not {model}'s {stage} weights ({filename}).")
+        return load_pth(path, dtype, map_location), load_tokenizer_dir(_find_tokenizer([path.parent, path.parent / "model"]))
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} does not exist (MINIMIND_WEIGHTS or path= must name a folder or a .pth file).")
+    if (path / filename).is_file():
+        folders = [path, path / "model", *(path / name for name in MODELS)]
+        return load_pth(path / filename, dtype, map_location), load_tokenizer_dir(_find_tokenizer(folders))
+    for hf_dir in (path / model, path):
+        if stage == "full_sft" and (hf_dir / "config.json").is_file():
+            cfg = config_from_hf(json.loads((hf_dir / "config.json").read_text(encoding="utf-8")))
+            if (cfg.hidden_size, cfg.use_moe) == (hidden, moe):
+                return load_hf_dir(hf_dir, dtype, map_location), load_tokenizer_dir(_find_tokenizer([hf_dir, path]))
+    raise WeightsUnavailable(
+        f"{model} ({stage}) is not in {path}: expected {filename} there"
+        + (f", or a {model}/ model folder (git clone https://huggingface.co/{HUB_MODEL_REPOS[model]})"
+           if stage == "full_sft" else "") + "."
+    )
+
+
+def load_pretrained(model: str = "MiniMind2-Small", stage: str = "full_sft", path: Optional[PathLike] = None,
+                    download: Optional[bool] = None, dtype: Optional[torch.dtype] = torch.float32,
+                    map_location: Union[str, torch.device] = "cpu") -> Tuple[MiniMindForCausalLM, UpstreamTokenizer]:
+    """Upstream's trained ``model`` at ``stage`` and its tokenizer.
+
+    Looked up in ``path`` (a folder or a ``.pth`` file), else in ``$MINIMIND_WEIGHTS``: the file
+    ``<stage>_<hidden>[_moe].pth`` (as in ``jingyaogong/MiniMind2-Pytorch``), or for ``full_sft``
+    also a transformers folder ``<model>/`` (as ``git clone https://huggingface.co/jingyaogong/<model>``
+    makes); the tokenizer from the same folder, its ``model/`` or a ``MiniMind2*/`` folder inside.
+    With neither, downloads from the Hub when ``download`` is true (default: only in Colab):
+    the ``.pth`` from ``jingyaogong/MiniMind2-Pytorch``, the tokenizer from
+    ``jingyaogong/MiniMind2-Small``. Otherwise raises ``WeightsUnavailable`` saying what to do.
+    """
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}; the published MiniMind2 models are {list(MODELS)}.")
+    if path is None and os.environ.get("MINIMIND_WEIGHTS"):
+        path = os.environ["MINIMIND_WEIGHTS"]
+    if path is not None:
+        return _load_local(Path(os.path.expanduser(os.fspath(path))), model, stage, dtype, map_location)
+    if download is None:
+        download = in_colab() or os.environ.get("MINIMIND_DOWNLOAD") == "1"
+    if not download:
+        raise WeightsUnavailable(
+            f"no local {model} weights: set MINIMIND_WEIGHTS=/path/to/folder (holding "
+            f"{pth_filename(stage, *MODELS[model][:2])} and upstream's tokenizer files), pass path=..., or pass "
+            "download=True (needs huggingface_hub and the network)."
+        )
+    hidden, moe, _ = MODELS[model]
+    weights = fetch(HUB_PTH_REPO, pth_filename(stage, hidden, moe))
+    return load_pth(weights, dtype, map_location), load_tokenizer_dir(fetch_tokenizer())
+
+
+def load_or_skip(model: str = "MiniMind2-Small", stage: str = "full_sft",
+                 **kwargs: Any) -> Optional[Tuple[MiniMindForCausalLM, UpstreamTokenizer]]:
+    """``load_pretrained(...)`` for the chapters' optional cells, or ``None`` after printing one
+    line: when disabled (pytest/nbval, ``MINIMIND_REAL_WEIGHTS=off``), when nothing is configured
+    (no ``MINIMIND_WEIGHTS``, not in Colab) or when the files are not there. Errors in files that
+    are there (corrupt, wrong model) are raised."""
+    if not real_weights_enabled():
+        print(SKIP_NOTE)
+        return None
+    try:
+        return load_pretrained(model, stage, **kwargs)
+    except WeightsUnavailable as err:
+        configured = bool(os.environ.get("MINIMIND_WEIGHTS")) or in_colab() or kwargs.get("download")
+        print(f"Optional cell skipped: {err}" if configured else SKIP_NOTE)
+        return None
