@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from . import data as data_mod
-from .checkpoint import load_state_dict_strict, save_checkpoint
+from .checkpoint import _torch_load, load_state_dict_strict, save_checkpoint
 from .config import MiniMindConfig
 from .model import MiniMindForCausalLM
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID, load_tokenizer, save_tokenizer, train_bpe_tokenizer
@@ -567,11 +567,10 @@ def _resume_path(cfg: TrainConfig) -> Optional[str]:
 
 
 def _load_resume_blob(path: str) -> Dict[str, Any]:
-    try:
-        blob = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # truncated, not a checkpoint, or a pickle that is not plain data
-        raise ValueError(f"cannot resume from {path}: it is not a readable minimind_ref training checkpoint "
-                         f"({type(err).__name__}: {str(err).splitlines()[0][:200]}).") from None
+    try:  # weights only, with checkpoint.py's messages (a pickle that would build objects is refused)
+        blob = _torch_load(path, map_location="cpu")
+    except ValueError as err:
+        raise ValueError(f"cannot resume: {err}") from None
     if not (isinstance(blob, dict) and isinstance(blob.get("extra"), dict) and "optimizer" in blob["extra"]
             and "state_dict" in blob):
         raise ValueError(f"cannot resume from {path}: it holds weights but no training state (optimizer, step); "

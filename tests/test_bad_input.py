@@ -418,7 +418,147 @@ def _forward(**kw: Any) -> Callable[[Path], Any]:
     return lambda tmp: _model()(ids if ids is not None else _ids(), **kw)
 
 
+# ---------------------------------------------------------------------- training (issue 14 items 2-5)
+@functools.lru_cache(maxsize=None)
+def _tiny_data():
+    from minimind_ref.train import TrainConfig, build_data
+
+    return build_data(TrainConfig.from_json("tiny_test"))
+
+
+def _tiny_cfg(**changes: Any):
+    from minimind_ref.train import TrainConfig
+
+    return TrainConfig.from_json("tiny_test").replace(progress=False, **changes)
+
+
+def _settings(**changes: Any) -> Callable[[Path], Any]:
+    return lambda tmp: _tiny_cfg(**changes)
+
+
+def train_cli_bad_value(tmp: Path) -> None:
+    """The command line turns a bad --set value into argparse's usage error (exit 2), no traceback."""
+    from minimind_ref.train import config_from_args
+
+    err = io.StringIO()
+    with mock.patch("sys.stderr", err):
+        try:
+            config_from_args(["--config", "tiny_test", "--set", "lr=abc"])
+        except SystemExit as exit_info:
+            assert exit_info.code == 2, exit_info.code
+            assert "is invalid" in err.getvalue(), err.getvalue()
+            return
+    raise AssertionError("no usage error")
+
+
+def train_resume_without_out_dir(tmp: Path) -> None:
+    from minimind_ref.train import train
+
+    train(_tiny_cfg(resume="auto"), data=_tiny_data())
+
+
+def train_resume_other_model_touches_nothing(tmp: Path) -> None:
+    from minimind_ref.train import train
+
+    run = tmp / "run"
+    train(_tiny_cfg(max_steps=4, out_dir=str(run), eval_every=0), data=_tiny_data(), stop_at=2, log=lambda s: None)
+    before = {q.name: q.read_bytes() for q in run.iterdir()}
+    try:
+        train(_tiny_cfg(max_steps=4, out_dir=str(run), resume="auto", eval_every=0, model={"hidden_size": 64}),
+              log=lambda s: None)
+    finally:
+        assert {q.name: q.read_bytes() for q in run.iterdir()} == before, "a refused resume wrote into the run folder"
+
+
+def train_resume_other_data(tmp: Path) -> None:
+    from minimind_ref.train import build_data, train
+
+    run = tmp / "run"
+    train(_tiny_cfg(max_steps=4, out_dir=str(run), eval_every=0), data=_tiny_data(), stop_at=2, log=lambda s: None)
+    other = build_data(_tiny_cfg(n_docs=200))
+    train(_tiny_cfg(max_steps=4, out_dir=str(run), resume="auto", eval_every=0), data=other, log=lambda s: None)
+
+
+def train_resume_pickled_payload(tmp: Path) -> None:
+    """A run folder whose ckpt.pt is a pickle that would run code: refused, never unpickled."""
+    from minimind_ref.train import train
+
+    run = tmp / "run"
+    train(_tiny_cfg(max_steps=4, out_dir=str(run), eval_every=0), data=_tiny_data(), stop_at=2, log=lambda s: None)
+    marker = tmp / "payload_ran"
+    torch.save({"payload": _Payload(str(marker))}, run / "ckpt.pt")
+    try:
+        train(_tiny_cfg(max_steps=4, out_dir=str(run), resume="auto", eval_every=0), data=_tiny_data(), log=lambda s: None)
+    finally:
+        assert not marker.exists(), "the payload ran"
+
+
+def train_divergence(tmp: Path) -> None:
+    """lr=1e9 with a save every step: the run stops before the update that would poison a checkpoint."""
+    from minimind_ref.train import train
+
+    run = tmp / "run"
+    try:
+        train(_tiny_cfg(max_steps=6, lr=1e9, min_lr=0.0, warmup_steps=0, eval_every=0, save_every=1, grad_clip=None,
+                        out_dir=str(run)), data=_tiny_data(), log=lambda s: None)
+    finally:
+        if (run / "ckpt.pt").exists():
+            blob = torch.load(run / "ckpt.pt", weights_only=True)
+            assert all(torch.isfinite(t).all() for t in blob["state_dict"].values()), "a checkpoint holds non-finite weights"
+
+
+def train_batch_without_targets(tmp: Path) -> None:
+    """Every label -100 (an SFT batch whose answers were truncated away): the step is skipped and counted."""
+    from minimind_ref.train import RunData, build_model, train
+
+    class NoTargets:
+        def __init__(self, base):
+            self.base = base
+
+        def __len__(self):
+            return len(self.base)
+
+        def batch(self, idx):
+            x, _ = self.base.batch(idx)
+            return x, torch.full_like(x, -100)
+
+    data = _tiny_data()
+    model = build_model(_tiny_cfg(), data.tokenizer.get_vocab_size())
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    res = train(_tiny_cfg(max_steps=2, eval_every=0), model=model, data=RunData(data.tokenizer, NoTargets(data.train)),
+                log=lambda s: None)
+    assert res.history["skipped"] == [1.0, 1.0], res.history["skipped"]
+    assert all(torch.equal(before[k], v) for k, v in res.model.state_dict().items()), "weights changed"
+
+
+def dpo_loss_without_targets(tmp: Path) -> None:
+    """A DPO batch whose replies have no masked token: a finite loss (log 2 at equal policy and reference)."""
+    from minimind_ref.dpo import dpo_loss
+
+    lp = torch.randn(4, 6, requires_grad=True)
+    loss = dpo_loss(lp.detach(), lp, torch.zeros(4, 6), beta=0.1)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(lp.grad).all(), loss
+    torch.testing.assert_close(loss, torch.log(torch.tensor(2.0)))
+
+
+
 CASES: List[Case] = [
+    # ---- items 2-5: training settings, resume, divergence, batches without targets
+    Case("TrainConfig: grad_clip=-1 (was gradient ascent)", _settings(grad_clip=-1), ValueError, "grad_clip=-1"),
+    Case("TrainConfig: grad_clip=0 (was a frozen model)", _settings(grad_clip=0), ValueError, "0 would zero every update"),
+    Case("TrainConfig: seq_len=1 (was NaN blamed on the lr)", _settings(seq_len=1), ValueError, "at least 2 tokens"),
+    Case("TrainConfig: lr='abc'", _settings(lr="abc"), ValueError, "lr='abc'"),
+    Case("TrainConfig: max_steps=0", _settings(max_steps=0), ValueError, "max_steps=0"),
+    Case("train CLI: --set lr=abc -> usage error, exit 2", train_cli_bad_value, None),
+    Case("train: resume='auto' without out_dir", train_resume_without_out_dir, ValueError, "out_dir is not set"),
+    Case("train: resume with another model config -> run folder untouched", train_resume_other_model_touches_nothing,
+         ValueError, "other settings"),
+    Case("train: resume on other data", train_resume_other_data, ValueError, "training data differ"),
+    Case("train: resume from a pickled payload", train_resume_pickled_payload, ValueError, "will not unpickle"),
+    Case("train: lr=1e9, save_every=1 -> stops before the poisoned update", train_divergence, FloatingPointError, "not updated"),
+    Case("train: a batch without supervised tokens is skipped", train_batch_without_targets, None),
+    Case("dpo_loss: no masked token -> finite", dpo_loss_without_targets, None),
     # ---- item 1: saving is atomic
     Case("save_checkpoint: write fails half-way -> previous file intact, no temp file", save_fails_half_way, None),
     Case("save_checkpoint: process killed mid-write -> previous file intact", save_killed_half_way, None, slow=True),
