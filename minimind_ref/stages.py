@@ -210,7 +210,7 @@ def rebuild(name: str, log: Callable[[str], None] = print) -> Path:
     if parent_name is None:
         save_tokenizer(tokenizer, TOKENIZER_FILE)
     extra = {**extra, "stage": name, "parent": parent_name, "evaluate_chat": evaluate_chat(model, tokenizer),
-             "torch": torch.__version__}
+             "torch": str(torch.__version__)}
     path = save_stage(model, name, extra)
     log(f"rebuilt {name} in {seconds:.0f} s -> {path}")
     return path

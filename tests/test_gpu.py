@@ -10,7 +10,7 @@ device tolerances:
   orders). A cell that raises fails the test, naming the notebook, the cell and the error; the
   exercise checks use their CUDA tolerances (``minimind_ref.utils.default_tolerance``). Set
   ``MINIMIND_FULL=1`` in the environment to run the chapters' GPU-sized runs as well.
-* **Training in fp32 on CUDA equals training on the CPU** (configs/tiny_test.json, 8 AdamW steps,
+* **Training in fp32 on CUDA equals training on the CPU** (minimind_ref/configs/tiny_test.json, 8 AdamW steps,
   same initial weights and data order): logged losses within rtol = atol = 1e-4 and final weights
   within 1e-3. Matrix products on CUDA sum in another order than on the CPU (TF32 is off: torch's
   default for float32 matmuls), so the runs agree to float32 rounding, amplified by 8 optimizer steps.
@@ -43,7 +43,7 @@ from minimind_ref.tokenizer import load_tokenizer
 from minimind_ref.train import TrainConfig, autocast_for, build_data, build_model, train
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "configs" / "tiny_test.json"
+TINY = ROOT / "minimind_ref" / "configs" / "tiny_test.json"
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 CELL_TIMEOUT_S = 600
 
