@@ -46,10 +46,14 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
 class Attention(nn.Module):
     """Causal multi-head attention with ``n_kv_heads`` shared key/value heads.
 
-    Two computational paths give the same result (to float rounding), chosen exactly as upstream:
+    Two computational paths give the same result (to float rounding), chosen as upstream chooses
+    them with one deliberate difference (``model.UPSTREAM_DIFFERENCES["no_sdpa_with_cache"]``):
 
     * **SDPA** (``F.scaled_dot_product_attention``, fused): when ``config.flash_attn`` is on, more
-      than one new token arrives, there is no cache, and the mask is absent or all ones.
+      than one new token arrives, there is no cache, and the mask is absent or all ones. Upstream
+      (c090b69, ``Attention.forward``) has no "no cache" condition: several new tokens with a cache
+      go through SDPA's ``is_causal=True``, which is only right when queries and keys have the
+      same length.
     * **explicit**: ``softmax(q k^T / sqrt(d) + causal + padding) v`` written out, used for every
       decode step, chunked prefill with a cache and padded batches. Padding is additive
       ``(1 - mask) * -1e9`` (so a query that sees only padding gets near-uniform weights, not NaN).
@@ -71,7 +75,7 @@ class Attention(nn.Module):
         self.flash = hasattr(F, "scaled_dot_product_attention") and config.flash_attn
 
     def uses_sdpa(self, seq_len: int, past_key_value: Optional[KVCache], attention_mask: Optional[torch.Tensor]) -> bool:
-        """Upstream's rule for taking the fused path (see the class docstring)."""
+        """Upstream's rule for taking the fused path, plus "no cache" (see the class docstring)."""
         return bool(
             self.flash
             and seq_len > 1

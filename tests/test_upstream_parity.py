@@ -86,3 +86,29 @@ def test_named_difference_loss_without_targets(name):
     assert out.loss.item() == 0.0
     out.loss.backward()
     assert all(p.grad is None or not p.grad.any() for p in m.parameters())
+
+
+def test_named_difference_no_sdpa_with_cache():
+    """``UPSTREAM_DIFFERENCES["no_sdpa_with_cache"]``: a chunk of 3 tokens after a cache of 4 gives
+    the full forward's logits (1e-5) on our rule; upstream's rule (fused path despite the cache)
+    does not, because ``is_causal=True`` aligns the mask to the top-left when queries < keys."""
+    assert "no_sdpa_with_cache" in mm.model.UPSTREAM_DIFFERENCES
+    torch.manual_seed(0)
+    cfg = mm.MiniMindConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            vocab_size=64, max_position_embeddings=32, flash_attn=True)
+    m = mm.MiniMindForCausalLM(cfg).eval()
+    ids = torch.randint(0, 64, (1, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = m(ids).logits[:, 4:]
+        past = m(ids[:, :4], use_cache=True).past_key_values
+        ours = m(ids[:, 4:], past_key_values=past, use_cache=True).logits
+        torch.testing.assert_close(ours, full, **TOL)
+        upstream_rule = lambda self, n, cache, mask: bool(self.flash and n > 1 and (mask is None or torch.all(mask == 1)))
+        original = mm.attention.Attention.uses_sdpa
+        try:
+            mm.attention.Attention.uses_sdpa = upstream_rule
+            past = m(ids[:, :4], use_cache=True).past_key_values
+            theirs = m(ids[:, 4:], past_key_values=past, use_cache=True).logits
+        finally:
+            mm.attention.Attention.uses_sdpa = original
+    assert (theirs - full).abs().max() > 1e-3, "upstream's rule should see too little of the cache here"
