@@ -148,3 +148,33 @@ class Attention(nn.Module):
         weights = self.attn_dropout(F.softmax(scores.float(), dim=-1).type_as(q))
         out = weights.view(batch, self.n_kv_heads, self.n_rep * seq_len, t) @ v
         return out.view(batch, n_heads, seq_len, head_dim)
+
+
+@torch.no_grad()
+def attention_maps(model: nn.Module, input_ids: torch.Tensor) -> list:
+    """The causal attention probabilities of every layer, for looking at (chapter 03's heatmaps).
+
+    ``input_ids`` ``[b, s]`` -> a list with one ``[b, n_heads, s, s]`` tensor per layer (each row
+    sums to 1; row ``i`` is what position ``i`` attends to). The model runs once; a pre-hook on
+    each layer's ``self_attn`` takes its input and position tables, and the probabilities are
+    recomputed from them in float32 (query heads matched to their key/value head), so the fused
+    path, which never forms them, needs no change."""
+    captured: list = []
+    attns = [m for m in model.modules() if isinstance(m, Attention)]
+    hooks = [a.register_forward_pre_hook(lambda mod, args: captured.append((mod, args[0], args[1]))) for a in attns]
+    try:
+        model(input_ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    maps = []
+    for attn, x, (cos, sin) in captured:
+        batch, seq_len, _ = x.shape
+        q = attn.q_proj(x).view(batch, seq_len, attn.n_heads, attn.head_dim)
+        k = attn.k_proj(x).view(batch, seq_len, attn.n_kv_heads, attn.head_dim)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        k = repeat_kv(k, attn.n_rep)
+        scores = q.transpose(1, 2).float() @ k.permute(0, 2, 3, 1).float() / math.sqrt(attn.head_dim)
+        causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=x.device).triu(1)
+        maps.append(F.softmax(scores.masked_fill(causal, float("-inf")), dim=-1))
+    return maps

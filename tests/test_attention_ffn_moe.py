@@ -183,3 +183,32 @@ def test_moe_inference_has_no_grad_and_one_host_sync(monkeypatch):
     assert len(calls) == 1
     # only the shared expert is differentiable in eval; the routed part ran under no_grad
     assert y.requires_grad
+
+
+@pytest.mark.parametrize("n_kv_heads, flash", [(2, True), (4, False), (1, True)])
+def test_attention_maps_reproduce_each_layers_output(n_kv_heads, flash):
+    """``attention_maps``: rows sum to 1, nothing above the diagonal, and maps @ V through o_proj
+    equals what each layer's attention returned in the forward pass (1e-5)."""
+    from minimind_ref.attention import Attention, attention_maps, repeat_kv
+
+    torch.manual_seed(0)
+    cfg = mm.MiniMindConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=n_kv_heads,
+                            vocab_size=50, max_position_embeddings=64, flash_attn=flash)
+    model = mm.MiniMindForCausalLM(cfg).eval()
+    ids = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(1))
+    seen = []
+    hooks = [m.register_forward_hook(lambda mod, args, out: seen.append((args[0], out[0])))
+             for m in model.modules() if isinstance(m, Attention)]
+    with torch.no_grad():
+        model(ids)
+    for h in hooks:
+        h.remove()
+    maps = attention_maps(model, ids)
+    assert len(maps) == cfg.num_hidden_layers and maps[0].shape == (2, 4, 9, 9)
+    attns = [m for m in model.modules() if isinstance(m, Attention)]
+    for p, attn, (x, out) in zip(maps, attns, seen):
+        torch.testing.assert_close(p.sum(-1), torch.ones(2, 4, 9), rtol=1e-5, atol=1e-5)
+        assert (p.triu(1) == 0).all()
+        v = repeat_kv(attn.v_proj(x).view(2, 9, n_kv_heads, 16), attn.n_rep).transpose(1, 2)
+        mixed = (p @ v).transpose(1, 2).reshape(2, 9, 64)
+        torch.testing.assert_close(attn.o_proj(mixed), out, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,63 @@
+"""The chapters' optional cells that use upstream's trained MiniMind2 (tag ``optional-real-weights``).
+
+Offline they print ``pretrained.SKIP_NOTE`` and nothing else (nbval compares that line). Here each
+one also runs for real, on synthetic files in upstream's formats (tests/_upstream_files.py: a
+``full_sft_<hidden>[_moe].pth`` fp16 state dict and upstream's tokenizer files) registered under
+the published model names, so the code that runs in Colab with the real weights is exercised too.
+"""
+
+import json
+from pathlib import Path
+
+import matplotlib
+import pytest
+
+import minimind_ref.pretrained as P
+
+import _upstream_files as U
+
+matplotlib.use("Agg")
+ROOT = Path(__file__).resolve().parents[1]
+TAG = "optional-real-weights"
+CELLS = [(path.name, i, "".join(cell["source"]))
+         for path in sorted((ROOT / "notebooks").glob("*.ipynb"))
+         for i, cell in enumerate(json.loads(path.read_text(encoding="utf-8"))["cells"])
+         if TAG in cell.get("metadata", {}).get("tags", [])]
+IDS = [f"{name}:{index}" for name, index, _ in CELLS]
+
+
+def test_the_chapters_have_their_optional_cells():
+    chapters = {name for name, _, _ in CELLS}
+    assert {"03_attention.ipynb", "05_architecture.ipynb", "06_kv_cache.ipynb", "07_moe.ipynb"} <= chapters
+
+
+@pytest.mark.parametrize("name, index, source", CELLS, ids=IDS)
+def test_optional_cell_skips_with_one_line(name, index, source, capsys):
+    exec(compile(source, f"{name}:{index}", "exec"), {})
+    assert capsys.readouterr().out == P.SKIP_NOTE + "\n"
+    stored = json.loads((ROOT / "notebooks" / name).read_text(encoding="utf-8"))["cells"][index]["outputs"]
+    texts = ["".join(o.get("text", "")) for o in stored]
+    assert texts == [P.SKIP_NOTE + "\n"], f"{name} cell {index}: the stored output must be the skip note, got {texts}"
+
+
+@pytest.fixture(scope="module")
+def weights_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("minimind2")
+    U.save_pth(U.random_model(U.upstream_layout(), seed=0), folder)
+    U.save_pth(U.random_model(U.upstream_layout(use_moe=True, intermediate_size=96), seed=1), folder)
+    U.write_tokenizer(folder)
+    return folder
+
+
+@pytest.mark.parametrize("name, index, source", CELLS, ids=IDS)
+def test_optional_cell_runs_on_upstream_format_files(name, index, source, weights_folder, monkeypatch, capsys):
+    monkeypatch.setitem(P.MODELS, "MiniMind2-Small", (64, False, 2))
+    monkeypatch.setitem(P.MODELS, "MiniMind2-MoE", (64, True, 2))
+    monkeypatch.setenv("MINIMIND_WEIGHTS", str(weights_folder))
+    monkeypatch.delenv("PYTEST_VERSION", raising=False)  # what makes load_or_skip skip under the tests
+    monkeypatch.delenv("MINIMIND_REAL_WEIGHTS", raising=False)
+    monkeypatch.setattr("matplotlib.pyplot.show", lambda *a, **k: None)
+    namespace = {}
+    exec(compile(source, f"{name}:{index}", "exec"), namespace)
+    assert namespace.get("real") is not None, "the cell should have loaded the synthetic weights"
+    assert "Optional cell skipped" not in capsys.readouterr().out
