@@ -349,6 +349,37 @@ def pickled_payload_course_format(tmp: Path) -> None:
         assert not marker.exists(), "the pickled payload ran"
 
 
+def lora_pickled_payload(tmp: Path) -> None:
+    """A LoRA file in upstream's key format that also holds an object whose unpickling runs code."""
+    from minimind_ref.lora import apply_lora, load_lora
+
+    marker = tmp / "payload_ran"
+    path = tmp / "lora_evil_32.pth"
+    torch.save({"model.layers.0.self_attn.q_proj.lora.A.weight": torch.zeros(4, 32), "x": _Payload(str(marker))}, path)
+    try:
+        load_lora(apply_lora(tiny_model(), rank=4), path)
+    finally:
+        assert not marker.exists(), "the pickled payload ran"
+
+
+def lora_from_another_model(tmp: Path) -> None:
+    """Adapters trained on a wider model (hidden 64, rank 4) loaded into hidden 32, rank 8."""
+    from minimind_ref.lora import apply_lora, load_lora, save_lora
+
+    path = tmp / "lora_64.pth"
+    save_lora(apply_lora(tiny_model(hidden_size=64, intermediate_size=128), rank=4), path)
+    model = apply_lora(tiny_model(), rank=8)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    try:
+        load_lora(model, path)
+    finally:
+        assert _same_weights_dict(model.state_dict(), before), "a refused LoRA file changed the model"
+
+
+def _same_weights_dict(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def truncated_checkpoint(tmp: Path) -> None:
     data = _saved(tmp).read_bytes()
     mm.load_checkpoint(_write(tmp, "t.pt", data[: len(data) // 2]))
@@ -637,6 +668,9 @@ CASES: List[Case] = [
     Case("load_checkpoint: truncated checkpoint", truncated_checkpoint, ValueError, "is not a checkpoint"),
     Case("load_checkpoint: pickled payload (state dict) does not run", pickled_payload, ValueError, "will not unpickle"),
     Case("load_checkpoint: pickled payload (in extra) does not run", pickled_payload_course_format, ValueError, "will not unpickle"),
+    Case("load_lora: pickled payload does not run", lora_pickled_payload, ValueError, "will not unpickle"),
+    Case("load_lora: file from another model (hidden 64, rank 4)", lora_from_another_model, ValueError,
+         "adapter 'model.layers.0.self_attn.q_proj.lora.a.weight' has shape (4, 64), the model's is (8, 32)"),
     Case("load_checkpoint: a folder", lambda tmp: mm.load_checkpoint(tmp), IsADirectoryError, "is a folder"),
     Case("load_checkpoint: missing file", lambda tmp: mm.load_checkpoint(tmp / "nope.pt"), FileNotFoundError, "no checkpoint at"),
     Case("load_checkpoint: config of the wrong type", lambda tmp: mm.load_checkpoint(_saved(tmp), config={"hidden_size": 32}), TypeError, "config must be a minimindconfig"),

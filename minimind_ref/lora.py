@@ -1,0 +1,217 @@
+"""LoRA: low-rank adapters on a frozen MiniMind, in the file format of upstream's ``model/model_lora.py``.
+
+A square ``nn.Linear`` with weight ``W [out, in]`` gets a side path of rank ``r``::
+
+    y = W x + B(A(x))        A: Linear(in, r)  [r, in],  N(0, 0.02)
+                             B: Linear(r, out) [out, r], zeros  ->  a fresh adapter changes nothing
+
+As upstream (c090b69): adapters go on **every** ``nn.Linear`` whose weight is square. In MiniMind2
+(8 query heads, 2 key/value heads) those are ``self_attn.q_proj`` and ``self_attn.o_proj`` of every
+layer: ``k_proj``/``v_proj`` map hidden -> hidden/4, the MLP and ``lm_head`` are rectangular, and
+the MoE gate is a bare parameter. There is no scaling factor (scale 1) and no dropout.
+
+Upstream's adapter is a child module named ``lora`` of the layer it adapts, so the state-dict keys
+are ``<module path>.lora.A.weight`` and ``<module path>.lora.B.weight`` (e.g.
+``model.layers.0.self_attn.q_proj.lora.A.weight``); ``save_lora`` writes exactly those and nothing
+else, ``load_lora`` reads them (a leading ``module.`` from a DDP run is stripped, as upstream does).
+
+``apply_lora`` does **not** freeze anything (upstream's trainer, ``train_lora.py``, freezes every
+parameter whose name lacks ``lora``): whoever trains calls ``mark_only_lora_trainable(model)``.
+
+``merge_lora`` is a course addition: c090b69 has no merge (minimind-3 later adds one). It folds
+``B.weight @ A.weight`` into ``W`` and removes the adapters, leaving a plain ``MiniMindForCausalLM``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import types
+from typing import Dict, List, Tuple
+
+import torch
+from torch import nn
+
+from .checkpoint import PathLike, _atomic_save, _first_nonfinite, _torch_load
+
+__all__ = ["LoRA", "apply_lora", "lora_modules", "mark_only_lora_trainable", "save_lora", "load_lora", "merge_lora"]
+
+
+class LoRA(nn.Module):
+    """The low-rank side path ``x [..., in] -> B(A(x)) [..., out]`` of rank ``rank``.
+
+    ``A.weight`` is ``[rank, in_features]`` drawn from N(0, 0.02); ``B.weight`` is
+    ``[out_features, rank]``, zero, so the path outputs zeros until ``B`` is trained.
+    ``scale`` (not saved; upstream has none, i.e. 1) multiplies the path's output.
+    """
+
+    def __init__(self, in_features: int, out_features: int, rank: int, scale: float = 1.0) -> None:
+        super().__init__()
+        self.rank = rank
+        self.scale = scale
+        self.A = nn.Linear(in_features, rank, bias=False)
+        self.B = nn.Linear(rank, out_features, bias=False)
+        self.A.weight.data.normal_(mean=0.0, std=0.02)
+        self.B.weight.data.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.B(self.A(x))
+        return out if self.scale == 1.0 else out * self.scale
+
+    def delta_weight(self) -> torch.Tensor:
+        """``scale * B.weight @ A.weight``: the ``[out, in]`` change this adapter adds to ``W``."""
+        return self.scale * (self.B.weight @ self.A.weight)
+
+
+def _forward_with_lora(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """A Linear's own forward plus its adapter (bound to the layer, so ``copy.deepcopy`` follows)."""
+    return type(self).forward(self, x) + self.lora(x)
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The model inside ``torch.compile`` (``._orig_mod``) or ``DistributedDataParallel`` (``.module``)."""
+    for _ in range(8):
+        inner = getattr(model, "_orig_mod", None)
+        if inner is None:
+            inner = getattr(model, "module", None)
+        if not isinstance(inner, nn.Module):
+            return model
+        model = inner
+    return model
+
+
+def lora_modules(model: nn.Module) -> List[Tuple[str, nn.Linear]]:
+    """``(name, layer)`` of every layer that carries an adapter, in ``named_modules`` order."""
+    return [(name, m) for name, m in _unwrap(model).named_modules() if isinstance(getattr(m, "lora", None), LoRA)]
+
+
+def apply_lora(model: nn.Module, rank: int = 8, scale: float = 1.0) -> nn.Module:
+    """Give every square ``nn.Linear`` of ``model`` a ``LoRA`` of rank ``rank``; returns ``model``.
+
+    The adapters live on each layer's device and in its dtype. Nothing is frozen: call
+    ``mark_only_lora_trainable(model)`` before training. The model's outputs do not change
+    (``B`` starts at zero). ``scale`` is a course option (upstream: 1).
+    """
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise ValueError(f"rank must be a positive int, got {rank!r}.")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite number (upstream: 1.0), got {scale!r}.")
+    model_inner = _unwrap(model)
+    if lora_modules(model_inner):
+        raise ValueError("the model already has LoRA adapters; merge_lora(model) first, or start from a fresh model.")
+    # the list is taken first, so the new adapters' own Linears are never visited
+    targets = [m for m in model_inner.modules() if isinstance(m, nn.Linear) and m.weight.shape[0] == m.weight.shape[1]]
+    if not targets:
+        raise ValueError(f"{type(model_inner).__name__} has no square nn.Linear layer to adapt.")
+    for layer in targets:
+        out_features, in_features = layer.weight.shape
+        layer.lora = LoRA(in_features, out_features, rank, scale).to(device=layer.weight.device, dtype=layer.weight.dtype)
+        layer.forward = types.MethodType(_forward_with_lora, layer)
+    return model
+
+
+def mark_only_lora_trainable(model: nn.Module) -> int:
+    """Freeze every parameter except the adapters' ``A``/``B``; returns the trainable count."""
+    model = _unwrap(model)
+    if not lora_modules(model):
+        raise ValueError("the model has no LoRA adapters: call apply_lora(model, rank=...) first.")
+    adapter_ids = {id(p) for _, layer in lora_modules(model) for p in layer.lora.parameters()}
+    trainable = 0
+    for p in model.parameters():
+        p.requires_grad_(id(p) in adapter_ids)
+        trainable += p.numel() if p.requires_grad else 0
+    return trainable
+
+
+def _lora_state_dict(model: nn.Module) -> Dict[str, torch.Tensor]:
+    """Upstream's keys: ``f'{name}.lora.{k}'`` for each adapter's ``A.weight`` and ``B.weight``."""
+    out = {}
+    for name, layer in lora_modules(model):
+        name = name[len("module."):] if name.startswith("module.") else name
+        for k, v in layer.lora.state_dict().items():
+            out[f"{name}.lora.{k}"] = v
+    return out
+
+
+def save_lora(model: nn.Module, path: PathLike) -> None:
+    """Save only the adapters (``{key: tensor}``, upstream's keys, on the CPU) to ``path``, atomically.
+
+    A file upstream's ``load_lora`` reads, and ours. NaN/inf adapters are refused (``ValueError``;
+    an existing file is kept).
+    """
+    state = _lora_state_dict(model)
+    if not state:
+        raise ValueError("the model has no LoRA adapters to save: call apply_lora(model, rank=...) and train it first.")
+    bad = _first_nonfinite(state.items())
+    if bad is not None:
+        raise ValueError(f"refusing to save {os.fspath(path)}: adapter {bad[0]!r} holds {bad[1]} NaN/inf value(s) "
+                         "(the run has diverged: lower the learning rate).")
+    _atomic_save({k: v.detach().cpu() for k, v in state.items()}, path)
+
+
+def load_lora(model: nn.Module, path: PathLike) -> None:
+    """Load adapters saved by ``save_lora`` (ours or upstream's) into ``model``, which has adapters.
+
+    The file is read weights-only (a pickled Python object is refused, never run). Every adapter of
+    the model must be in the file with the same shape and the file must hold nothing else;
+    otherwise a ``ValueError`` names the key and says what to do. Values are copied into the
+    existing adapters (their device and dtype are kept).
+    """
+    layers = lora_modules(model)
+    device = next(iter(layers[0][1].lora.parameters())).device if layers else "cpu"
+    blob = _torch_load(path, map_location=device)
+    if not isinstance(blob, dict) or not blob or not all(isinstance(v, torch.Tensor) for v in blob.values()):
+        raise ValueError(f"{os.fspath(path)} is not a LoRA file: expected a dict of tensors such as save_lora writes.")
+    state = {(k[len("module."):] if k.startswith("module.") else k): v for k, v in blob.items()}
+    first = next(iter(state))
+    file_rank = state[first].shape[0] if first.endswith(".lora.A.weight") else None
+    if not layers:
+        raise ValueError(f"the model has no LoRA adapters: call apply_lora(model, rank={file_rank or '<the file rank>'}) "
+                         f"before load_lora({os.fspath(path)!r}).")
+    expected = _lora_state_dict(model)
+    not_lora = [k for k in state if ".lora." not in k]
+    if not_lora:
+        raise ValueError(f"{os.fspath(path)} holds keys that are not LoRA adapters (e.g. {not_lora[0]!r}): a full "
+                         "model checkpoint? Load it with load_checkpoint; load_lora reads files from save_lora.")
+    for key, want in expected.items():
+        if key not in state:
+            raise ValueError(f"{os.fspath(path)} has no adapter {key!r}: it was saved from another model (other "
+                             "layers or a model with another number of layers); load it into the model it was trained on.")
+        got = tuple(state[key].shape)
+        if got != tuple(want.shape):
+            hint = (f"the file has rank {got[0]}, the model rank {want.shape[0]}: apply_lora(model, rank={got[0]}) on a fresh model"
+                    if key.endswith(".A.weight") and got[1:] == tuple(want.shape[1:]) else
+                    f"the file has rank {got[1]}, the model rank {want.shape[1]}: apply_lora(model, rank={got[1]}) on a fresh model"
+                    if key.endswith(".B.weight") and got[:1] == tuple(want.shape[:1]) else
+                    "the file was saved from a model of another size; load it into the model it was trained on")
+            raise ValueError(f"{os.fspath(path)}: adapter {key!r} has shape {got}, the model's is {tuple(want.shape)}; {hint}.")
+    extra = [k for k in state if k not in expected]
+    if extra:
+        raise ValueError(f"{os.fspath(path)} has adapter {extra[0]!r}, which the model lacks ({len(extra)} such key(s)): "
+                         "saved from another model; load it into the model it was trained on.")
+    bad = _first_nonfinite(state.items())
+    if bad is not None:
+        raise ValueError(f"{os.fspath(path)}: adapter {bad[0]!r} holds {bad[1]} NaN/inf value(s) (saved from a diverged run?).")
+    for name, layer in layers:
+        name = name[len("module."):] if name.startswith("module.") else name
+        prefix = f"{name}.lora."
+        layer.lora.load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+
+
+@torch.no_grad()
+def merge_lora(model: nn.Module) -> nn.Module:
+    """Fold every adapter into its layer (``W [out, in] += scale * B.weight @ A.weight``), remove the
+    adapters and return ``model``: its state dict then loads strict into a plain ``MiniMindForCausalLM``.
+
+    A course addition (c090b69 has no merge). The sum is formed in fp32 and cast to ``W``'s dtype.
+    ``requires_grad`` flags are left as they are (after ``mark_only_lora_trainable`` the base stays frozen).
+    """
+    layers = lora_modules(model)
+    if not layers:
+        raise ValueError("the model has no LoRA adapters to merge: call apply_lora(model, rank=...) (and load_lora) first.")
+    for _, layer in layers:
+        delta = layer.lora.scale * (layer.lora.B.weight.float() @ layer.lora.A.weight.float())
+        layer.weight.copy_((layer.weight.float() + delta).to(layer.weight.dtype))
+        del layer.lora
+        layer.__dict__.pop("forward", None)
+    return model
