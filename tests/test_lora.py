@@ -2,7 +2,7 @@
 
 Upstream's code is not importable here: where a test needs upstream's behaviour (which layers get
 adapters, how upstream writes and reads a LoRA file) the rule is written out in the test, after
-/work/notes/upstream_c090b69.md section 3.
+upstream's apply_lora, save_lora and load_lora at c090b69.
 """
 
 from __future__ import annotations
