@@ -183,7 +183,7 @@ def _torch_load(path: PathLike, map_location: Union[str, torch.device]) -> Any:
             raise ValueError(
                 f"{path} holds a Python object ({found.group(1)}) besides tensors, numbers and containers; "
                 "minimind_ref reads weights only and will not unpickle it, because unpickling can run code. "
-                "Use files written by save_checkpoint or torch.save(model.state_dict(), path)."
+                "Use files written by minimind_ref (save_checkpoint, save_lora) or a torch.save of plain tensors, such as torch.save(model.state_dict(), path)."
             ) from None
         raise ValueError(f"{path} is not a checkpoint: {_NOT_TORCH_SAVE}") from None
     except (EOFError, KeyError, ValueError, UnicodeDecodeError, OSError):  # truncated, random bytes, text, ...
