@@ -39,7 +39,7 @@ CHECKPOINT_DIR = Path(__file__).with_name("checkpoints")
 TOKENIZER_FILE = CHECKPOINT_DIR / "tokenizer.json"
 STAGES = ("base", "sft", "lora", "dpo", "grpo")
 METRICS = ("sum_accuracy", "stop_rate", "preference_accuracy", "mean_length")
-EVAL_MAX_NEW_TOKENS = 64
+EVAL_MAX_NEW_TOKENS = 128  # the identity reply is 97 tokens and the refusal 69 with the course tokenizer
 
 
 # ---------------------------------------------------------------------- evaluation
