@@ -230,7 +230,7 @@ def stage_rows(stages: Sequence[str] = STAGES, evaluate: Callable[..., Dict[str,
 
 def render_markdown(rows: Sequence[Dict[str, Any]]) -> str:
     """The stage report as a markdown table (percentages with one decimal, length in tokens)."""
-    header = ("| stage | chapter | whole-answer accuracy (held-out sums) | stops at `<|im_end|>` | "
+    header = ("| stage | chapter | whole-answer accuracy (held-out sums) | stops at `<\\|im_end\\|>` | "
               "preference accuracy | mean reply length (tokens) |")
     lines = [header, "| --- | --- | ---: | ---: | ---: | ---: |"]
     for r in rows:
