@@ -27,6 +27,7 @@ real files. Every split is a pure function of ``(n, seed, split)``.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -82,11 +83,23 @@ def _split_of(split: str) -> None:
         raise ValueError(f"split must be 'train' or 'test', got {split!r}.")
 
 
+@functools.lru_cache(maxsize=1)
+def _cached_split() -> Tuple[Tuple[Tuple[int, int], ...], Tuple[Tuple[int, int], ...]]:
+    train, test = arithmetic_split()
+    return tuple(train), tuple(test)
+
+
+def _default_split() -> Tuple[List[Tuple[int, int]], List[Tuple[int, int]]]:
+    """``arithmetic_split()``, computed once (it is called for every generated exchange)."""
+    train, test = _cached_split()
+    return list(train), list(test)
+
+
 def sum_problems(split: str = "train") -> List[Tuple[int, int]]:
     """The addition problems of a split: chapter 08's ``arithmetic_split`` (unordered pairs held
     out together), so held-out problems were never seen in pretraining either."""
     _split_of(split)
-    train, test = arithmetic_split()
+    train, test = _default_split()
     return train if split == "train" else test
 
 

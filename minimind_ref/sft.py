@@ -304,5 +304,6 @@ def build_stage(parent: torch.nn.Module, tokenizer: Any) -> Tuple[torch.nn.Modul
     result = train_sft(parent, tokenizer, cfg, log=lambda line: None)
     extra = {"recipe": "minimind_ref.sft:build_stage", "command": "python -m minimind_ref.stages rebuild sft",
              "train_config": cfg.to_dict(), "metrics": {"final_train_loss_mean20": sum(result.history["loss"][-20:]) / 20,
-                                                        "final_val_loss": result.history["eval_loss"][-1]}}
+                                                        "final_val_loss": result.history["eval_loss"][-1]},
+             "loss_history": [round(v, 4) for v in result.history["loss"]]}
     return result.model, extra, tokenizer

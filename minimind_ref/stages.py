@@ -39,7 +39,7 @@ CHECKPOINT_DIR = Path(__file__).with_name("checkpoints")
 TOKENIZER_FILE = CHECKPOINT_DIR / "tokenizer.json"
 STAGES = ("base", "sft", "lora", "dpo", "grpo")
 METRICS = ("sum_accuracy", "stop_rate", "preference_accuracy", "mean_length")
-EVAL_MAX_NEW_TOKENS = 64
+EVAL_MAX_NEW_TOKENS = 128  # the identity reply is 97 tokens and the refusal 69 with the course tokenizer
 
 
 # ---------------------------------------------------------------------- evaluation
@@ -230,7 +230,7 @@ def stage_rows(stages: Sequence[str] = STAGES, evaluate: Callable[..., Dict[str,
 
 def render_markdown(rows: Sequence[Dict[str, Any]]) -> str:
     """The stage report as a markdown table (percentages with one decimal, length in tokens)."""
-    header = ("| stage | chapter | whole-answer accuracy (held-out sums) | stops at `<|im_end|>` | "
+    header = ("| stage | chapter | whole-answer accuracy (held-out sums) | stops at `<\\|im_end\\|>` | "
               "preference accuracy | mean reply length (tokens) |")
     lines = [header, "| --- | --- | ---: | ---: | ---: | ---: |"]
     for r in rows:
