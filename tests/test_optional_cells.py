@@ -28,7 +28,7 @@ IDS = [f"{name}:{index}" for name, index, _ in CELLS]
 
 def test_the_chapters_have_their_optional_cells():
     chapters = {name for name, _, _ in CELLS}
-    assert {"03_attention.ipynb", "05_architecture.ipynb", "06_kv_cache.ipynb", "07_moe.ipynb"} <= chapters
+    assert {"03_attention.ipynb", "05_architecture.ipynb", "06_kv_cache.ipynb", "07_moe.ipynb", "09_sft.ipynb"} <= chapters
 
 
 @pytest.mark.parametrize("name, index, source", CELLS, ids=IDS)
