@@ -574,6 +574,31 @@ def dpo_loss_without_targets(tmp: Path) -> None:
 
 
 
+def grpo_group_without_spread(tmp: Path) -> None:
+    """A GRPO group whose completions all got the same reward: advantage 0, no NaN (std 0 + 1e-4)."""
+    from minimind_ref.grpo import group_advantages
+
+    adv = group_advantages(torch.tensor([1.0, 1.0, 1.0, 1.0]), 4, normalize_batch=False)
+    assert torch.equal(adv, torch.zeros(4)), adv
+
+
+def grpo_partial_groups(tmp: Path) -> None:
+    from minimind_ref.grpo import group_advantages
+
+    group_advantages(torch.zeros(6), 4)
+
+
+def _grpo_loss(**changes: Any) -> Callable[[Path], Any]:
+    def run(tmp: Path) -> Any:
+        from minimind_ref.grpo import grpo_loss
+
+        args = dict(per_token_logps=torch.zeros(2, 3), ref_per_token_logps=torch.zeros(2, 3), advantages=torch.zeros(2),
+                    completion_mask=torch.ones(2, 3), beta=0.02)
+        args.update(changes)
+        return grpo_loss(**args)
+    return run
+
+
 CASES: List[Case] = [
     # ---- items 2-5: training settings, resume, divergence, batches without targets
     Case("TrainConfig: grad_clip=-1 (was gradient ascent)", _settings(grad_clip=-1), ValueError, "grad_clip=-1"),
@@ -590,6 +615,11 @@ CASES: List[Case] = [
     Case("train: lr=1e9, save_every=1 -> stops before the poisoned update", train_divergence, FloatingPointError, "not updated"),
     Case("train: a batch without supervised tokens is skipped", train_batch_without_targets, None),
     Case("dpo_loss: no masked token -> finite", dpo_loss_without_targets, None),
+    Case("group_advantages: a group with equal rewards -> 0, not NaN", grpo_group_without_spread, None),
+    Case("group_advantages: rewards not in whole groups", grpo_partial_groups,
+         ValueError, "do not split into groups of num_generations=4"),
+    Case("grpo_loss: negative beta", _grpo_loss(beta=-0.1), ValueError, "beta must be a number >= 0"),
+    Case("grpo_loss: advantages of another batch", _grpo_loss(advantages=torch.zeros(3)), ValueError, "advantages must be [rows] = (2,)"),
     # ---- item 1: saving is atomic
     Case("save_checkpoint: write fails half-way -> previous file intact, no temp file", save_fails_half_way, None),
     Case("save_checkpoint: process killed mid-write -> previous file intact", save_killed_half_way, None, slow=True),
