@@ -320,16 +320,24 @@ def double_exchange(n: int, rng: random.Random) -> Exchange:
 def double_conversations(n: int, seed: int = 0, split: str = "train", replay: float = 0.0) -> List[Dict[str, Conversation]]:
     """``n`` single-exchange SFT records for the doubling skill. With probability ``replay`` a
     record is instead a chapter-09 exchange (``random_exchange``: sums, stories, identity,
-    refusals) of the same split, so a run can rehearse the old skills. Deterministic in
+    refusals) of the same split, so a run can rehearse the old skills; in the training split a
+    replayed sum ``n+n`` of a held-out number ``n`` is drawn again, so no held-out answer is ever a
+    training target. Deterministic in
     ``(n, seed, split, replay)``."""
     _split_of(split)
     if not 0.0 <= replay <= 1.0:
         raise ValueError(f"replay must be a fraction in [0, 1], got {replay!r}.")
     rng = random.Random(_seed(seed, split, 10))
     numbers = double_numbers(split)
+    held_out = set(double_numbers("test")) if split == "train" else set()
     out = []
     for _ in range(n):
-        ex = random_exchange(rng, split) if rng.random() < replay else double_exchange(rng.choice(numbers), rng)
+        if rng.random() < replay:
+            ex = random_exchange(rng, split)
+            while ex.kind == "sum" and ex.info["a"] == ex.info["b"] and ex.info["a"] in held_out:
+                ex = random_exchange(rng, split)  # "17+17=034" would be a held-out doubling answer
+        else:
+            ex = double_exchange(rng.choice(numbers), rng)
         out.append({"conversations": [{"role": "user", "content": ex.user}, {"role": "assistant", "content": ex.answer}]})
     return out
 
