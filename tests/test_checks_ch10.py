@@ -52,14 +52,14 @@ def test_lora_forward_rejects_in_place_edits():
     _fails(ch10.check_lora_forward, edits, "in place")
 
 
-# ---------------------------------------------------------------------- 10.2
+# ---------------------------------------------------------------------- 10.3 (merge)
 def test_merge_weight_reference_passes(capsys):
     ch10.check_merge_weight(ch10.merge_weight_reference)
     assert capsys.readouterr().out.startswith("✓")
 
 
 def test_merge_weight_rejects_stub():
-    _fails(ch10.check_merge_weight, stub, "10.2", "not implemented")
+    _fails(ch10.check_merge_weight, stub, "10.3", "not implemented")
 
 
 MERGE_MISTAKES = list(ch10._merge_mistakes(*[torch.zeros(1, 1)] * 3, 1.0))
@@ -77,14 +77,14 @@ def test_merge_weight_rejects_adding_in_place():
     _fails(ch10.check_merge_weight, in_place, "in place")
 
 
-# ---------------------------------------------------------------------- 10.3
+# ---------------------------------------------------------------------- 10.2 (count)
 def test_lora_parameter_count_reference_passes(capsys):
     ch10.check_lora_parameter_count(ch10.lora_parameter_count_reference)
     assert capsys.readouterr().out.startswith("✓")
 
 
 def test_lora_parameter_count_rejects_stub():
-    _fails(ch10.check_lora_parameter_count, stub, "10.3", "not implemented")
+    _fails(ch10.check_lora_parameter_count, stub, "10.2", "not implemented")
 
 
 COUNT_MISTAKES = list(ch10._count_mistakes(ch10._count_cases()[0]["config"], 8))

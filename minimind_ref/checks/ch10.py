@@ -1,5 +1,5 @@
-"""Checks for chapter 10 (LoRA): the adapted layer's forward, merging an adapter into its weight,
-and counting the parameters upstream's ``apply_lora`` adds.
+"""Checks for chapter 10 (LoRA): the adapted layer's forward, counting the parameters upstream's
+``apply_lora`` adds, and merging an adapter into its weight.
 
 Each check runs the learner's function on inputs it makes itself and compares with
 ``minimind_ref.lora`` (upstream's ``model/model_lora.py`` at c090b69: ``y = W x + B(A(x))``,
@@ -71,7 +71,7 @@ def check_lora_forward(lora_forward: Callable[..., Any]) -> str:
     return f"{len(cases)} layers (square and rectangular W, batched x, scale 1 and 2), rtol = atol = 1e-5"
 
 
-# ---------------------------------------------------------------------- 10.2 merging
+# ---------------------------------------------------------------------- 10.3 merging
 def merge_weight_reference(weight: torch.Tensor, A: torch.Tensor, B: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
     """``W + scale * B @ A`` as a new tensor: what ``minimind_ref.lora.merge_lora`` folds into each layer."""
     return weight + scale * (B @ A)
@@ -85,11 +85,11 @@ def _merge_mistakes(weight, A, B, scale) -> Dict[str, Callable[[], torch.Tensor]
     }
 
 
-@check("Exercise 10.2 merge_weight")
+@check("Exercise 10.3 merge_weight")
 def check_merge_weight(merge_weight: Callable[..., Any]) -> str:
     """``merge_weight(weight [out, in], A [rank, in], B [out, rank], scale)`` must return a new
     ``W + scale * B @ A`` (rtol = atol = 1e-5) whose layer equals the adapted layer on inputs."""
-    name = "Exercise 10.2 merge_weight"
+    name = "Exercise 10.3 merge_weight"
     cases = _forward_cases()
     for c in cases:
         weight, A, B, scale, case = c["weight"], c["A"], c["B"], c["scale"], c["case"]
@@ -105,7 +105,7 @@ def check_merge_weight(merge_weight: Callable[..., Any]) -> str:
     return f"{len(cases)} layers, rtol = atol = 1e-5, merged layer = adapted layer on inputs, input weight unchanged"
 
 
-# ---------------------------------------------------------------------- 10.3 counting adapter parameters
+# ---------------------------------------------------------------------- 10.2 counting adapter parameters
 def lora_parameter_count_reference(config: MiniMindConfig, rank: int) -> int:
     """Parameters ``apply_lora(model, rank)`` adds to ``MiniMindForCausalLM(config)``: ``rank *
     (in + out)`` for every square ``nn.Linear`` (counted on a model built on the meta device)."""
@@ -145,11 +145,11 @@ def _count_mistakes(config: MiniMindConfig, rank: int) -> Dict[str, int]:
     }
 
 
-@check("Exercise 10.3 lora_parameter_count")
+@check("Exercise 10.2 lora_parameter_count")
 def check_lora_parameter_count(lora_parameter_count: Callable[..., Any]) -> str:
     """``lora_parameter_count(config, rank)`` must return, as an int, the number of parameters
     upstream's ``apply_lora`` adds to ``MiniMindForCausalLM(config)``."""
-    name = "Exercise 10.3 lora_parameter_count"
+    name = "Exercise 10.2 lora_parameter_count"
     cases = _count_cases()
     for c in cases:
         config, rank, case = c["config"], c["rank"], c["case"]
@@ -171,8 +171,8 @@ def check_lora_parameter_count(lora_parameter_count: Callable[..., Any]) -> str:
     return f"{len(cases)} configs (the course model, MiniMind2-Small, MiniMind2-MoE, full KV heads)"
 
 
-def check_all(lora_forward: Callable[..., Any], merge_weight: Callable[..., Any],
-              lora_parameter_count: Callable[..., Any]) -> None:
+def check_all(lora_forward: Callable[..., Any], lora_parameter_count: Callable[..., Any],
+              merge_weight: Callable[..., Any]) -> None:
     check_lora_forward(lora_forward)
-    check_merge_weight(merge_weight)
     check_lora_parameter_count(lora_parameter_count)
+    check_merge_weight(merge_weight)
