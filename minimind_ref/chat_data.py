@@ -289,3 +289,61 @@ def load_jsonl(path: str) -> List[Dict[str, Any]]:
                 except json.JSONDecodeError as err:
                     raise ValueError(f"{path}:{number} is not a JSON object: {err}") from None
     return records
+
+
+# ---------------------------------------------------------------------- chapter 10: a new skill for LoRA
+# Doubling a number, asked in words and answered with the calculator line the model already
+# writes: "What is twice 37?" -> "37+37=074". The chapter-09 model has never seen such a question
+# (it answers a different sum or refuses). The 100 numbers 0..99 are split once: the held-out
+# numbers never occur in any training conversation of this skill.
+DOUBLE_PHRASINGS = [
+    "What is double {n}?", "Double {n}.", "What is twice {n}?", "What is {n} times 2?",
+    "Multiply {n} by 2.", "What is two times {n}?",
+]
+N_HELD_OUT_DOUBLES = 20
+DOUBLE_SPLIT_SEED = 10
+
+
+def double_numbers(split: str = "train") -> List[int]:
+    """The numbers of a split for the doubling skill: ``N_HELD_OUT_DOUBLES`` of 0..99, fixed by
+    ``DOUBLE_SPLIT_SEED``, are the test split (sorted); the other 80 are the training split."""
+    _split_of(split)
+    test = sorted(random.Random(DOUBLE_SPLIT_SEED).sample(range(100), N_HELD_OUT_DOUBLES))
+    return test if split == "test" else [n for n in range(100) if n not in test]
+
+
+def double_exchange(n: int, rng: random.Random) -> Exchange:
+    """``"What is twice 37?"`` -> ``"37+37=074"`` (chapter 08's calculator format)."""
+    return Exchange("double", rng.choice(DOUBLE_PHRASINGS).format(n=n), f"{n:02d}+{n:02d}={format_answer(n, n)}", {"n": n})
+
+
+def double_conversations(n: int, seed: int = 0, split: str = "train", replay: float = 0.0) -> List[Dict[str, Conversation]]:
+    """``n`` single-exchange SFT records for the doubling skill. With probability ``replay`` a
+    record is instead a chapter-09 exchange (``random_exchange``: sums, stories, identity,
+    refusals) of the same split, so a run can rehearse the old skills; in the training split a
+    replayed sum ``n+n`` of a held-out number ``n`` is drawn again, so no held-out answer is ever a
+    training target. Deterministic in
+    ``(n, seed, split, replay)``."""
+    _split_of(split)
+    if not 0.0 <= replay <= 1.0:
+        raise ValueError(f"replay must be a fraction in [0, 1], got {replay!r}.")
+    rng = random.Random(_seed(seed, split, 10))
+    numbers = double_numbers(split)
+    held_out = set(double_numbers("test")) if split == "train" else set()
+    out = []
+    for _ in range(n):
+        if rng.random() < replay:
+            ex = random_exchange(rng, split)
+            while ex.kind == "sum" and ex.info["a"] == ex.info["b"] and ex.info["a"] in held_out:
+                ex = random_exchange(rng, split)  # "17+17=034" would be a held-out doubling answer
+        else:
+            ex = double_exchange(rng.choice(numbers), rng)
+        out.append({"conversations": [{"role": "user", "content": ex.user}, {"role": "assistant", "content": ex.answer}]})
+    return out
+
+
+def double_eval_exchanges(split: str = "test") -> List[Exchange]:
+    """Every number of ``split`` asked in every phrasing (held out: 20 x 6 = 120), fixed order."""
+    _split_of(split)
+    return [Exchange("double", p.format(n=n), f"{n:02d}+{n:02d}={format_answer(n, n)}", {"n": n})
+            for n in double_numbers(split) for p in DOUBLE_PHRASINGS]

@@ -27,14 +27,15 @@ from __future__ import annotations
 import math
 import os
 import types
-from typing import Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
 from .checkpoint import PathLike, _atomic_save, _first_nonfinite, _torch_load
 
-__all__ = ["LoRA", "apply_lora", "lora_modules", "mark_only_lora_trainable", "save_lora", "load_lora", "merge_lora"]
+__all__ = ["LoRA", "apply_lora", "lora_modules", "mark_only_lora_trainable", "save_lora", "load_lora", "merge_lora",
+           "LORA_CONFIG", "STAGE_SETTINGS", "lora_data", "double_accuracy", "train_lora", "build_stage", "stage_adapter"]
 
 
 class LoRA(nn.Module):
@@ -215,3 +216,101 @@ def merge_lora(model: nn.Module) -> nn.Module:
         del layer.lora
         layer.__dict__.pop("forward", None)
     return model
+
+
+# ---------------------------------------------------------------------- the `lora` stage (chapter 10)
+LORA_CONFIG = "ch10_lora"  # minimind_ref/configs/ch10_lora.json: the loop's settings of the shipped `lora` stage
+# What the loop's config does not hold: the adapter's rank, the share of chapter-09 conversations
+# rehearsed beside the new skill, the number of training conversations, the data seed.
+STAGE_SETTINGS: Dict[str, Any] = {"rank": 8, "replay": 0.5, "n_train": 3000, "seed": 0}
+
+
+def lora_data(tokenizer: Any, n_train: int = 3000, n_val: int = 200, seed: int = 0, replay: float = 0.5,
+              max_length: int = 128) -> Any:
+    """The doubling skill (``chat_data.double_conversations``, a share ``replay`` of chapter-09
+    exchanges mixed in) as a ``train.RunData`` of ``sft.SFTDataset`` (assistant-only labels):
+    the training split and a validation split of held-out numbers / prompts."""
+    from . import chat_data
+    from .sft import SFTDataset
+    from .train import RunData
+
+    train_set = SFTDataset(chat_data.double_conversations(n_train, seed, "train", replay), tokenizer, max_length)
+    val_set = SFTDataset(chat_data.double_conversations(n_val, seed, "test", replay), tokenizer, max_length)
+    return RunData(tokenizer, train_set, val_set, [])
+
+
+@torch.no_grad()
+def double_accuracy(model: nn.Module, tokenizer: Any, exchanges: Optional[Sequence[Any]] = None) -> float:
+    """Share of whole answers exactly right (greedy) on the doubling skill's held-out prompts
+    (default: ``chat_data.double_eval_exchanges("test")``, 20 numbers x 6 phrasings)."""
+    from . import chat_data
+    from .sft import generate_replies
+
+    exchanges = chat_data.double_eval_exchanges("test") if exchanges is None else list(exchanges)
+    if not exchanges:
+        raise ValueError("double_accuracy needs at least one exchange to score.")
+    replies = generate_replies(model, tokenizer, [[{"role": "user", "content": ex.user}] for ex in exchanges],
+                               max_new_tokens=16)
+    return sum(r["text"].strip() == ex.answer for ex, r in zip(exchanges, replies)) / len(exchanges)
+
+
+def train_lora(model: nn.Module, tokenizer: Any, cfg: Any = None, rank: int = 8, replay: float = 0.5,
+               n_train: int = 3000, seed: int = 0, full: bool = False, **train_kwargs: Any) -> Any:
+    """Teach ``model`` (in place) the doubling skill with ``minimind_ref.train``'s loop.
+
+    ``full=False`` (LoRA, upstream's ``train_lora.py``): ``apply_lora(model, rank)`` then
+    ``mark_only_lora_trainable``, so the loop's optimizer sees only the adapters.
+    ``full=True``: every parameter trains (the comparison of chapter 10). The objective is the
+    SFT next-token loss on assistant tokens. Returns the ``TrainResult``.
+    """
+    from .train import TrainConfig, train
+
+    cfg = cfg if cfg is not None else TrainConfig.from_json(LORA_CONFIG)
+    if full:
+        for p in model.parameters():
+            p.requires_grad_(True)
+    else:
+        apply_lora(model, rank=rank)
+        mark_only_lora_trainable(model)
+    data = lora_data(tokenizer, n_train=n_train, seed=seed, replay=replay, max_length=cfg.seq_len)
+    return train(cfg, model=model, data=data, **train_kwargs)
+
+
+def build_stage(parent: nn.Module, tokenizer: Any) -> Tuple[nn.Module, Dict[str, Any], Any]:
+    """The shipped ``lora`` stage (``python -m minimind_ref.stages rebuild lora``): ``train_lora``
+    on the ``sft`` stage with ``LORA_CONFIG`` and ``STAGE_SETTINGS``, then ``merge_lora``. The
+    file also records the adapter itself (upstream's keys, float32) and its own metrics."""
+    import copy
+
+    from .train import TrainConfig
+
+    cfg = TrainConfig.from_json(LORA_CONFIG).replace(progress=False, out_dir=None)
+    s = STAGE_SETTINGS
+    before = double_accuracy(parent, tokenizer)
+    model = copy.deepcopy(parent)
+    result = train_lora(model, tokenizer, cfg, rank=s["rank"], replay=s["replay"], n_train=s["n_train"], seed=s["seed"],
+                        log=lambda line: None)
+    adapter = {k: v.detach().float().clone() for k, v in _lora_state_dict(model).items()}
+    trainable = sum(v.numel() for v in adapter.values())
+    with_adapter = double_accuracy(model, tokenizer)
+    merge_lora(model)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    model.eval()
+    metrics = {"double_accuracy": with_adapter, "double_accuracy_merged": double_accuracy(model, tokenizer),
+               "double_accuracy_parent": before, "trainable_parameters": trainable,
+               "total_parameters": sum(p.numel() for p in model.parameters()),
+               "final_train_loss_mean20": sum(result.history["loss"][-20:]) / 20,
+               "final_val_loss": result.history["eval_loss"][-1]}
+    extra = {"recipe": "minimind_ref.lora:build_stage", "command": "python -m minimind_ref.stages rebuild lora",
+             "train_config": cfg.to_dict(), "lora_settings": dict(s), "metrics": metrics, "adapter": adapter,
+             "loss_history": [round(v, 4) for v in result.history["loss"]]}
+    return model, extra, tokenizer
+
+
+def stage_adapter() -> Dict[str, torch.Tensor]:
+    """The adapter recorded in the shipped ``lora`` stage (upstream's keys, float32): apply
+    ``apply_lora(sft_model, rank)`` and load it to get the unmerged model back."""
+    from .stages import stage_metadata
+
+    return dict(stage_metadata("lora")["adapter"])

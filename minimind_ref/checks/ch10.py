@@ -1,0 +1,178 @@
+"""Checks for chapter 10 (LoRA): the adapted layer's forward, counting the parameters upstream's
+``apply_lora`` adds, and merging an adapter into its weight.
+
+Each check runs the learner's function on inputs it makes itself and compares with
+``minimind_ref.lora`` (upstream's ``model/model_lora.py`` at c090b69: ``y = W x + B(A(x))``,
+adapters on every square ``nn.Linear``); a mismatch names the known mistake it matches when it can.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import lora as ref_lora
+from ..config import MiniMindConfig, preset
+from .core import call, check, check_close, check_equal, fail, seeded
+
+
+# ---------------------------------------------------------------------- 10.1 the adapted layer
+def _forward_cases() -> List[Dict[str, Any]]:
+    out = []
+    for n, (batch, d_in, d_out, rank, scale) in enumerate([((2, 3), 8, 8, 3, 1.0), ((2, 5), 8, 8, 4, 2.0),
+                                                            ((4,), 6, 5, 2, 1.0)]):
+        g = seeded(200 + n)
+        out.append({"x": torch.randn(*batch, d_in, generator=g), "weight": torch.randn(d_out, d_in, generator=g) * 0.3,
+                    "A": torch.randn(rank, d_in, generator=g) * 0.3, "B": torch.randn(d_out, rank, generator=g) * 0.3,
+                    "scale": scale, "case": f"x {tuple(batch) + (d_in,)}, W [{d_out}, {d_in}], rank {rank}, scale {scale}"})
+    return out
+
+
+def lora_forward_reference(x: torch.Tensor, weight: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                           scale: float = 1.0) -> torch.Tensor:
+    """``x W^T + scale * (x A^T) B^T``: what ``minimind_ref.lora``'s adapted ``nn.Linear`` computes."""
+    return F.linear(x, weight) + scale * F.linear(F.linear(x, A), B)
+
+
+def _forward_mistakes(x, weight, A, B, scale) -> Dict[str, Callable[[], torch.Tensor]]:
+    rank = A.shape[0]
+    return {
+        "the frozen path left out (the layer's output is W x PLUS the adapter's B A x)":
+            lambda: scale * F.linear(F.linear(x, A), B),
+        "the scale ignored (the adapter's output is multiplied by scale)":
+            lambda: F.linear(x, weight) + F.linear(F.linear(x, A), B),
+        "the adapter divided by its rank (PEFT's alpha / r; upstream's LoRA has no such factor, only scale)":
+            lambda: F.linear(x, weight) + scale / rank * F.linear(F.linear(x, A), B),
+        "W not transposed (nn.Linear computes x @ W.T; W is [out, in])":
+            lambda: x @ weight + scale * F.linear(F.linear(x, A), B),
+        "A and B not transposed (x @ A.T is [.., rank]; then @ B.T)":
+            lambda: F.linear(x, weight) + scale * (x @ B @ A),
+    }
+
+
+@check("Exercise 10.1 lora_forward")
+def check_lora_forward(lora_forward: Callable[..., Any]) -> str:
+    """``lora_forward(x [..., in], weight [out, in], A [rank, in], B [out, rank], scale)`` must equal
+    ``x W^T + scale * B(A(x))`` within rtol = atol = 1e-5, leaving its inputs unchanged."""
+    name = "Exercise 10.1 lora_forward"
+    cases = _forward_cases()
+    for c in cases:
+        x, weight, A, B, scale, case = c["x"], c["weight"], c["A"], c["B"], c["scale"], c["case"]
+        got = call(lora_forward, x.clone(), weight.clone(), A.clone(), B.clone(), scale, name=name, case=case,
+                   check_inputs=True, hint="two paths added: the frozen layer F.linear(x, weight) and the adapter.")
+        check_close(got, lora_forward_reference(x, weight, A, B, scale), name=name, case=case, rtol=1e-5, atol=1e-5,
+                    mistakes=_forward_mistakes(x, weight, A, B, scale),
+                    hint="an nn.Linear with weight W [out, in] computes x @ W.T; the adapter is A first (in -> rank), "
+                         "then B (rank -> out), times scale.",
+                    recipe="F.linear(x, weight) + scale * F.linear(F.linear(x, A), B)")
+    return f"{len(cases)} layers (square and rectangular W, batched x, scale 1 and 2), rtol = atol = 1e-5"
+
+
+# ---------------------------------------------------------------------- 10.3 merging
+def merge_weight_reference(weight: torch.Tensor, A: torch.Tensor, B: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """``W + scale * B @ A`` as a new tensor: what ``minimind_ref.lora.merge_lora`` folds into each layer."""
+    return weight + scale * (B @ A)
+
+
+def _merge_mistakes(weight, A, B, scale) -> Dict[str, Callable[[], torch.Tensor]]:
+    return {
+        "the update transposed ((B @ A).T: W is [out, in] and so is B @ A)": lambda: weight + scale * (B @ A).T,
+        "the scale ignored (the merged update is scale * B @ A)": lambda: weight + B @ A,
+        "the update returned without W (merging ADDS B A to the frozen weight)": lambda: scale * (B @ A),
+    }
+
+
+@check("Exercise 10.3 merge_weight")
+def check_merge_weight(merge_weight: Callable[..., Any]) -> str:
+    """``merge_weight(weight [out, in], A [rank, in], B [out, rank], scale)`` must return a new
+    ``W + scale * B @ A`` (rtol = atol = 1e-5) whose layer equals the adapted layer on inputs."""
+    name = "Exercise 10.3 merge_weight"
+    cases = _forward_cases()
+    for c in cases:
+        weight, A, B, scale, case = c["weight"], c["A"], c["B"], c["scale"], c["case"]
+        got = call(merge_weight, weight.clone(), A.clone(), B.clone(), scale, name=name, case=case, check_inputs=True,
+                   hint="return a new tensor (weight + ...), do not add into weight in place.")
+        check_close(got, merge_weight_reference(weight, A, B, scale), name=name, case=case, rtol=1e-5, atol=1e-5,
+                    mistakes=_merge_mistakes(weight, A, B, scale),
+                    hint="x W^T + scale (x A^T) B^T = x (W + scale B A)^T: the merged weight has W's shape [out, in].",
+                    recipe="weight + scale * (B @ A)")
+        x = c["x"]
+        if not torch.allclose(F.linear(x, got), lora_forward_reference(x, weight, A, B, scale), rtol=1e-4, atol=1e-5):
+            fail(name, f"the merged layer's output differs from the adapted layer's ({case})")
+    return f"{len(cases)} layers, rtol = atol = 1e-5, merged layer = adapted layer on inputs, input weight unchanged"
+
+
+# ---------------------------------------------------------------------- 10.2 counting adapter parameters
+def lora_parameter_count_reference(config: MiniMindConfig, rank: int) -> int:
+    """Parameters ``apply_lora(model, rank)`` adds to ``MiniMindForCausalLM(config)``: ``rank *
+    (in + out)`` for every square ``nn.Linear`` (counted on a model built on the meta device)."""
+    from ..model import MiniMindForCausalLM
+
+    with torch.device("meta"):
+        model = MiniMindForCausalLM(config)
+    return sum(rank * (m.in_features + m.out_features) for m in model.modules()
+               if isinstance(m, nn.Linear) and m.weight.shape[0] == m.weight.shape[1])
+
+
+def _count_cases() -> List[Dict[str, Any]]:
+    course = MiniMindConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
+                            vocab_size=512, intermediate_size=384)
+    full_kv = MiniMindConfig(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+                             vocab_size=300)
+    return [
+        {"config": course, "rank": 8, "case": "the course model (hidden 128, 2 layers, 8 heads, 2 KV heads), rank 8"},
+        {"config": preset("MiniMind2-Small"), "rank": 16, "case": "MiniMind2-Small, rank 16"},
+        {"config": preset("MiniMind2-MoE"), "rank": 4, "case": "MiniMind2-MoE, rank 4"},
+        {"config": full_kv, "rank": 2, "case": "hidden 64, 3 layers, 4 heads and 4 KV heads (k_proj, v_proj square too)"},
+    ]
+
+
+def _count_mistakes(config: MiniMindConfig, rank: int) -> Dict[str, int]:
+    h, layers = config.hidden_size, config.num_hidden_layers
+    kv = config.num_key_value_heads * (h // config.num_attention_heads)
+    right = lora_parameter_count_reference(config, rank)
+    inter = config.intermediate_size
+    return {
+        "half the count: only q_proj adapted (o_proj is square too) or only A counted (B adds out * rank more)":
+            layers * rank * 2 * h,
+        "k_proj and v_proj counted as square (they map hidden to num_key_value_heads * head_dim)": layers * 4 * rank * 2 * h,
+        "the MLP counted too (gate/up/down map hidden <-> intermediate_size: not square)":
+            right + layers * 3 * rank * (h + inter),
+        "a full matrix per layer (rank * (in + out) per adapter, not in * out)": layers * 2 * h * h,
+    }
+
+
+@check("Exercise 10.2 lora_parameter_count")
+def check_lora_parameter_count(lora_parameter_count: Callable[..., Any]) -> str:
+    """``lora_parameter_count(config, rank)`` must return, as an int, the number of parameters
+    upstream's ``apply_lora`` adds to ``MiniMindForCausalLM(config)``."""
+    name = "Exercise 10.2 lora_parameter_count"
+    cases = _count_cases()
+    for c in cases:
+        config, rank, case = c["config"], c["rank"], c["case"]
+        got = call(lora_parameter_count, config, rank, name=name, case=case,
+                   hint="use config.hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads.")
+        if isinstance(got, torch.Tensor) and got.numel() == 1:
+            got = int(got)
+        if isinstance(got, float) and got.is_integer():
+            got = int(got)
+        if not isinstance(got, int) or isinstance(got, bool):
+            fail(name, f"expected an int, got {type(got).__name__}: {got!r:.80} ({case})", "return the count as an int.")
+        check_equal(got, lora_parameter_count_reference(config, rank), name=name, case=case,
+                    mistakes=_count_mistakes(config, rank),
+                    hint="an adapter on a [d, d] layer has A [rank, d] and B [d, rank]; which layers of a MiniMind block "
+                         "are square? q_proj and o_proj always; k_proj and v_proj only when num_key_value_heads equals "
+                         "num_attention_heads; the MLP and lm_head never.",
+                    recipe="h = config.hidden_size; kv = config.num_key_value_heads * (h // config.num_attention_heads); "
+                           "per_layer = 2 + (2 if kv == h else 0); return config.num_hidden_layers * per_layer * rank * 2 * h")
+    return f"{len(cases)} configs (the course model, MiniMind2-Small, MiniMind2-MoE, full KV heads)"
+
+
+def check_all(lora_forward: Callable[..., Any], lora_parameter_count: Callable[..., Any],
+              merge_weight: Callable[..., Any]) -> None:
+    check_lora_forward(lora_forward)
+    check_lora_parameter_count(lora_parameter_count)
+    check_merge_weight(merge_weight)

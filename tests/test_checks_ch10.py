@@ -1,0 +1,113 @@
+"""Chapter 10 checks accept the reference and reject stubs and the common mistakes, naming each."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minimind_ref.checks import ch10
+from minimind_ref.checks.core import ExerciseError
+
+
+def stub(*args, **kwargs):
+    raise NotImplementedError("Exercise 10.x: stub")
+
+
+def _fails(check, fn, *words):
+    with pytest.raises(ExerciseError) as info:
+        check(fn)
+    msg = str(info.value)
+    for w in words:
+        assert w in msg, msg
+    return msg
+
+
+def _mistake_fn(mistakes_of, description):
+    """A learner function that makes exactly the planted mistake ``description`` on every case."""
+    return lambda *args: mistakes_of(*args)[description]()
+
+
+# ---------------------------------------------------------------------- 10.1
+def test_lora_forward_reference_passes(capsys):
+    ch10.check_lora_forward(ch10.lora_forward_reference)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def test_lora_forward_rejects_stub():
+    _fails(ch10.check_lora_forward, stub, "10.1", "not implemented")
+
+
+FORWARD_MISTAKES = list(ch10._forward_mistakes(*[torch.zeros(1, 1)] * 4, 1.0))
+
+
+@pytest.mark.parametrize("description", FORWARD_MISTAKES)
+def test_lora_forward_names_each_mistake(description):
+    _fails(ch10.check_lora_forward, _mistake_fn(ch10._forward_mistakes, description), "this looks like " + description)
+
+
+def test_lora_forward_rejects_in_place_edits():
+    def edits(x, weight, A, B, scale=1.0):
+        weight.add_(scale * B @ A)
+        return F.linear(x, weight)
+
+    _fails(ch10.check_lora_forward, edits, "in place")
+
+
+# ---------------------------------------------------------------------- 10.3 (merge)
+def test_merge_weight_reference_passes(capsys):
+    ch10.check_merge_weight(ch10.merge_weight_reference)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def test_merge_weight_rejects_stub():
+    _fails(ch10.check_merge_weight, stub, "10.3", "not implemented")
+
+
+MERGE_MISTAKES = list(ch10._merge_mistakes(*[torch.zeros(1, 1)] * 3, 1.0))
+
+
+@pytest.mark.parametrize("description", MERGE_MISTAKES)
+def test_merge_weight_names_each_mistake(description):
+    _fails(ch10.check_merge_weight, _mistake_fn(ch10._merge_mistakes, description), "this looks like " + description)
+
+
+def test_merge_weight_rejects_adding_in_place():
+    def in_place(weight, A, B, scale=1.0):
+        return weight.add_(scale * (B @ A))
+
+    _fails(ch10.check_merge_weight, in_place, "in place")
+
+
+# ---------------------------------------------------------------------- 10.2 (count)
+def test_lora_parameter_count_reference_passes(capsys):
+    ch10.check_lora_parameter_count(ch10.lora_parameter_count_reference)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def test_lora_parameter_count_rejects_stub():
+    _fails(ch10.check_lora_parameter_count, stub, "10.2", "not implemented")
+
+
+COUNT_MISTAKES = list(ch10._count_mistakes(ch10._count_cases()[0]["config"], 8))
+
+
+@pytest.mark.parametrize("description", COUNT_MISTAKES)
+def test_lora_parameter_count_names_each_mistake(description):
+    _fails(ch10.check_lora_parameter_count, lambda config, rank: ch10._count_mistakes(config, rank)[description],
+           "this looks like " + description)
+
+
+def test_lora_parameter_count_rejects_non_int():
+    _fails(ch10.check_lora_parameter_count, lambda config, rank: "8192", "expected an int")
+
+
+def test_reference_count_matches_apply_lora_on_a_real_model():
+    from minimind_ref.config import MiniMindConfig
+    from minimind_ref.lora import apply_lora, lora_modules
+    from minimind_ref.model import MiniMindForCausalLM
+
+    for kv in (2, 8):
+        config = MiniMindConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=kv,
+                                vocab_size=100, intermediate_size=192)
+        model = apply_lora(MiniMindForCausalLM(config), rank=3)
+        added = sum(p.numel() for _, layer in lora_modules(model) for p in layer.lora.parameters())
+        assert ch10.lora_parameter_count_reference(config, 3) == added
