@@ -45,7 +45,7 @@ if TYPE_CHECKING:  # pragma: no cover
 REDUCTIONS = ("mean", "sum")
 DPO_CONFIG = "ch11_dpo"  # minimind_ref/configs/ch11_dpo.json: the loop's settings of the shipped `dpo` stage
 # What the loop's config cannot hold: the DPO settings of the shipped stage (recorded in dpo.pt).
-STAGE_SETTINGS: Dict[str, Any] = {"beta": 0.1, "reduction": "mean", "n_train": 3000, "n_val": 150, "seed": 0}
+STAGE_SETTINGS: Dict[str, Any] = {"beta": 0.1, "reduction": "mean", "n_train": 1000, "n_val": 120, "seed": 0}
 
 
 # ---------------------------------------------------------------------- upstream's functions
@@ -367,20 +367,23 @@ def mean_kl(model: torch.nn.Module, ref_model: torch.nn.Module, dataset: DPOData
 
 
 # ---------------------------------------------------------------------- the DPO stage
-def dpo_data(tokenizer: Any, n_train: int = 3000, n_val: int = 150, seed: int = 0, max_length: int = 256) -> "RunData":
-    """Generated preference pairs (``chat_data.preference_pairs``) as a ``train.RunData``: the
-    training split and a held-out split, both ``DPODataset``."""
+def dpo_data(tokenizer: Any, n_train: int = 1000, n_val: int = 120, seed: int = 0, max_length: int = 256,
+             kinds: Optional[Sequence[str]] = None) -> "RunData":
+    """Generated preference pairs (``chat_data.dpo_preference_pairs``: wrong sums, rambling,
+    made-up answers and drill lines given to requests that are not sums, in turn) as a
+    ``train.RunData``: the training split and a held-out split, both ``DPODataset``."""
     from . import chat_data
     from .train import RunData
 
-    train_set = DPODataset(chat_data.preference_pairs(n_train, seed=seed, split="train"), tokenizer, max_length)
-    val_set = DPODataset(chat_data.preference_pairs(n_val, seed=seed, split="test"), tokenizer, max_length)
+    kinds = tuple(kinds) if kinds is not None else chat_data.DPO_PAIR_KINDS
+    train_set = DPODataset(chat_data.dpo_preference_pairs(n_train, seed, "train", kinds), tokenizer, max_length)
+    val_set = DPODataset(chat_data.dpo_preference_pairs(n_val, seed, "test", kinds), tokenizer, max_length)
     return RunData(tokenizer, train_set, val_set, [])
 
 
 def train_dpo(model: torch.nn.Module, tokenizer: Any, cfg: "Optional[TrainConfig]" = None, beta: float = 0.1,
               reduction: str = "mean", ref_model: Any = "copy", data: "Optional[RunData]" = None,
-              n_train: int = 3000, seed: int = 0, **train_kwargs: Any) -> "TrainResult":
+              n_train: int = 1000, seed: int = 0, **train_kwargs: Any) -> "TrainResult":
     """DPO with ``minimind_ref.train``'s loop; ``model`` (the policy) is trained in place.
 
     ``ref_model``: ``"copy"`` (default) freezes a copy of ``model`` before training, as upstream

@@ -173,6 +173,7 @@ def save_stage(model: torch.nn.Module, name: str, extra: Dict[str, Any]) -> Path
 RECIPES: Dict[str, str] = {
     "base": "minimind_ref.stages:build_base",
     "sft": "minimind_ref.sft:build_stage",
+    "dpo": "minimind_ref.dpo:build_stage",
 }
 
 
