@@ -324,15 +324,21 @@ def pair_log_probs(model: torch.nn.Module, dataset: DPODataset, reduction: str =
 
 
 def preference_report(model: torch.nn.Module, ref_model: torch.nn.Module, dataset: DPODataset, beta: float = 0.1,
-                      reduction: str = "mean") -> Dict[str, float]:
+                      reduction: str = "mean",
+                      ref_pair_log_probs: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> Dict[str, float]:
     """Held-out DPO measurements of ``model`` against ``ref_model`` on ``dataset``:
     ``reward_accuracy`` (pairs where the policy prefers the chosen reply more than the reference
     does), ``margin`` (mean implicit-reward margin), ``policy_accuracy`` (pairs whose chosen reply
     the policy itself scores higher), ``chosen_change`` / ``rejected_change`` (mean change of the
     sequence log-probabilities from the reference) and, with ``dataset.kinds``, the reward
-    accuracy of each kind of pair (``reward_accuracy_<kind>``)."""
+    accuracy of each kind of pair (``reward_accuracy_<kind>``). ``ref_pair_log_probs``: the
+    reference's ``pair_log_probs(ref_model, dataset, reduction)``, when already computed (it is
+    the same for every policy compared with one reference)."""
     pc, pr = pair_log_probs(model, dataset, reduction)
-    rc, rr = pair_log_probs(ref_model, dataset, reduction)
+    rc, rr = ref_pair_log_probs if ref_pair_log_probs is not None else pair_log_probs(ref_model, dataset, reduction)
+    if rc.shape != pc.shape or rr.shape != pr.shape:
+        raise ValueError(f"ref_pair_log_probs must be two tensors of shape {tuple(pc.shape)} (one value per pair), "
+                         f"got {tuple(rc.shape)} and {tuple(rr.shape)}.")
     margin = beta * ((pc - rc) - (pr - rr))
     out = {"reward_accuracy": float((margin > 0).float().mean()), "margin": float(margin.mean()),
            "policy_accuracy": float((pc > pr).float().mean()), "chosen_change": float((pc - rc).mean()),

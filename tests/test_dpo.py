@@ -372,3 +372,17 @@ def test_sum_instead_pairs_keep_the_held_out_requests_apart():
             assert (a, b) in set(chat_data.sum_problems(split))
     with pytest.raises(ValueError, match="unknown pair kind"):
         chat_data.dpo_preference_pairs(3, kinds=("nope",))
+
+
+def test_preference_report_with_cached_reference_log_probs():
+    ref = tiny_model(seed=1)
+    policy = copy.deepcopy(ref)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(2)))
+    dataset = ListPairs([tiny_pair_batch(61, seed=s) for s in range(3)])
+    dataset.kinds = [None] * 6
+    cached = dpo.pair_log_probs(ref, dataset)
+    assert dpo.preference_report(policy, ref, dataset, ref_pair_log_probs=cached) == dpo.preference_report(policy, ref, dataset)
+    with pytest.raises(ValueError, match="ref_pair_log_probs"):
+        dpo.preference_report(policy, ref, dataset, ref_pair_log_probs=(cached[0][:1], cached[1][:1]))
