@@ -347,3 +347,40 @@ def double_eval_exchanges(split: str = "test") -> List[Exchange]:
     _split_of(split)
     return [Exchange("double", p.format(n=n), f"{n:02d}+{n:02d}={format_answer(n, n)}", {"n": n})
             for n in double_numbers(split) for p in DOUBLE_PHRASINGS]
+
+
+# ---------------------------------------------------------------------- chapter 11 (DPO): more pair kinds
+def sum_instead(rng: random.Random, split: str) -> str:
+    """What the SFT model says to some requests it cannot do: a drill line, as if asked for a sum
+    (the ``sft`` stage answers the held-out "What is the square root of 2?" with ``02+02=004``)."""
+    a, b = rng.choice(sum_problems(split))
+    return f"{a:02d}+{b:02d}={format_answer(a, b)}"
+
+
+DPO_PAIR_KINDS = PAIR_KINDS + ("sum_instead",)
+
+
+def dpo_preference_pairs(n: int, seed: int = 0, split: str = "train",
+                         kinds: Sequence[str] = DPO_PAIR_KINDS) -> List[Dict[str, Any]]:
+    """``preference_pairs`` with one more kind, ``sum_instead`` (an honest "I can't" vs a drill
+    line given to a request that is not a sum), the kinds in turn. The records of the older kinds
+    are those of ``preference_pairs(…, kinds=<the older kinds asked for>)``, in the same order."""
+    _split_of(split)
+    for kind in kinds:
+        if kind not in DPO_PAIR_KINDS:
+            raise ValueError(f"unknown pair kind {kind!r}; choose from {DPO_PAIR_KINDS}.")
+    slots = [kinds[i % len(kinds)] for i in range(n)]
+    old_kinds = [k for k in kinds if k != "sum_instead"]
+    n_old = sum(k != "sum_instead" for k in slots)
+    old = iter(preference_pairs(n_old, seed, split, old_kinds) if n_old else [])
+    rng = random.Random(_seed(seed, split, 11))
+    out = []
+    for kind in slots:
+        if kind != "sum_instead":
+            out.append(next(old))
+            continue
+        request, _ = rng.choice(cannot_do_requests(split))
+        user = [{"role": "user", "content": request}]
+        out.append({"chosen": user + [{"role": "assistant", "content": REFUSAL}],
+                    "rejected": user + [{"role": "assistant", "content": sum_instead(rng, split)}], "kind": kind})
+    return out

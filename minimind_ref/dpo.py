@@ -45,7 +45,7 @@ if TYPE_CHECKING:  # pragma: no cover
 REDUCTIONS = ("mean", "sum")
 DPO_CONFIG = "ch11_dpo"  # minimind_ref/configs/ch11_dpo.json: the loop's settings of the shipped `dpo` stage
 # What the loop's config cannot hold: the DPO settings of the shipped stage (recorded in dpo.pt).
-STAGE_SETTINGS: Dict[str, Any] = {"beta": 0.1, "reduction": "mean", "n_train": 3000, "n_val": 150, "seed": 0}
+STAGE_SETTINGS: Dict[str, Any] = {"beta": 0.1, "reduction": "mean", "n_train": 1000, "n_val": 120, "seed": 0}
 
 
 # ---------------------------------------------------------------------- upstream's functions
@@ -324,15 +324,21 @@ def pair_log_probs(model: torch.nn.Module, dataset: DPODataset, reduction: str =
 
 
 def preference_report(model: torch.nn.Module, ref_model: torch.nn.Module, dataset: DPODataset, beta: float = 0.1,
-                      reduction: str = "mean") -> Dict[str, float]:
+                      reduction: str = "mean",
+                      ref_pair_log_probs: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> Dict[str, float]:
     """Held-out DPO measurements of ``model`` against ``ref_model`` on ``dataset``:
     ``reward_accuracy`` (pairs where the policy prefers the chosen reply more than the reference
     does), ``margin`` (mean implicit-reward margin), ``policy_accuracy`` (pairs whose chosen reply
     the policy itself scores higher), ``chosen_change`` / ``rejected_change`` (mean change of the
     sequence log-probabilities from the reference) and, with ``dataset.kinds``, the reward
-    accuracy of each kind of pair (``reward_accuracy_<kind>``)."""
+    accuracy of each kind of pair (``reward_accuracy_<kind>``). ``ref_pair_log_probs``: the
+    reference's ``pair_log_probs(ref_model, dataset, reduction)``, when already computed (it is
+    the same for every policy compared with one reference)."""
     pc, pr = pair_log_probs(model, dataset, reduction)
-    rc, rr = pair_log_probs(ref_model, dataset, reduction)
+    rc, rr = ref_pair_log_probs if ref_pair_log_probs is not None else pair_log_probs(ref_model, dataset, reduction)
+    if rc.shape != pc.shape or rr.shape != pr.shape:
+        raise ValueError(f"ref_pair_log_probs must be two tensors of shape {tuple(pc.shape)} (one value per pair), "
+                         f"got {tuple(rc.shape)} and {tuple(rr.shape)}.")
     margin = beta * ((pc - rc) - (pr - rr))
     out = {"reward_accuracy": float((margin > 0).float().mean()), "margin": float(margin.mean()),
            "policy_accuracy": float((pc > pr).float().mean()), "chosen_change": float((pc - rc).mean()),
@@ -367,20 +373,23 @@ def mean_kl(model: torch.nn.Module, ref_model: torch.nn.Module, dataset: DPOData
 
 
 # ---------------------------------------------------------------------- the DPO stage
-def dpo_data(tokenizer: Any, n_train: int = 3000, n_val: int = 150, seed: int = 0, max_length: int = 256) -> "RunData":
-    """Generated preference pairs (``chat_data.preference_pairs``) as a ``train.RunData``: the
-    training split and a held-out split, both ``DPODataset``."""
+def dpo_data(tokenizer: Any, n_train: int = 1000, n_val: int = 120, seed: int = 0, max_length: int = 256,
+             kinds: Optional[Sequence[str]] = None) -> "RunData":
+    """Generated preference pairs (``chat_data.dpo_preference_pairs``: wrong sums, rambling,
+    made-up answers and drill lines given to requests that are not sums, in turn) as a
+    ``train.RunData``: the training split and a held-out split, both ``DPODataset``."""
     from . import chat_data
     from .train import RunData
 
-    train_set = DPODataset(chat_data.preference_pairs(n_train, seed=seed, split="train"), tokenizer, max_length)
-    val_set = DPODataset(chat_data.preference_pairs(n_val, seed=seed, split="test"), tokenizer, max_length)
+    kinds = tuple(kinds) if kinds is not None else chat_data.DPO_PAIR_KINDS
+    train_set = DPODataset(chat_data.dpo_preference_pairs(n_train, seed, "train", kinds), tokenizer, max_length)
+    val_set = DPODataset(chat_data.dpo_preference_pairs(n_val, seed, "test", kinds), tokenizer, max_length)
     return RunData(tokenizer, train_set, val_set, [])
 
 
 def train_dpo(model: torch.nn.Module, tokenizer: Any, cfg: "Optional[TrainConfig]" = None, beta: float = 0.1,
               reduction: str = "mean", ref_model: Any = "copy", data: "Optional[RunData]" = None,
-              n_train: int = 3000, seed: int = 0, **train_kwargs: Any) -> "TrainResult":
+              n_train: int = 1000, seed: int = 0, **train_kwargs: Any) -> "TrainResult":
     """DPO with ``minimind_ref.train``'s loop; ``model`` (the policy) is trained in place.
 
     ``ref_model``: ``"copy"`` (default) freezes a copy of ``model`` before training, as upstream

@@ -174,6 +174,7 @@ RECIPES: Dict[str, str] = {
     "base": "minimind_ref.stages:build_base",
     "sft": "minimind_ref.sft:build_stage",
     "lora": "minimind_ref.lora:build_stage",
+    "dpo": "minimind_ref.dpo:build_stage",
 }
 
 

@@ -345,3 +345,44 @@ def test_objective_validates_its_settings():
         dpo.concat_pairs({"x_chosen": torch.zeros(1, 2)})
     with pytest.raises(ValueError, match="ref_model"):
         dpo.train_dpo(tiny_model(), None, ref_model="none")
+
+
+# ---------------------------------------------------------------------- the chapter's pair kinds
+def test_dpo_preference_pairs_extend_preference_pairs():
+    for split in ("train", "test"):
+        records = chat_data.dpo_preference_pairs(40, seed=3, split=split)
+        assert [r["kind"] for r in records] == [chat_data.DPO_PAIR_KINDS[i % 4] for i in range(40)]
+        old = [r for r in records if r["kind"] != "sum_instead"]
+        assert old == chat_data.preference_pairs(len(old), seed=3, split=split)
+        assert records == chat_data.dpo_preference_pairs(40, seed=3, split=split)  # a pure function
+    only_old = chat_data.dpo_preference_pairs(9, seed=0, kinds=chat_data.PAIR_KINDS)
+    assert only_old == chat_data.preference_pairs(9, seed=0)
+
+
+def test_sum_instead_pairs_keep_the_held_out_requests_apart():
+    held_out = {r for r, _ in chat_data.cannot_do_requests("test")}
+    for split in ("train", "test"):
+        for record in chat_data.dpo_preference_pairs(60, seed=0, split=split, kinds=("sum_instead",)):
+            request = record["chosen"][0]["content"]
+            assert (request in held_out) == (split == "test")
+            assert record["chosen"][-1]["content"] == chat_data.REFUSAL
+            drill = record["rejected"][-1]["content"]
+            a, b = int(drill[:2]), int(drill[3:5])
+            assert drill == f"{a:02d}+{b:02d}={chat_data.format_answer(a, b)}"
+            assert (a, b) in set(chat_data.sum_problems(split))
+    with pytest.raises(ValueError, match="unknown pair kind"):
+        chat_data.dpo_preference_pairs(3, kinds=("nope",))
+
+
+def test_preference_report_with_cached_reference_log_probs():
+    ref = tiny_model(seed=1)
+    policy = copy.deepcopy(ref)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(2)))
+    dataset = ListPairs([tiny_pair_batch(61, seed=s) for s in range(3)])
+    dataset.kinds = [None] * 6
+    cached = dpo.pair_log_probs(ref, dataset)
+    assert dpo.preference_report(policy, ref, dataset, ref_pair_log_probs=cached) == dpo.preference_report(policy, ref, dataset)
+    with pytest.raises(ValueError, match="ref_pair_log_probs"):
+        dpo.preference_report(policy, ref, dataset, ref_pair_log_probs=(cached[0][:1], cached[1][:1]))
