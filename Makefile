@@ -23,10 +23,10 @@ COLAB_PYTHON ?= $(PYTHON)
 CHROMIUM := /usr/bin/chromium
 APT_GET  := DEBIAN_FRONTEND=noninteractive apt-get
 
-.PHONY: venv test test-package test-colab test-gpu test-fast book student execute timings publish vendor browser clean help
+.PHONY: venv test test-package test-colab test-gpu test-fast book student execute timings report publish vendor browser clean help
 
 help:
-	@echo "make test | make test-gpu | make book | make student | make publish | make execute NB=notebooks/01_normalization.ipynb | make timings | make clean"
+	@echo "make test | make test-gpu | make book | make student | make publish | make execute NB=notebooks/01_normalization.ipynb | make timings | make report | make bench | make clean"
 
 # torch==2.13.0 goes in first and the constraints file holds it there for everything after.
 $(STAMP): pyproject.toml requirements/dev.txt requirements/constraints.txt
@@ -117,6 +117,12 @@ browser:
 
 clean:
 	rm -rf _build .pytest_cache _vendor .colab-venv
+
+# The stage report (book/performance.md includes it): every shipped stage's held-out evaluation,
+# re-measured on this machine. tests/test_stage_report.py checks the committed table against the
+# figures the shipped files recorded when they were built.
+report: $(STAMP)
+	$(BIN)/python -m minimind_ref.stages report --out benchmarks/results/stage_report.md
 
 # Benchmarks (not part of `make test`): writes benchmarks/results/{results.json,performance_table.md}.
 bench: $(STAMP)

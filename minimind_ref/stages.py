@@ -17,7 +17,8 @@ runs standalone and ``python -m minimind_ref.stages rebuild`` re-creates them.
 * ``mean_length``: average reply length in tokens (up to ``<|im_end|>`` or the budget);
 * per-kind accuracies for the other prompts (stories, identity, refusals) as extras.
 
-    python -m minimind_ref.stages report            # the table, as markdown
+    python -m minimind_ref.stages report            # the table, as markdown (re-evaluates every stage)
+    python -m minimind_ref.stages report --recorded # the same, from the figures the shipped files recorded
     python -m minimind_ref.stages rebuild [stage]   # re-create shipped checkpoints
 """
 
@@ -230,6 +231,17 @@ def stage_rows(stages: Sequence[str] = STAGES, evaluate: Callable[..., Dict[str,
     return rows
 
 
+def recorded_rows(stages: Sequence[str] = STAGES) -> List[Dict[str, Any]]:
+    """The same rows as ``stage_rows``, from the ``evaluate_chat`` figures each shipped file
+    recorded when ``rebuild`` made it (no model is run; equal to ``stage_rows`` on the machine
+    that built the files)."""
+    rows = []
+    for name in stages:
+        if stage_path(name).is_file():
+            rows.append({"stage": name, "chapter": STAGE_INFO[name].chapter, **stage_metadata(name)["evaluate_chat"]})
+    return rows
+
+
 def render_markdown(rows: Sequence[Dict[str, Any]]) -> str:
     """The stage report as a markdown table (percentages with one decimal, length in tokens)."""
     header = ("| stage | chapter | whole-answer accuracy (held-out sums) | stops at `<\\|im_end\\|>` | "
@@ -246,6 +258,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sub = p.add_subparsers(dest="command", required=True)
     rep = sub.add_parser("report", help="evaluate every shipped stage and print (or write) the markdown table")
     rep.add_argument("--out", default=None, help="write the table to this file instead of printing it")
+    rep.add_argument("--recorded", action="store_true",
+                     help="use the figures each shipped file recorded when it was built instead of re-evaluating")
     reb = sub.add_parser("rebuild", help="re-create shipped stage checkpoints with their recipes (in stage order)")
     reb.add_argument("stages", nargs="*", default=None, help=f"stages to rebuild (default: all of {', '.join(RECIPES)})")
     args = p.parse_args(argv)
@@ -254,7 +268,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             rebuild(name)
     if args.command == "report":
         with torch.inference_mode(False):
-            table = render_markdown(stage_rows())
+            table = render_markdown(recorded_rows() if args.recorded else stage_rows())
         if args.out:
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(table, encoding="utf-8")
