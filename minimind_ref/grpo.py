@@ -40,12 +40,15 @@ prompt per batch the two are the same computation.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from .sft import IM_END, _special_id, encode_chat
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .train import RunData, TrainConfig, TrainResult  # noqa: F401
 
 REDUCTIONS = ("sequence", "token")
 # upstream's format reward (args.reasoning == 1): the whole reply must match one of these (re.S)
@@ -286,3 +289,115 @@ class GRPOObjective:
                 "accuracy": (reward_t >= 1).float().mean(), "completion_length": m.sum(dim=1).mean(),
                 "stop_rate": stopped.mean(), "kl": kl, "zero_std_groups": (spread == 0).float().mean(),
                 "tokens": m.sum()}
+
+
+# ---------------------------------------------------------------------- training and the grpo stage
+GRPO_CONFIG = "ch12_grpo"
+# the shipped stage's GRPO settings (the loop's settings are configs/ch12_grpo.json)
+STAGE_SETTINGS: Dict[str, Any] = {"num_generations": 8, "max_new_tokens": 16, "beta": 0.04, "temperature": 0.8,
+                                  "reduction": "sequence", "normalize_batch": True, "n_train": 2000,
+                                  "n_heldout": 100, "seed": 0}
+
+
+def rl_data(n_train: int = 2000, seed: int = 0) -> "RunData":
+    """``chat_data.rl_prompts`` (training split) as a ``train.RunData`` of ``RLPromptDataset``."""
+    from . import chat_data
+    from .train import RunData
+
+    return RunData(None, RLPromptDataset(chat_data.rl_prompts(n_train, seed, "train")), None, [])
+
+
+@torch.no_grad()
+def heldout_accuracy(model: torch.nn.Module, tokenizer: Any, n: int = 100, seed: int = 0,
+                     max_new_tokens: int = 16, n_samples: int = 4, temperature: float = 0.8) -> Dict[str, float]:
+    """Greedy replies to ``n`` held-out sum prompts (``chat_data.rl_prompts(n, seed, "test")``):
+    ``accuracy`` (``sum_reward``), ``stop_rate`` and ``length`` (mean reply tokens); and, with
+    ``n_samples``, ``sampled_accuracy``: the mean reward of ``n_samples`` replies per prompt
+    sampled at ``temperature`` (what GRPO maximises; seeded, so deterministic on one machine)."""
+    from . import chat_data
+    from .sft import generate_replies
+
+    records = chat_data.rl_prompts(n, seed, "test")
+    was_training = model.training
+    model.eval()
+    try:
+        replies = generate_replies(model, tokenizer, [r["conversations"][:-1] for r in records],
+                                   max_new_tokens=max_new_tokens)
+        scores = [sum_reward(r["text"], rec["conversations"][-1]["content"]) for r, rec in zip(replies, records)]
+        out = {"accuracy": sum(scores) / n, "stop_rate": sum(r["stopped"] for r in replies) / n,
+               "length": sum(len(r["ids"]) for r in replies) / n}
+        if n_samples:
+            g = torch.Generator(device=next(model.parameters()).device).manual_seed(seed + 1)
+            convs = [r["conversations"][:-1] for r in records for _ in range(n_samples)]
+            sampled = generate_replies(model, tokenizer, convs, max_new_tokens=max_new_tokens, do_sample=True,
+                                       temperature=temperature, generator=g)
+            answers = [r["conversations"][-1]["content"] for r in records for _ in range(n_samples)]
+            out["sampled_accuracy"] = sum(sum_reward(r["text"], a) for r, a in zip(sampled, answers)) / len(convs)
+    finally:
+        model.train(was_training)
+    return out
+
+
+def train_grpo(model: torch.nn.Module, tokenizer: Any, cfg: "Optional[TrainConfig]" = None, ref_model: Any = "copy",
+               num_generations: int = 8, max_new_tokens: int = 16, beta: float = 0.04, temperature: float = 0.8,
+               normalize_batch: bool = True, reduction: str = "sequence", reward_fn: Callable[[str, str], float] = sum_reward,
+               n_train: int = 2000, seed: int = 0, n_heldout: int = 100, data: "Optional[RunData]" = None,
+               **train_kwargs: Any) -> "TrainResult":
+    """GRPO with ``minimind_ref.train``'s loop; ``model`` (the policy) is trained in place.
+    ``cfg.batch_size`` counts prompts (``batch_size * num_generations`` completions per step).
+    ``ref_model``: ``"copy"`` (default) freezes a copy of ``model`` first, as upstream does; a
+    module is used as given; ``None`` drops the KL term (``beta`` must be 0). Every
+    ``cfg.eval_every`` steps the default evaluation logs ``heldout_accuracy`` on ``n_heldout``
+    held-out prompts (``history["eval_accuracy"]``, ``eval_stop_rate``, ``eval_length``)."""
+    from .dpo import freeze_reference
+    from .train import TrainConfig, train
+
+    cfg = cfg if cfg is not None else TrainConfig.from_json(GRPO_CONFIG)
+    if isinstance(ref_model, str):
+        if ref_model != "copy":
+            raise ValueError(f"ref_model must be 'copy', a model, or None (no KL term), got {ref_model!r}.")
+        ref_model = freeze_reference(model)
+    data = data if data is not None else rl_data(n_train, seed)
+    objective = GRPOObjective(ref_model, tokenizer, num_generations=num_generations, max_new_tokens=max_new_tokens,
+                              beta=beta, temperature=temperature, reward_fn=reward_fn, normalize_batch=normalize_batch,
+                              reduction=reduction, seed=seed)
+
+    def evaluate(policy: torch.nn.Module, step: int) -> Dict[str, float]:
+        return heldout_accuracy(policy, tokenizer, n_heldout, seed, max_new_tokens) if n_heldout else {}
+
+    train_kwargs.setdefault("evaluate", evaluate)
+    result = train(cfg, model=model, data=data, objective=objective, **train_kwargs)
+    result.objective = objective  # type: ignore[attr-defined]
+    return result
+
+
+def build_stage(parent: torch.nn.Module, tokenizer: Any) -> "tuple[torch.nn.Module, Dict[str, Any], Any]":
+    """The shipped ``grpo`` stage: ``train_grpo`` on its parent stage with ``GRPO_CONFIG`` and
+    ``STAGE_SETTINGS`` (``python -m minimind_ref.stages rebuild grpo``)."""
+    from .dpo import freeze_reference
+    from .train import TrainConfig
+
+    s = STAGE_SETTINGS
+    cfg = TrainConfig.from_json(GRPO_CONFIG).replace(progress=False, out_dir=None)
+    ref = freeze_reference(parent)
+    before = heldout_accuracy(parent, tokenizer, s["n_heldout"], s["seed"], s["max_new_tokens"])
+    result = train_grpo(parent, tokenizer, cfg, ref_model=ref, num_generations=s["num_generations"],
+                        max_new_tokens=s["max_new_tokens"], beta=s["beta"], temperature=s["temperature"],
+                        normalize_batch=s["normalize_batch"], reduction=s["reduction"], n_train=s["n_train"],
+                        seed=s["seed"], n_heldout=s["n_heldout"], log=lambda line: None)
+    after = heldout_accuracy(result.model, tokenizer, s["n_heldout"], s["seed"], s["max_new_tokens"])
+    h = result.history
+    k = min(10, len(h["reward"]))
+    extra = {"recipe": "minimind_ref.grpo:build_stage", "command": "python -m minimind_ref.stages rebuild grpo",
+             "train_config": cfg.to_dict(), "grpo_settings": dict(s),
+             "metrics": {"first_reward_mean10": sum(h["reward"][:k]) / k, "final_reward_mean10": sum(h["reward"][-k:]) / k,
+                         "final_kl_mean10": sum(h["kl"][-k:]) / k,
+                         "heldout_accuracy_before": before["accuracy"], "heldout_accuracy_after": after["accuracy"],
+                         "heldout_stop_rate_after": after["stop_rate"], "heldout_length_after": after["length"],
+                         "heldout_sampled_accuracy_before": before["sampled_accuracy"],
+                         "heldout_sampled_accuracy_after": after["sampled_accuracy"]},
+             # the run's curves (a few kB), plotted by chapter 12
+             "history": {key: [round(float(v), 5) for v in h[key]] for key in
+                         ("step", "reward", "kl", "completion_length", "zero_std_groups", "grpo_loss", "eval_step",
+                          "eval_accuracy", "eval_sampled_accuracy")}}
+    return result.model, extra, tokenizer

@@ -116,7 +116,7 @@ STAGE_INFO: Dict[str, Stage] = {
     "sft": Stage("sft", "sft.pt", "base", "09", "supervised fine-tuning on generated conversations"),
     "lora": Stage("lora", "lora.pt", "sft", "10", "the SFT model with a LoRA adapter merged in"),
     "dpo": Stage("dpo", "dpo.pt", "sft", "11", "DPO on generated preference pairs"),
-    "grpo": Stage("grpo", "grpo.pt", "dpo", "12", "GRPO with a verifiable reward"),
+    "grpo": Stage("grpo", "grpo.pt", "sft", "12", "GRPO with a verifiable reward (sums)"),
 }
 
 
@@ -176,6 +176,7 @@ RECIPES: Dict[str, str] = {
     "sft": "minimind_ref.sft:build_stage",
     "lora": "minimind_ref.lora:build_stage",
     "dpo": "minimind_ref.dpo:build_stage",
+    "grpo": "minimind_ref.grpo:build_stage",
 }
 
 

@@ -1,0 +1,140 @@
+"""Chapter 12 checks accept the reference and reject stubs and the common mistakes, naming each."""
+
+import pytest
+import torch
+
+from minimind_ref import grpo
+from minimind_ref.checks import ch12
+from minimind_ref.checks.core import ExerciseError
+
+
+def stub(*args, **kwargs):
+    raise NotImplementedError("Exercise 12.x: stub")
+
+
+def esc(message):
+    return message.replace("(", r"\(").replace(")", r"\)").replace("+", r"\+").replace("*", r"\*")
+
+
+# ---------------------------------------------------------------------- 12.1
+def test_group_advantages_reference_passes(capsys):
+    ch12.check_group_advantages(grpo.group_advantages)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def _batch(a):
+    return (a - a.mean()) / (a.std() + 1e-8)
+
+
+def _grouped(r, g, unbiased=True):
+    x = r.view(-1, g)
+    return x.mean(1).repeat_interleave(g), x.std(1, unbiased=unbiased).repeat_interleave(g)
+
+
+ADV_MISTAKES = {
+    "only the per-group normalisation": lambda r, g: grpo.group_advantages(r, g, normalize_batch=False),
+    "one mean and std over the whole batch": lambda r, g: _batch(((r - r.mean()) / (r.std() + 1e-4)).clamp(-10, 10)),
+    "not divided by the group std": lambda r, g: _batch(r - _grouped(r, g)[0]),
+    "the group statistics taken over the wrong axis":
+        lambda r, g: _batch(((r - r.view(g, -1).mean(0).repeat(g)) / (r.view(g, -1).std(0).repeat(g) + 1e-4)).clamp(-10, 10)),
+    "your advantages have NaN": lambda r, g: _batch((r - _grouped(r, g)[0]) / _grouped(r, g)[1]),
+}
+
+
+@pytest.mark.parametrize("message", list(ADV_MISTAKES))
+def test_group_advantages_names_the_mistake(message):
+    with pytest.raises(ExerciseError, match=esc(message)):
+        ch12.check_group_advantages(ADV_MISTAKES[message])
+
+
+def test_group_advantages_rejects_stub_and_in_place_edits():
+    with pytest.raises(ExerciseError, match="not implemented"):
+        ch12.check_group_advantages(stub)
+
+    def edits(rewards, g):
+        rewards.sub_(rewards.mean())
+        return grpo.group_advantages(rewards, g)
+
+    with pytest.raises(ExerciseError, match="in place"):
+        ch12.check_group_advantages(edits)
+
+
+# ---------------------------------------------------------------------- 12.2
+def test_completion_mask_reference_passes(capsys):
+    ch12.check_completion_mask(grpo.completion_mask)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def _first(ids, eos):
+    return (ids == eos).int().argmax(1, keepdim=True), (ids == eos).any(1, keepdim=True)
+
+
+def _pos(ids):
+    return torch.arange(ids.size(1)).expand(ids.size(0), -1)
+
+
+MASK_MISTAKES = {
+    "the end marker itself left out":
+        lambda ids, eos: torch.where(_first(ids, eos)[1], _pos(ids) < _first(ids, eos)[0], torch.ones_like(ids, dtype=torch.bool)).int(),
+    "a row without an end marker masked to its first token only": lambda ids, eos: (_pos(ids) <= _first(ids, eos)[0]).int(),
+    "every token that is not the end marker": lambda ids, eos: (ids != eos).int(),
+    "up to the last end marker instead of the first":
+        lambda ids, eos: torch.where(_first(ids, eos)[1],
+                                     _pos(ids) <= ids.size(1) - 1 - (ids == eos).int().flip(1).argmax(1, keepdim=True),
+                                     torch.ones_like(ids, dtype=torch.bool)).int(),
+}
+
+
+@pytest.mark.parametrize("message", list(MASK_MISTAKES))
+def test_completion_mask_names_the_mistake(message):
+    with pytest.raises(ExerciseError, match=esc(message)):
+        ch12.check_completion_mask(MASK_MISTAKES[message])
+
+
+def test_completion_mask_rejects_stub_and_accepts_a_bool_mask():
+    with pytest.raises(ExerciseError, match="not implemented"):
+        ch12.check_completion_mask(stub)
+    ch12.check_completion_mask(lambda ids, eos: grpo.completion_mask(ids, eos).bool())
+
+
+# ---------------------------------------------------------------------- 12.3
+def test_grpo_loss_reference_passes(capsys):
+    ch12.check_grpo_loss(grpo.grpo_loss)
+    assert capsys.readouterr().out.startswith("✓")
+
+
+def _k3(lp, ref):
+    return torch.exp(ref - lp) - (ref - lp) - 1
+
+
+def _seq(t, m):
+    m = m.float()
+    return ((t * m).sum(1) / m.sum(1)).mean()
+
+
+def _ratio(lp):
+    return torch.exp(lp - lp.detach())
+
+
+LOSS_MISTAKES = {
+    "the KL term with the wrong sign": lambda lp, ref, a, m, b: _seq(-(_ratio(lp) * a[:, None] + b * _k3(lp, ref)), m),
+    "the KL estimator the other way round": lambda lp, ref, a, m, b: _seq(-(_ratio(lp) * a[:, None] - b * _k3(ref, lp)), m),
+    "one average over all masked tokens of the batch": lambda lp, ref, a, m, b: grpo.grpo_loss(lp, ref, a, m, b, "token"),
+    "no mask": lambda lp, ref, a, m, b: (-(_ratio(lp) * a[:, None] - b * _k3(lp, ref))).mean(),
+    "missing the minus sign": lambda lp, ref, a, m, b: -grpo.grpo_loss(lp, ref, a, m, b),
+    "exp(lp - lp) or exp(0)": lambda lp, ref, a, m, b: _seq(-(torch.exp(lp - lp) * a[:, None] - b * _k3(lp, ref)), m),
+    "has no gradient": lambda lp, ref, a, m, b: grpo.grpo_loss(lp.detach(), ref, a, m, b),
+}
+
+
+@pytest.mark.parametrize("message", list(LOSS_MISTAKES))
+def test_grpo_loss_names_the_mistake(message):
+    with pytest.raises(ExerciseError, match=esc(message)):
+        ch12.check_grpo_loss(LOSS_MISTAKES[message])
+
+
+def test_grpo_loss_rejects_stub_and_non_scalars():
+    with pytest.raises(ExerciseError, match="not implemented"):
+        ch12.check_grpo_loss(stub)
+    with pytest.raises(ExerciseError, match="scalar"):
+        ch12.check_grpo_loss(lambda lp, ref, a, m, b: -(lp * a[:, None]))
