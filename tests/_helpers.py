@@ -19,3 +19,23 @@ def tiny_model(seed: int = 0, **overrides) -> mm.MiniMindForCausalLM:
 
 def rand_ids(batch: int, seq: int, vocab: int = 61, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+def stub(*args, **kwargs):
+    """An exercise as the student edition ships it, before it is solved."""
+    raise NotImplementedError("exercise stub")
+
+
+def check_fails(check, fn, *fragments: str) -> str:
+    """``check(fn)`` must raise ``ExerciseError`` whose message holds every fragment (plain text);
+    returns the message."""
+    import pytest
+
+    from minimind_ref.checks.core import ExerciseError
+
+    with pytest.raises(ExerciseError) as info:
+        check(fn)
+    message = str(info.value)
+    for fragment in fragments:
+        assert fragment in message, message
+    return message

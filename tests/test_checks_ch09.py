@@ -4,22 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from _helpers import check_fails, stub
 from minimind_ref import sft
 from minimind_ref.checks import ch09
-from minimind_ref.checks.core import ExerciseError
-
-
-def stub(*args, **kwargs):
-    raise NotImplementedError("Exercise 9.x: stub")
-
-
-def _fails(check, fn, *words):
-    with pytest.raises(ExerciseError) as info:
-        check(fn)
-    msg = str(info.value)
-    for w in words:
-        assert w in msg, msg
-    return msg
 
 
 # ---------------------------------------------------------------------- 9.1
@@ -29,12 +16,12 @@ def test_render_chat_reference_passes(capsys):
 
 
 def test_render_chat_rejects_stub():
-    _fails(ch09.check_render_chat, stub, "9.1")
+    check_fails(ch09.check_render_chat, stub, "9.1")
 
 
 @pytest.mark.parametrize("description", list(ch09.RENDER_MISTAKES))
 def test_render_chat_names_each_mistake(description):
-    _fails(ch09.check_render_chat, ch09.RENDER_MISTAKES[description], "this looks like " + description)
+    check_fails(ch09.check_render_chat, ch09.RENDER_MISTAKES[description], "this looks like " + description)
 
 
 def test_render_chat_rejects_input_edits_and_non_strings():
@@ -42,8 +29,8 @@ def test_render_chat_rejects_input_edits_and_non_strings():
         messages.append({"role": "assistant", "content": ""})
         return sft.render_chat(messages[:-1], add_generation_prompt)
 
-    _fails(ch09.check_render_chat, edits, "in place")
-    _fails(ch09.check_render_chat, lambda m, g=False: sft.render_chat(m, g).encode(), "expected a str")
+    check_fails(ch09.check_render_chat, edits, "in place")
+    check_fails(ch09.check_render_chat, lambda m, g=False: sft.render_chat(m, g).encode(), "expected a str")
 
 
 # ---------------------------------------------------------------------- 9.2
@@ -53,12 +40,12 @@ def test_assistant_loss_mask_reference_passes(capsys):
 
 
 def test_assistant_loss_mask_rejects_stub():
-    _fails(ch09.check_assistant_loss_mask, stub, "9.2")
+    check_fails(ch09.check_assistant_loss_mask, stub, "9.2")
 
 
 @pytest.mark.parametrize("description", list(ch09.MASK_MISTAKES))
 def test_assistant_loss_mask_names_each_mistake(description):
-    _fails(ch09.check_assistant_loss_mask, ch09.MASK_MISTAKES[description], "this looks like " + description)
+    check_fails(ch09.check_assistant_loss_mask, ch09.MASK_MISTAKES[description], "this looks like " + description)
 
 
 def test_assistant_loss_mask_accepts_a_tensor_and_rejects_in_place_edits(capsys):
@@ -70,7 +57,7 @@ def test_assistant_loss_mask_accepts_a_tensor_and_rejects_in_place_edits(capsys)
         ids[:] = mask
         return mask
 
-    _fails(ch09.check_assistant_loss_mask, edits, "in place")
+    check_fails(ch09.check_assistant_loss_mask, edits, "in place")
 
 
 # ---------------------------------------------------------------------- 9.3
@@ -113,4 +100,4 @@ def test_sft_loss_reference_passes(capsys):
     (lambda logits, labels: float(reference_loss(logits, labels).detach()), ["expected a torch.Tensor"]),
 ])
 def test_sft_loss_names_each_mistake(wrong, words):
-    _fails(ch09.check_sft_loss, wrong, *words)
+    check_fails(ch09.check_sft_loss, wrong, *words)

@@ -4,21 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from _helpers import check_fails, stub
 from minimind_ref.checks import ch10
-from minimind_ref.checks.core import ExerciseError
-
-
-def stub(*args, **kwargs):
-    raise NotImplementedError("Exercise 10.x: stub")
-
-
-def _fails(check, fn, *words):
-    with pytest.raises(ExerciseError) as info:
-        check(fn)
-    msg = str(info.value)
-    for w in words:
-        assert w in msg, msg
-    return msg
 
 
 def _mistake_fn(mistakes_of, description):
@@ -33,7 +20,7 @@ def test_lora_forward_reference_passes(capsys):
 
 
 def test_lora_forward_rejects_stub():
-    _fails(ch10.check_lora_forward, stub, "10.1", "not implemented")
+    check_fails(ch10.check_lora_forward, stub, "10.1", "not implemented")
 
 
 FORWARD_MISTAKES = list(ch10._forward_mistakes(*[torch.zeros(1, 1)] * 4, 1.0))
@@ -41,7 +28,7 @@ FORWARD_MISTAKES = list(ch10._forward_mistakes(*[torch.zeros(1, 1)] * 4, 1.0))
 
 @pytest.mark.parametrize("description", FORWARD_MISTAKES)
 def test_lora_forward_names_each_mistake(description):
-    _fails(ch10.check_lora_forward, _mistake_fn(ch10._forward_mistakes, description), "this looks like " + description)
+    check_fails(ch10.check_lora_forward, _mistake_fn(ch10._forward_mistakes, description), "this looks like " + description)
 
 
 def test_lora_forward_rejects_in_place_edits():
@@ -49,7 +36,7 @@ def test_lora_forward_rejects_in_place_edits():
         weight.add_(scale * B @ A)
         return F.linear(x, weight)
 
-    _fails(ch10.check_lora_forward, edits, "in place")
+    check_fails(ch10.check_lora_forward, edits, "in place")
 
 
 # ---------------------------------------------------------------------- 10.3 (merge)
@@ -59,7 +46,7 @@ def test_merge_weight_reference_passes(capsys):
 
 
 def test_merge_weight_rejects_stub():
-    _fails(ch10.check_merge_weight, stub, "10.3", "not implemented")
+    check_fails(ch10.check_merge_weight, stub, "10.3", "not implemented")
 
 
 MERGE_MISTAKES = list(ch10._merge_mistakes(*[torch.zeros(1, 1)] * 3, 1.0))
@@ -67,14 +54,14 @@ MERGE_MISTAKES = list(ch10._merge_mistakes(*[torch.zeros(1, 1)] * 3, 1.0))
 
 @pytest.mark.parametrize("description", MERGE_MISTAKES)
 def test_merge_weight_names_each_mistake(description):
-    _fails(ch10.check_merge_weight, _mistake_fn(ch10._merge_mistakes, description), "this looks like " + description)
+    check_fails(ch10.check_merge_weight, _mistake_fn(ch10._merge_mistakes, description), "this looks like " + description)
 
 
 def test_merge_weight_rejects_adding_in_place():
     def in_place(weight, A, B, scale=1.0):
         return weight.add_(scale * (B @ A))
 
-    _fails(ch10.check_merge_weight, in_place, "in place")
+    check_fails(ch10.check_merge_weight, in_place, "in place")
 
 
 # ---------------------------------------------------------------------- 10.2 (count)
@@ -84,7 +71,7 @@ def test_lora_parameter_count_reference_passes(capsys):
 
 
 def test_lora_parameter_count_rejects_stub():
-    _fails(ch10.check_lora_parameter_count, stub, "10.2", "not implemented")
+    check_fails(ch10.check_lora_parameter_count, stub, "10.2", "not implemented")
 
 
 COUNT_MISTAKES = list(ch10._count_mistakes(ch10._count_cases()[0]["config"], 8))
@@ -92,12 +79,12 @@ COUNT_MISTAKES = list(ch10._count_mistakes(ch10._count_cases()[0]["config"], 8))
 
 @pytest.mark.parametrize("description", COUNT_MISTAKES)
 def test_lora_parameter_count_names_each_mistake(description):
-    _fails(ch10.check_lora_parameter_count, lambda config, rank: ch10._count_mistakes(config, rank)[description],
+    check_fails(ch10.check_lora_parameter_count, lambda config, rank: ch10._count_mistakes(config, rank)[description],
            "this looks like " + description)
 
 
 def test_lora_parameter_count_rejects_non_int():
-    _fails(ch10.check_lora_parameter_count, lambda config, rank: "8192", "expected an int")
+    check_fails(ch10.check_lora_parameter_count, lambda config, rank: "8192", "expected an int")
 
 
 def test_reference_count_matches_apply_lora_on_a_real_model():

@@ -3,17 +3,9 @@
 import pytest
 import torch
 
+from _helpers import check_fails, stub
 from minimind_ref import grpo
 from minimind_ref.checks import ch12
-from minimind_ref.checks.core import ExerciseError
-
-
-def stub(*args, **kwargs):
-    raise NotImplementedError("Exercise 12.x: stub")
-
-
-def esc(message):
-    return message.replace("(", r"\(").replace(")", r"\)").replace("+", r"\+").replace("*", r"\*")
 
 
 # ---------------------------------------------------------------------- 12.1
@@ -43,20 +35,17 @@ ADV_MISTAKES = {
 
 @pytest.mark.parametrize("message", list(ADV_MISTAKES))
 def test_group_advantages_names_the_mistake(message):
-    with pytest.raises(ExerciseError, match=esc(message)):
-        ch12.check_group_advantages(ADV_MISTAKES[message])
+    check_fails(ch12.check_group_advantages, ADV_MISTAKES[message], message)
 
 
 def test_group_advantages_rejects_stub_and_in_place_edits():
-    with pytest.raises(ExerciseError, match="not implemented"):
-        ch12.check_group_advantages(stub)
+    check_fails(ch12.check_group_advantages, stub, "not implemented")
 
     def edits(rewards, g):
         rewards.sub_(rewards.mean())
         return grpo.group_advantages(rewards, g)
 
-    with pytest.raises(ExerciseError, match="in place"):
-        ch12.check_group_advantages(edits)
+    check_fails(ch12.check_group_advantages, edits, "in place")
 
 
 # ---------------------------------------------------------------------- 12.2
@@ -87,13 +76,11 @@ MASK_MISTAKES = {
 
 @pytest.mark.parametrize("message", list(MASK_MISTAKES))
 def test_completion_mask_names_the_mistake(message):
-    with pytest.raises(ExerciseError, match=esc(message)):
-        ch12.check_completion_mask(MASK_MISTAKES[message])
+    check_fails(ch12.check_completion_mask, MASK_MISTAKES[message], message)
 
 
 def test_completion_mask_rejects_stub_and_accepts_a_bool_mask():
-    with pytest.raises(ExerciseError, match="not implemented"):
-        ch12.check_completion_mask(stub)
+    check_fails(ch12.check_completion_mask, stub, "not implemented")
     ch12.check_completion_mask(lambda ids, eos: grpo.completion_mask(ids, eos).bool())
 
 
@@ -129,12 +116,9 @@ LOSS_MISTAKES = {
 
 @pytest.mark.parametrize("message", list(LOSS_MISTAKES))
 def test_grpo_loss_names_the_mistake(message):
-    with pytest.raises(ExerciseError, match=esc(message)):
-        ch12.check_grpo_loss(LOSS_MISTAKES[message])
+    check_fails(ch12.check_grpo_loss, LOSS_MISTAKES[message], message)
 
 
 def test_grpo_loss_rejects_stub_and_non_scalars():
-    with pytest.raises(ExerciseError, match="not implemented"):
-        ch12.check_grpo_loss(stub)
-    with pytest.raises(ExerciseError, match="scalar"):
-        ch12.check_grpo_loss(lambda lp, ref, a, m, b: -(lp * a[:, None]))
+    check_fails(ch12.check_grpo_loss, stub, "not implemented")
+    check_fails(ch12.check_grpo_loss, lambda lp, ref, a, m, b: -(lp * a[:, None]), "scalar")
