@@ -275,7 +275,6 @@ def test_objective_matches_upstream_on_its_own_samples(tok):
     objective2 = grpo.GRPOObjective(copy.deepcopy(ref), tok, num_generations=4, max_new_tokens=6, beta=0.1,
                                     reward_fn=lambda reply, answer: float(len(reply) % 3), seed=1)
     lps, refs, masks, rewards = [], [], [], []
-    width = None
     samples = [grpo.sample_completions(policy, tok, r["conversations"][:-1], 4, 6, generator=objective2.generator)
                for r in records]
     width = max(s["completion_ids"].size(1) for s in samples)
