@@ -3,7 +3,8 @@
 #                   then nbval on every chapter in the Colab-like environment, see below)
 #   make test-gpu - the chapters, the training tests and the DDP test on CUDA (skipped without a GPU)
 #   make book     - set up, then execute the notebooks and build the site into _build/html
-#   make student  - regenerate the student editions (student/) from notebooks/
+#   make student  - regenerate the student editions (student/, student/zh/) from notebooks/ and locales/
+#   make i18n     - update the translation catalogs (locales/) from the English sources; coverage
 #   make publish  - make book, then push _build/html to the gh-pages branch (ghp-import)
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -17,13 +18,15 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 # Parallel test processes (pytest-xdist workers, notebooks at a time in the Colab-like run).
 WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
+# Chapters whose Chinese edition (student/zh/, locales/zh_CN) also runs under nbval in test-colab.
+ZH_CHAPTERS ?= 01,02,03,04,05,06,07,08
 # The interpreter of the Colab-like environment (.colab-venv); e.g. `make test COLAB_PYTHON=python3.12`.
 COLAB_PYTHON ?= $(PYTHON)
 
 CHROMIUM := /usr/bin/chromium
 APT_GET  := DEBIAN_FRONTEND=noninteractive apt-get
 
-.PHONY: venv test test-package test-colab test-gpu test-fast book student execute timings report publish vendor browser clean help
+.PHONY: i18n venv test test-package test-colab test-gpu test-fast book student execute timings report publish vendor browser clean help
 
 help:
 	@echo "make test | make test-gpu | make book | make student | make publish | make execute NB=notebooks/01_normalization.ipynb | make timings | make report | make bench | make clean"
@@ -71,7 +74,7 @@ test-package: $(STAMP) browser vendor
 		-n $(WORKERS) --dist loadgroup --durations=10 -o addopts="--nbval-cell-timeout=600 -p no:cacheprovider"
 
 test-colab: $(STAMP)
-	$(BIN)/python tools/colab_like.py --python $(COLAB_PYTHON) --workers $(WORKERS)
+	$(BIN)/python tools/colab_like.py --python $(COLAB_PYTHON) --workers $(WORKERS) --zh $(ZH_CHAPTERS)
 
 # The GPU path (nothing in `make test` needs it): every chapter executed on CUDA (outputs not
 # compared: the stored ones are CPU outputs), training with bf16 autocast and its tolerances, and
@@ -86,6 +89,12 @@ test-fast: $(STAMP)
 student: $(STAMP)
 	$(BIN)/python tools/make_student.py
 
+# After editing English text: new messages enter the catalogs (a changed one keeps its old
+# translation, marked fuzzy and not used until reviewed); then the coverage per chapter.
+i18n: $(STAMP)
+	$(BIN)/python tools/i18n.py extract
+	$(BIN)/python tools/i18n.py coverage
+
 # Re-execute one notebook in place (stored outputs are what nbval compares against).
 execute: $(STAMP)
 	$(BIN)/python tools/execute_notebook.py $(NB)
@@ -97,8 +106,11 @@ timings: $(STAMP)
 
 # The website. Executes every notebook whose code changed since the last build (the cache is in
 # _build/.jupyter_cache), warnings are errors. The test build renders the stored outputs instead.
+# Then the Chinese edition into _build/html/zh (tools/build_zh.py: sources translated from
+# locales/zh_CN, the stored outputs, nothing executed).
 book: $(STAMP) vendor
 	$(BIN)/jupyter-book build . -W -n --keep-going
+	$(BIN)/python tools/build_zh.py
 
 # Build, then push _build/html to the gh-pages branch of origin (what .github/workflows/publish.yml
 # does on GitHub through Pages' own deployment).

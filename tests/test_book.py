@@ -3,7 +3,8 @@
 The slow tests build the book from the outputs stored in the notebooks
 (``MINIMIND_BOOK_EXECUTE=off``, warnings are errors) into ``_build/html`` and open the chapter 01
 page in headless Chromium (``tools/browser.py``), saving a screenshot under
-``_build/screenshots/``. ``make test`` installs Chromium and fetches ``_vendor/`` first.
+``_build/screenshots/``; then the Chinese edition (``tools/build_zh.py``) into ``_build/html/zh``
+and its chapter 01 page in the browser. ``make test`` installs Chromium and fetches ``_vendor/`` first.
 """
 
 from __future__ import annotations
@@ -207,6 +208,13 @@ def site():
     warnings = [line for line in log.splitlines() if "WARNING" in line or "ERROR" in line]
     assert result.returncode == 0, "the book build failed (warnings are errors):\n" + "\n".join(warnings[:40]) + "\n" + log[-3000:]
     print(f"book built from stored outputs in {seconds:.1f} s")
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "build_zh.py"), "--all"], cwd=ROOT, env=env,
+                            capture_output=True, text=True)
+    log = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout + result.stderr)
+    warnings = [line for line in log.splitlines() if "WARNING" in line or "ERROR" in line]
+    assert result.returncode == 0, "the Chinese build failed (warnings are errors):\n" + "\n".join(warnings[:40]) + "\n" + log[-3000:]
+    print(f"Chinese edition built in {time.perf_counter() - start:.1f} s")
     return HTML
 
 
@@ -248,6 +256,51 @@ def test_colab_buttons_open_the_student_edition(site):
 
 @pytest.mark.slow
 @SITE
+def test_chinese_site_has_every_page_and_links_both_ways(site):
+    for entry in toc_files():
+        english = (site / f"{entry}.html").read_text(encoding="utf-8")
+        chinese_page = site / "zh" / f"{entry}.html"
+        assert chinese_page.is_file(), f"no Chinese page for {entry}"
+        chinese = chinese_page.read_text(encoding="utf-8")
+        assert '<html lang="zh-CN"' in chinese, f"zh/{entry}.html does not declare lang zh-CN"
+        up = "../" * entry.count("/")
+        assert f'href="{up}zh/{entry}.html"' in english, f"{entry}.html has no link to its Chinese page"
+        assert f'href="{up}../{entry}.html"' in chinese, f"zh/{entry}.html has no link back to the English page"
+        assert re.search(r"[\u4e00-\u9fff]", chinese), f"zh/{entry}.html has no Chinese text"
+
+
+@pytest.mark.slow
+@SITE
+def test_chinese_colab_buttons_open_the_chinese_student_edition(site):
+    prefix = colab_prefix()
+    for name in CHAPTERS:
+        html = (site / "zh" / "notebooks" / f"{name}.html").read_text(encoding="utf-8")
+        links = set(re.findall(r'href="(https://colab\.research\.google\.com/[^"]+)"', html))
+        assert links == {f"{prefix}student/zh/{name}.ipynb"}, f"zh/{name}: Colab links {links}"
+        assert (ROOT / "student" / "zh" / f"{name}.ipynb").is_file()
+
+
+@pytest.mark.slow
+@SITE
+def test_chinese_page_in_a_real_browser(site):
+    import browser
+
+    shot = SCREENSHOTS / "zh_01_normalization.png"
+    report = browser.inspect_page(site, f"zh/{BROWSER_PAGE}.html", screenshot=shot)
+    assert report["lang"] == "zh-CN", report
+    assert report["mathjax_version"].startswith("3.") and report["mjx_containers"] > 0 and report["raw_tex_left"] == 0, report
+    assert report["images"] > 0 and not report["broken_images"], report["broken_images"]
+    assert report["colab_links"] and all(link == f"{colab_prefix()}student/zh/01_normalization.ipynb"
+                                         for link in report["colab_links"]), report["colab_links"]
+    assert report["language_links"] and report["language_link_status"] == [200] * len(report["language_links"]), report
+    assert report["language_links"][0].endswith(f"/{BROWSER_PAGE}.html"), report["language_links"]
+    assert not report["console_errors"], "console errors:\n" + "\n".join(report["console_errors"])
+    assert not report["external_requests"], report["external_requests"]
+    assert shot.is_file() and shot.stat().st_size > 10_000
+
+
+@pytest.mark.slow
+@SITE
 def test_chapter_page_in_a_real_browser(site):
     import browser
 
@@ -267,6 +320,7 @@ def test_chapter_page_in_a_real_browser(site):
     assert report["colab_links"] and all(link == f"{colab_prefix()}student/01_normalization.ipynb"
                                          for link in report["colab_links"]), report["colab_links"]
     assert report["folded_inputs"] > 0, "exercise solutions are not folded"
+    assert report["language_link_status"] == [200], f"the link to the Chinese page does not load: {report}"
     assert not report["console_errors"], "console errors:\n" + "\n".join(report["console_errors"])
     assert not report["external_requests"], f"the page requested resources off this machine: {report['external_requests']}"
     assert shot.is_file() and shot.stat().st_size > 10_000

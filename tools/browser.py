@@ -228,7 +228,12 @@ INSPECT_JS = r"""
   document.querySelectorAll('img').forEach((img) => { img.loading = 'eager'; });
   while (Date.now() < deadline && [...document.images].some((img) => !img.complete)) await sleep(100);
   const colab = [...document.querySelectorAll('a')].map((a) => a.href).filter((h) => h.includes('colab.research.google.com'));
+  const languageLinks = [...document.querySelectorAll('.minimind-language-switch a')].map((a) => a.href);
+  const languageStatus = await Promise.all(languageLinks.map((h) => fetch(h).then((r) => r.status, () => 0)));
   return {
+    lang: document.documentElement.lang,
+    language_links: languageLinks,
+    language_link_status: languageStatus,
     title: document.title,
     mathjax_version: mathjax,
     mjx_containers: document.querySelectorAll('mjx-container').length,

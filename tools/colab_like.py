@@ -4,6 +4,7 @@
     python tools/colab_like.py 05 08_training       # some chapters only (number, name or path)
     python tools/colab_like.py --setup-only         # (re)create the environment and stop
     python tools/colab_like.py --python python3.12  # another interpreter for the environment
+    python tools/colab_like.py --zh 01,02           # also the Chinese editions of these chapters
 
 It proves four things at once, in the time of a single pass over the notebooks:
 
@@ -32,6 +33,11 @@ It proves four things at once, in the time of a single pass over the notebooks:
    plugin ``tools/nbval_stubs.py`` runs, in the same kernel, the stub of the committed student
    edition and the check after it, which must fail (the random state is restored afterwards, so
    the outputs nbval compares are unaffected). Each chapter thus executes once for both proofs.
+
+With ``--zh``, the Chinese editions of the chosen chapters run in the same pass (as
+``zh_NN_topic.ipynb``): ``tools/i18n.py`` translates the chapter (its setup cell selects the
+Chinese check messages, the check lines of the stored outputs are in Chinese), the stubs come from
+``student/zh/``, and nbval compares every output as for the English chapter.
 
 Notebooks run ``--workers`` at a time (pytest-xdist, ``--dist loadfile``: all cells of a notebook
 in one kernel, in order), the highest chapter number first (the later chapters are the longest).
@@ -220,16 +226,24 @@ def select(names: Sequence[str]) -> List[Path]:
     return chosen
 
 
-def copy_with_stubs(path: Path, dest: Path) -> int:
-    """Copy a chapter, storing in each exercise cell the stub of its committed student edition and
-    the source of its check cell (for tools/nbval_stubs.py). Returns the number of exercises."""
+def copy_with_stubs(path: Path, dest: Path, lang: Optional[str] = None) -> int:
+    """Copy a chapter (its translation into ``lang`` by tools/i18n.py, with the student edition of
+    ``student/<folder>/``), storing in each exercise cell the stub of its committed student edition
+    and the source of its check cell (for tools/nbval_stubs.py). Returns the number of exercises."""
     import nbformat
 
     sys.path.insert(0, str(ROOT / "tools"))
     import make_student
 
-    nb = nbformat.read(path, as_version=4)
-    student_path = STUDENT / path.name
+    if lang:
+        import i18n
+
+        folder = next(f for f, language in make_student.TRANSLATIONS.items() if language == lang)
+        nb = i18n.translated_notebook(path, lang)
+        student_path = STUDENT / folder / path.name
+    else:
+        nb = nbformat.read(path, as_version=4)
+        student_path = STUDENT / path.name
     if not student_path.exists():
         raise ColabLikeError(f"{student_path.relative_to(ROOT)} is missing: run `make student`")
     student = nbformat.read(student_path, as_version=4)
@@ -245,25 +259,34 @@ def copy_with_stubs(path: Path, dest: Path) -> int:
     return exercises
 
 
-def run_notebooks(env: Path, notebooks: Sequence[Path], workdir: Path, tmp: Path, workers: int) -> int:
+def run_notebooks(env: Path, notebooks: Sequence[Path], workdir: Path, tmp: Path, workers: int,
+                  translated: Sequence[Path] = (), lang: str = "zh_CN") -> int:
+    """nbval on ``notebooks`` and on the ``lang`` editions of ``translated`` (copied as zh_NN_topic.ipynb)."""
     exercises = sum(copy_with_stubs(nb, workdir / nb.name) for nb in notebooks)
+    exercises += sum(copy_with_stubs(nb, workdir / translated_name(nb), lang) for nb in translated)
+    names = [nb.name for nb in notebooks] + [translated_name(nb) for nb in translated]
     ini = workdir.parent / "pytest.ini"  # beside the folder, which holds nothing but the notebooks
     ini.write_text("[pytest]\naddopts =\n", encoding="utf-8")
     shutil.copy2(STUB_PLUGIN, workdir.parent / "conftest.py")  # the stub checks (tools/nbval_stubs.py)
-    order = sorted(notebooks, key=lambda p: p.name, reverse=True)  # later chapters are the longest: start them first
+    order = sorted(names, key=lambda n: n.removeprefix("zh_"), reverse=True)  # later chapters are the longest: start them first
     args = [env_python(env), "-m", "pytest", "-c", ini, "--rootdir", workdir.parent, "-p", "no:cacheprovider",
             "--nbval", "--nbval-current-env", f"--nbval-cell-timeout={CELL_TIMEOUT_S}", "-q", "-rfE", "--durations=5",
             "--color=yes" if sys.stdout.isatty() else "--color=no"]
-    if workers > 1 and len(notebooks) > 1:
-        args += ["-n", str(min(workers, len(notebooks))), "--dist", "loadfile", "--no-loadscope-reorder"]
+    if workers > 1 and len(names) > 1:
+        args += ["-n", str(min(workers, len(names))), "--dist", "loadfile", "--no-loadscope-reorder"]
     else:
         args += ["-p", "no:xdist"]
-    args += [nb.name for nb in order]
+    args += order
     log("kernel settings: " + " ".join(f"{k}={v}" for k, v in KERNEL_ENV.items() if k in
                                         ("ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "MPLBACKEND", "MINIMIND_DEVICE")))
-    log(f"running nbval on {len(notebooks)} notebook(s) in {workdir} with {min(workers, len(notebooks))} worker(s), "
+    log(f"running nbval on {len(names)} notebook(s) ({len(translated)} of them in {lang}) in {workdir} "
+        f"with {min(workers, len(names))} worker(s), "
         f"and the {exercises} exercise checks on their student stubs")
     return subprocess.run([str(a) for a in args], cwd=workdir, env=clean_env(tmp)).returncode
+
+
+def translated_name(path: Path) -> str:
+    return f"zh_{path.name}"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -274,12 +297,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="interpreter that creates the environment (default: the one behind this Python)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="notebooks at a time (default: CPU count)")
     parser.add_argument("--setup-only", action="store_true", help="build, install and check the wheel, run nothing")
+    parser.add_argument("--zh", default="", help="chapters whose Chinese edition runs too (from locales/zh_CN, stubs "
+                        "from student/zh/), e.g. 01,02 or all (default: none)")
     args = parser.parse_args(argv)
     env = args.env.resolve()
     start = time.perf_counter()
     scratch = tempdir_guard.make_private_tempdir("minimind-colab-like-run")  # outside the repository
     try:
         notebooks = select(args.notebooks)
+        translated = [] if not args.zh else select([] if args.zh == "all" else args.zh.split(","))
         wheel = build_wheel(scratch / "dist")
         ensure_env(env, args.python, wheel)
         tmp = scratch / "tmp"
@@ -290,12 +316,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         log(f"{wheel.name} installed in {site}; {time.perf_counter() - start:.0f} s so far")
         if args.setup_only:
             return 0
-        code = run_notebooks(env, notebooks, workdir, tmp, args.workers)
+        code = run_notebooks(env, notebooks, workdir, tmp, args.workers, translated)
         left = tempdir_guard.leftovers(tmp)
         if left:
             print(tempdir_guard.leftover_message(left, "the Colab-like run"), flush=True)
             code = code or 1
-        written = sorted(p.name for p in workdir.iterdir() if p.name not in {nb.name for nb in notebooks})
+        ran = {nb.name for nb in notebooks} | {translated_name(nb) for nb in translated}
+        written = sorted(p.name for p in workdir.iterdir() if p.name not in ran)
         if written:
             print(f"the chapters wrote into their own folder and left it there: {', '.join(written)} "
                   "(a learner's folder must stay as it was: write scratch files to a temporary folder "

@@ -114,6 +114,7 @@ def split_markdown(text: str) -> List[Chunk]:
             chunks.extend(_split_paragraph(paragraph))
             paragraph = []
 
+    directives: List[str] = []  # the fences of the directives open at this line
     i = 0
     while i < len(lines):
         line = lines[i]
@@ -121,8 +122,12 @@ def split_markdown(text: str) -> List[Chunk]:
         if fence:
             flush()
             marker, info = fence.group(2), fence.group(3).strip()
-            if marker.startswith(":") or info.startswith("{"):
+            if marker.startswith(":") or info.startswith("{") or (not info and directives and marker == directives[-1]):
                 # a directive: its opening and closing lines are markup, its body is text
+                if info.startswith("{") or (marker.startswith(":") and info):
+                    directives.append(marker)
+                elif directives and marker == directives[-1]:
+                    directives.pop()
                 chunks.append(Chunk(line + "\n", False))
                 i += 1
                 continue
@@ -258,11 +263,72 @@ def load_table(lang: str, domain: str) -> Dict[str, str]:
 
 
 # --------------------------------------------------------------------------------------------
+# Translated copies (the Chinese site's sources, the Chinese student editions)
+# --------------------------------------------------------------------------------------------
+
+#: The line the translated notebooks add to their setup cell: exercise checks answer in that language.
+LANGUAGE_LINE = {"zh_CN": 'import minimind_ref.i18n; minimind_ref.i18n.set_language("zh_CN")  # 练习检查的提示使用中文'}
+#: The word the translated exercise headings start with (tools/make_student.py reads it).
+EXERCISE_WORD = {"zh_CN": "练习"}
+
+
+def _translate_outputs(cell, lang: str) -> None:
+    """Translate the check lines (``✓ ...``) of a code cell's printed output, as the kernel prints
+    them when the checks speak ``lang`` (``minimind_ref.i18n``)."""
+    try:
+        from minimind_ref import i18n as package_i18n
+    except ImportError:  # a package without translations: outputs stay as they are
+        return
+    previous = package_i18n.get_language()
+    package_i18n.set_language(lang)
+    try:
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "stream" and output.get("name") == "stdout":
+                text = "".join(output["text"]) if isinstance(output["text"], list) else output["text"]
+                lines = text.split("\n")
+                lines = [package_i18n.translate(line) if line.startswith("✓") else line for line in lines]
+                output["text"] = "\n".join(lines)
+    finally:
+        package_i18n.set_language(previous)
+
+
+def translated_notebook(path: Path, lang: str = "zh_CN"):
+    """The notebook at ``path`` in ``lang``: markdown from the catalog, code cells as they are (the
+    setup cell also selects the checks' language), the check lines of the outputs translated."""
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    table = load_table(lang, domain_of(path))
+    language_set = False
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            cell.source = translate_markdown(cell.source, table)
+        elif cell.cell_type == "code":
+            lines = cell.source.split("\n")
+            if not language_set and lines and lines[0].strip() == "%matplotlib inline":
+                cell.source = "\n".join([lines[0], LANGUAGE_LINE[lang]] + lines[1:])
+                language_set = True
+            _translate_outputs(cell, lang)
+    nb.metadata["minimind_language"] = lang
+    return nb
+
+
+def translated_page(path: Path, lang: str = "zh_CN") -> str:
+    return translate_markdown(path.read_text(encoding="utf-8"), load_table(lang, domain_of(path)))
+
+
+def translated_site_text(text: str, lang: str = "zh_CN") -> str:
+    return load_table(lang, "site").get(text, text)
+
+
+# --------------------------------------------------------------------------------------------
 # Commands
 # --------------------------------------------------------------------------------------------
 
-def extract(lang: str) -> None:
+def extract(lang: str, only: Optional[List[str]] = None) -> None:
     for domain, found in all_sources().items():
+        if only and domain not in only:
+            continue
         path = catalog_path(lang, domain)
         old = polib.pofile(str(path)) if path.exists() else None
         old_by_id = {e.msgid: e for e in old} if old else {}
@@ -315,7 +381,7 @@ def coverage(lang: str) -> List[Dict[str, object]]:
 
 
 CODE = re.compile(r"(`+)(.+?)\1", re.S)
-MATH = re.compile(r"\$\$.+?\$\$|\$[^$\n]+?\$", re.S)
+MATH = re.compile(r"\$\$.+?\$\$|\$[^$]+?\$", re.S)
 LINK_TARGET = re.compile(r"\]\(([^)\s]+)\)|<(https?://[^>]+)>|\{[\w:-]+\}`[^`]*`")
 URL = re.compile(r"https?://[^\s)>\]]+")
 NUMBER = re.compile(r"(?<![\w.])[-−]?\d[\d,]*(?:\.\d+)?")
@@ -323,9 +389,12 @@ NUMBER = re.compile(r"(?<![\w.])[-−]?\d[\d,]*(?:\.\d+)?")
 
 def protected(text: str) -> Dict[str, Counter]:
     """What a translation must keep: inline code, math, link targets, URLs and the numbers of the prose."""
-    code = [m.group(0) for m in CODE.finditer(text)]
+    def squeeze(span: str) -> str:  # a translation may re-flow the lines a span was broken across
+        return " ".join(span.split())
+
+    code = [squeeze(m.group(0)) for m in CODE.finditer(text)]
     rest = CODE.sub(" ", text)
-    math = [m.group(0) for m in MATH.finditer(rest)]
+    math = [squeeze(m.group(0)) for m in MATH.finditer(rest)]
     rest = MATH.sub(" ", rest)
     links = [m.group(0) for m in LINK_TARGET.finditer(rest)]
     urls = URL.findall(rest)
@@ -368,9 +437,10 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["extract", "coverage", "validate"])
     parser.add_argument("--lang", default="zh_CN", choices=LANGUAGES)
+    parser.add_argument("--domain", action="append", help="extract: only this catalog (repeatable)")
     args = parser.parse_args(argv)
     if args.command == "extract":
-        extract(args.lang)
+        extract(args.lang, args.domain)
         print(f"updated {LOCALES / args.lang / 'LC_MESSAGES'}")
     elif args.command == "coverage":
         for row in coverage(args.lang):

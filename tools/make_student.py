@@ -13,6 +13,10 @@ In the student edition
   starts clean);
 * everything else (markdown, setup and check cells, cell ids, tags) stays as it is.
 
+The Chinese editions, ``student/zh/NN_topic.ipynb``, are made the same way from the chapter as
+``tools/i18n.py`` translates it (markdown from ``locales/zh_CN``, the setup cell selecting Chinese
+check messages); their stubs say ``练习 N.M``.
+
 The result is a pure function of the solution notebook, so ``tests/test_student.py`` can
 regenerate it in memory and fail when the committed ``student/`` copy is stale.
 """
@@ -35,7 +39,7 @@ STUDENT = ROOT / "student"
 
 BEGIN = re.compile(r"^(?P<indent>[ \t]*)#\s*BEGIN SOLUTION\b[ \t]*:?[ \t]*(?P<text>.*?)\s*$")
 END = re.compile(r"^[ \t]*#\s*END SOLUTION\b")
-EXERCISE_HEADING = re.compile(r"^#{2,4}\s*Exercise\s+(?P<number>\d+\.\d+)\s*(?:[—:.-]+\s*(?P<title>.*?))?\s*$", re.M)
+EXERCISE_HEADING = re.compile(r"^#{2,4}\s*(?P<word>Exercise|练习)\s+(?P<number>\d+\.\d+)\s*(?:[—:.-]+\s*(?P<title>.*?))?\s*$", re.M)
 CHAPTER_NUMBER = re.compile(r"^(\d+)_")
 
 # Notebook metadata that describes a run, not the notebook.
@@ -85,12 +89,14 @@ def student_notebook(nb: nbformat.NotebookNode, chapter: Optional[str] = None, w
         nb.metadata.pop(key, None)
     number: Optional[str] = None
     title = ""
+    word = "Exercise"  # the translated editions' headings say 练习 (tools/i18n.py)
     count = 0
     for index, cell in enumerate(nb.cells):
         if cell.cell_type == "markdown":
             headings = list(EXERCISE_HEADING.finditer(cell.source))
             if headings:
                 number, title = headings[-1].group("number"), (headings[-1].group("title") or "").strip()
+                word = headings[-1].group("word")
             continue
         if cell.cell_type != "code":
             continue
@@ -101,22 +107,38 @@ def student_notebook(nb: nbformat.NotebookNode, chapter: Optional[str] = None, w
         if has_solution(cell.source):
             count += 1
             label_number = number or (f"{int(chapter)}.{count}" if chapter else str(count))
-            cell.source = stub_source(cell.source, f"Exercise {label_number}", title, where=f"{where}, cell {index}")
+            cell.source = stub_source(cell.source, f"{word} {label_number}", title, where=f"{where}, cell {index}")
             number, title = None, ""  # a heading labels one exercise
     return nb
 
 
-def render(path: Path) -> str:
-    """The exact text of ``student/<name>`` for the solution notebook at ``path``."""
-    nb = nbformat.read(path, as_version=4)
+def render(path: Path, lang: Optional[str] = None) -> str:
+    """The exact text of ``student/<name>`` (``student/<lang>/<name>`` for a translation) for the
+    solution notebook at ``path``."""
+    if lang:
+        if str(Path(__file__).parent) not in sys.path:
+            sys.path.insert(0, str(Path(__file__).parent))
+        import i18n  # tools/i18n.py: the notebook with its markdown from the catalog
+
+        nb = i18n.translated_notebook(path, lang)
+    else:
+        nb = nbformat.read(path, as_version=4)
     match = CHAPTER_NUMBER.match(path.name)
     student = student_notebook(nb, chapter=match.group(1) if match else None, where=str(path.name))
     text = nbformat.writes(student)
     return text if text.endswith("\n") else text + "\n"
 
 
+#: Translated student editions: student/<folder>/ from the catalogs in locales/<language>/.
+TRANSLATIONS = {"zh": "zh_CN"}
+
+
 def expected_files(notebooks: Path = NOTEBOOKS, student: Path = STUDENT) -> Dict[Path, str]:
-    return {student / path.name: render(path) for path in sorted(notebooks.glob("*.ipynb"))}
+    files = {student / path.name: render(path) for path in sorted(notebooks.glob("*.ipynb"))}
+    if notebooks == NOTEBOOKS:
+        for folder, lang in TRANSLATIONS.items():
+            files.update({student / folder / path.name: render(path, lang) for path in sorted(notebooks.glob("*.ipynb"))})
+    return files
 
 
 def stale_files(notebooks: Path = NOTEBOOKS, student: Path = STUDENT) -> List[str]:
@@ -125,7 +147,7 @@ def stale_files(notebooks: Path = NOTEBOOKS, student: Path = STUDENT) -> List[st
     problems = [f"{p.relative_to(ROOT) if p.is_relative_to(ROOT) else p}: stale or missing"
                 for p, text in expected.items() if not p.exists() or p.read_text(encoding="utf-8") != text]
     problems += [f"{p.relative_to(ROOT) if p.is_relative_to(ROOT) else p}: no notebooks/{p.name}"
-                 for p in sorted(student.glob("*.ipynb")) if p not in expected]
+                 for p in sorted(student.glob("*.ipynb")) + sorted(student.glob("*/*.ipynb")) if p not in expected]
     return problems
 
 
@@ -143,14 +165,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     STUDENT.mkdir(exist_ok=True)
     expected = expected_files()
     for path, text in expected.items():
+        path.parent.mkdir(exist_ok=True)
         if not path.exists() or path.read_text(encoding="utf-8") != text:
             path.write_text(text, encoding="utf-8")
             print(f"wrote {path.relative_to(ROOT)}")
-    for path in sorted(STUDENT.glob("*.ipynb")):
+    for path in sorted(STUDENT.glob("*.ipynb")) + sorted(STUDENT.glob("*/*.ipynb")):
         if path not in expected:
             path.unlink()
             print(f"removed {path.relative_to(ROOT)} (no notebooks/{path.name})")
-    print(f"student editions: {len(expected)} up to date")
+    print(f"student editions: {len(expected)} up to date (English and {', '.join(TRANSLATIONS)})")
     return 0
 
 

@@ -12,7 +12,10 @@
    scripts twice (``const THEBE_JS_URL`` declared twice is a console error on every page); this
    drops exact duplicates from each page's scripts. It also sets pydata-sphinx-theme's
    ``default_mode`` (left empty, the theme logs "Got invalid theme mode" in the console).
-4. Execution switch. ``_config.yml`` executes notebooks (``make book``); the environment variable
+4. Language switch. ``minimind_language_links`` (a list of ``[label, lang, root]``; ``root`` is the
+   other site's root relative to this one's, ``zh/`` from the English site, ``../`` from the
+   Chinese one) puts a link to the same page in the other language at the top of every page.
+5. Execution switch. ``_config.yml`` executes notebooks (``make book``); the environment variable
    ``MINIMIND_BOOK_EXECUTE`` (``off``, ``auto``, ``cache``, ``force``, ``inline``) overrides that,
    so the test build renders the outputs committed in the notebooks (``off``) and stays fast.
 """
@@ -116,8 +119,26 @@ def point_colab_at_student(
         LOGGER.warning(f"[minimind_book] {pagename}: sphinx-book-theme added no Colab button to rewrite", location=pagename)
 
 
+def language_switch_html(pagename: str, links: Any) -> str:
+    """The links to ``pagename`` in the other languages, relative to the page itself."""
+    up = "../" * pagename.count("/")
+    anchors = [f'<a href="{up}{root}{pagename}.html" hreflang="{lang}" lang="{lang}">{label}</a>'
+               for label, lang, root in links]
+    return f'<p class="minimind-language-switch">{" · ".join(anchors)}</p>\n' if anchors else ""
+
+
+def add_language_switch(
+    app: Sphinx, pagename: str, templatename: str, context: Dict[str, Any], doctree: Optional[Any]
+) -> None:
+    links = app.config.minimind_language_links
+    if links and "body" in context:
+        context["body"] = language_switch_html(pagename, links) + context["body"]
+
+
 def setup(app: Sphinx) -> Dict[str, Any]:
     app.add_config_value("minimind_student_dir", "student", "html")
+    app.add_config_value("minimind_language_links", [], "html")
+    app.connect("html-page-context", add_language_switch)
     app.connect("config-inited", override_execution)
     app.connect("config-inited", set_theme_default_mode)
     # myst-nb adds a page's widget scripts at the default priority (500); run after it.
