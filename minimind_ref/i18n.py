@@ -142,14 +142,31 @@ def _unquote(token: str, number: int) -> str:
 
 _FIELD = re.compile(r"\{\{|\}\}|\{(\d+)\}")
 _SENTENCE_END = re.compile(r"(?<=[.;!?])\s+(?=\S)")
+_OPEN, _CLOSE = "([{（", ")]}）"
+_CUT_BEFORE = set(" ,;:.(（")  # where two adjacent values may meet (besides after a space)
+_LETTER = re.compile(r"[A-Za-z]")
+_BUDGET = 4000  # steps of the bracket-balanced matcher before it gives up on a template
 
 
 class _Template(NamedTuple):
-    literal: int           # how many literal characters (the preference between matching templates)
-    anchor: str            # its longest literal run: a quick test before the regular expression
+    literal: int               # how many literal characters
+    anchor: str                # its longest literal run: a quick test before the regular expression
     pattern: "re.Pattern[str]"
-    fields: Tuple[int, ...]  # the placeholder number of each group, in order
+    parts: Tuple[object, ...]  # literal strings and placeholder numbers (ints), in order
+    runs: Tuple[Tuple[int, ...], ...]  # the placeholders, grouped into runs of adjacent ones ({1}{2})
+    punctuation: bool          # no letter in its literal text ("{0}: {1}")
     msgstr: str
+
+
+def _runs(parts: List[object]) -> Tuple[Tuple[int, ...], ...]:
+    runs: List[List[int]] = []
+    for i, p in enumerate(parts):
+        if isinstance(p, int):
+            if i and isinstance(parts[i - 1], int):
+                runs[-1].append(p)
+            else:
+                runs.append([p])
+    return tuple(tuple(r) for r in runs)
 
 
 def _parts(template: str) -> List[object]:
@@ -174,8 +191,62 @@ def _fill(msgstr: str, values: Dict[int, str]) -> str:
     return "".join(values.get(p, "{%d}" % p) if isinstance(p, int) else p for p in _parts(msgstr))
 
 
+def _balanced(text: str) -> bool:
+    """Brackets close in order: a value such as ``(2, 3)`` is never cut at its inner ``", "``."""
+    stack: List[str] = []
+    for ch in text:
+        if ch in _OPEN:
+            stack.append(_CLOSE[_OPEN.index(ch)])
+        elif ch in _CLOSE:
+            if not stack or stack.pop() != ch:
+                return False
+    return not stack
+
+
+def _values(parts: Tuple[object, ...], text: str) -> Optional[List[Tuple[int, ...]]]:
+    """Where the placeholders of a template lie in ``text``: the first assignment (each value as
+    short as it can be) in which every value is bracket-balanced, as ``(start, end)`` per run of
+    adjacent placeholders, or None (no such assignment, or too many steps)."""
+    spans: List[Tuple[int, ...]] = []
+    steps = [0]
+
+    def match(i: int, pos: int) -> bool:
+        steps[0] += 1
+        if steps[0] > _BUDGET:
+            return False
+        if i == len(parts):
+            return pos == len(text)
+        part = parts[i]
+        if isinstance(part, str):
+            return text.startswith(part, pos) and match(i + 1, pos + len(part))
+        j = i
+        while j < len(parts) and isinstance(parts[j], int):
+            j += 1
+        ends = [len(text)] if j == len(parts) else []
+        if j < len(parts):
+            k = text.find(parts[j], pos)  # type: ignore[arg-type]
+            while k >= 0:
+                ends.append(k)
+                k = text.find(parts[j], k + 1)  # type: ignore[arg-type]
+        for end in ends:
+            if _balanced(text[pos:end]):
+                spans.append((pos, end))
+                if match(j, end):
+                    return True
+                spans.pop()
+        return False
+
+    return spans if match(0, 0) else None
+
+
 class Catalog:
-    """The usable (translated, not fuzzy) entries of one language, ready to match messages."""
+    """The usable (translated, not fuzzy) entries of one language, ready to match messages.
+
+    Internally every translation comes with its *coverage*: how many characters of the English
+    were matched by literal text of the catalog (a template's own text plus the coverage of its
+    values). Between templates that match a text, and between the ways to cut two adjacent values
+    apart, the one with the larger coverage wins (ties: the template with more literal characters;
+    the first cut)."""
 
     def __init__(self, entries: List[Tuple[str, str, bool]]) -> None:
         self.exact: Dict[str, str] = {}
@@ -190,45 +261,89 @@ class Catalog:
             elif literals:  # a template of placeholders alone would match anything
                 regex = "".join(re.escape(p) if isinstance(p, str) else "(.*?)" for p in parts)
                 templates.append(_Template(sum(map(len, literals)), max(literals, key=len),
-                                           re.compile(regex, re.S), tuple(p for p in parts if isinstance(p, int)),
-                                           msgstr))
+                                           re.compile(regex, re.S), tuple(parts), _runs(parts),
+                                           not any(_LETTER.search(p) for p in literals), msgstr))
         self.templates = sorted(templates, key=lambda t: -t.literal)
-        self.translate = lru_cache(maxsize=4096)(self._translate)  # type: ignore[method-assign]
+        self._tr = lru_cache(maxsize=8192)(self._translate)
+        self._whole = lru_cache(maxsize=8192)(self._match)
 
-    def _whole(self, text: str) -> Optional[str]:
-        """Steps 1 and 2 of the module's docstring: ``text`` as one message, or None."""
+    def translate(self, text: str) -> str:
+        return self._tr(text)[0]
+
+    # -- one message
+    def _match(self, text: str) -> Optional[Tuple[str, int]]:
+        """Steps 1 and 2 of the module's docstring: (translation, coverage) of ``text`` as one
+        message, or None."""
         if text in self.exact:
-            return self.exact[text]
+            return self.exact[text], len(text)
+        best: Optional[Tuple[str, int]] = None
         for t in self.templates:
-            if t.anchor in text:
-                m = t.pattern.fullmatch(text)
-                if m:
-                    return _fill(t.msgstr, {f: self.translate(v) for f, v in zip(t.fields, m.groups())})
-        return None
+            if best is not None and best[1] == len(text):
+                break
+            if t.anchor not in text or not t.pattern.fullmatch(text):
+                continue
+            spans = _values(t.parts, text)
+            if spans is not None:
+                run_texts = [text[a:b] for a, b in spans]
+            else:  # no bracket-balanced reading: the regular expression's (each value as short as it can be)
+                groups = iter(t.pattern.fullmatch(text).groups())  # type: ignore[union-attr]
+                run_texts = ["".join(next(groups) for _ in run) for run in t.runs]
+            out: Dict[int, str] = {}
+            covered = inner = 0
+            for run, value in zip(t.runs, run_texts):
+                for field, piece in zip(run, self._cut(value, len(run))):
+                    out[field], c = self._tr(piece)
+                    inner += c
+            if not inner and t.punctuation:
+                continue  # punctuation alone ("{0}: {1}") is no reason to take a text apart
+            covered = t.literal + inner
+            candidate = (_fill(t.msgstr, out), covered)
+            if best is None or candidate[1] > best[1]:
+                best = candidate
+        return best
 
-    def _translate(self, text: str) -> str:
+    def _cut(self, text: str, n: int) -> List[str]:
+        """``text`` cut into the values of ``n`` adjacent placeholders (``{1}{2}``): the cut with the
+        largest coverage (``"2" + ", one expert unused"``, ``"this looks like ...: " + "merge_pair(...)"``),
+        both sides bracket-balanced when possible; a run of three or more is cut pair by pair."""
+        if n == 1:
+            return [text]
+        cuts = [c for c in range(len(text) + 1)
+                if c in (0, len(text)) or text[c - 1].isspace() or text[c] in _CUT_BEFORE]
+        balanced = [c for c in cuts if _balanced(text[:c]) and _balanced(text[c:])] or cuts
+        best_cut, best_cov = 0, -1
+        for c in balanced:
+            cov = (self._tr(text[:c])[1] if c else 0) + (self._tr(text[c:])[1] if c < len(text) else 0)
+            if cov > best_cov:
+                best_cut, best_cov = c, cov
+        return [text[:best_cut]] + self._cut(text[best_cut:], n - 1)
+
+    # -- anything
+    def _translate(self, text: str) -> Tuple[str, int]:
         whole = self._whole(text)
         if whole is not None:
             return whole
         core = text.strip()
         if core != text:
             if not core:
-                return text
+                return text, 0
             start = text.index(core)
-            return text[:start] + self.translate(core) + text[start + len(core):]
+            inner, covered = self._tr(core)
+            return text[:start] + inner + text[start + len(core):], covered
         if "\n" in text:
-            return "\n".join(self.translate(line) for line in text.split("\n"))
+            lines = [self._tr(line) for line in text.split("\n")]
+            return "\n".join(line for line, _ in lines), sum(c for _, c in lines)
         return self._sentences(text)
 
-    def _sentences(self, text: str) -> str:
+    def _sentences(self, text: str) -> Tuple[str, int]:
         """Sentences joined by ". " or "; " (``hint_a + " " + hint_b``): the longest runs of them
         that match, from the left; a sentence that matches nothing stays as it is."""
         cuts = [m.span() for m in _SENTENCE_END.finditer(text)]
         if not cuts:
-            return text
+            return text, 0
         starts = [0] + [end for _, end in cuts]
         ends = [start for start, _ in cuts] + [len(text)]
-        out, i = [], 0
+        out, covered, i = [], 0, 0
         while i < len(starts):
             for j in range(len(starts) - 1, i - 1, -1):
                 if i == 0 and j == len(starts) - 1:
@@ -236,12 +351,13 @@ class Catalog:
                 piece = text[starts[i]:ends[j]]
                 found = self._whole(piece)
                 if found is not None or j == i:
-                    out.append(found if found is not None else piece)
+                    out.append(found[0] if found is not None else piece)
+                    covered += found[1] if found is not None else 0
                     if j + 1 < len(starts):
                         out.append(text[ends[j]:starts[j + 1]])
                     i = j + 1
                     break
-        return "".join(out)
+        return "".join(out), covered
 
 
 @lru_cache(maxsize=None)

@@ -12,10 +12,11 @@ the gettext catalog ``minimind_ref/locale/<lang>/LC_MESSAGES/checks.po``, which 
     python tools/i18n_checks.py coverage     # translated / fuzzy / untranslated, per source file
     python tools/i18n_checks.py validate     # placeholders, numbers and `code` kept by every msgstr
 
-What is not a message: docstrings, ``__all__``, format specs (``:.3g``), and strings without
-whitespace (dict keys, dtype/device/attribute names, short labels such as "cos"); a template whose
-literal text has no word of two letters (``"; "``, ``"{0}: {1}"``) has nothing to translate and is
-left out too. Anything else is included, even when it may never reach a learner.
+What is not a message: docstrings, ``__all__``, format specs (``:.3g``), strings without
+whitespace (dict keys, dtype/device/attribute names, short labels such as "cos") and templates whose
+literal text is only whitespace (``"{0} {1}"``). Anything else is included, even when it may never
+reach a learner (its translation is then the English itself); ``"{0}: {1}"`` and ``"; "`` are
+included for their punctuation, which Chinese writes full-width.
 
 ``extract`` keeps existing translations. A new template that replaces one whose English changed (the
 same source file, a similar text) keeps the old translation marked ``fuzzy``, with the previous
@@ -44,7 +45,6 @@ DOMAIN = "checks"
 PLACEHOLDER = re.compile(r"\{\{|\}\}|\{(\d+)\}")
 CODE = re.compile(r"`[^`]+`")
 NUMBER = re.compile(r"(?<![\w.])[-−]?\d[\d,]*(?:\.\d+)?")
-WORD = re.compile(r"[A-Za-z]{2,}")
 
 
 def catalog_path(lang: str) -> Path:
@@ -65,8 +65,8 @@ def _literal_text(template: str) -> str:
 
 
 def is_message(template: str) -> bool:
-    """Whether a template has something to translate (see the module's docstring)."""
-    return bool(re.search(r"\s", template)) and bool(WORD.search(_literal_text(template)))
+    """Whether a template can be part of what a learner reads (see the module's docstring)."""
+    return bool(re.search(r"\s", template)) and bool(_literal_text(template).strip())
 
 
 def _add_chain(node: ast.AST) -> List[ast.AST]:
@@ -254,8 +254,9 @@ def placeholders(text: str) -> List[int]:
 
 
 def adjacent_runs(text: str) -> List[Tuple[int, ...]]:
-    """Runs of two or more placeholders with nothing between them (``{1}{2}``): a translation must
-    keep each run as it is, because the text cannot say where one value ends and the next begins."""
+    """Runs of two or more placeholders with nothing between them (``{1}{2}``), in order. The text
+    of a message cannot say where one value of a run ends and the next begins, so a translation
+    must keep each run of its msgid together and in order (it may join others)."""
     runs, current, end = [], [], -1
     for m in PLACEHOLDER.finditer(text):
         if m.group(1) is None:
@@ -269,7 +270,11 @@ def adjacent_runs(text: str) -> List[Tuple[int, ...]]:
         end = m.end()
     if len(current) > 1:
         runs.append(tuple(current))
-    return sorted(runs)
+    return runs
+
+
+def _kept_together(run: Tuple[int, ...], msgstr: str) -> bool:
+    return "".join("{%d}" % i for i in run) in msgstr
 
 
 def protected(text: str) -> Dict[str, Counter]:
@@ -290,12 +295,12 @@ def problems(msgid: str, msgstr: str) -> List[str]:
             out.append(f"{kind} missing from the translation: {sorted(missing)}")
         if extra:
             out.append(f"{kind} not in the English: {sorted(extra)}")
-    if adjacent_runs(msgid) != adjacent_runs(msgstr):
-        out.append(f"adjacent placeholders {adjacent_runs(msgid)} must stay adjacent and in order")
+    for run in adjacent_runs(msgid):
+        if not _kept_together(run, msgstr):
+            out.append(f"placeholders {''.join('{%d}' % i for i in run)} must stay together and in this order")
     for edge, test in (("leading", str.startswith), ("trailing", str.endswith)):
-        for ws in ("\n", " "):
-            if test(msgid, ws) != test(msgstr, ws) and not (ws == " " and edge == "trailing"):
-                out.append(f"{edge} {ws!r} of the English must be kept")
+        if test(msgid, "\n") != test(msgstr, "\n"):
+            out.append(f"a {edge} newline of the English must be kept (and none added)")
     return out
 
 
