@@ -15,11 +15,15 @@ written ``{0}``, ``{1}``, ... (literal braces doubled); the translation uses the
 in any order. ``translate(text)`` returns, in this order:
 
 1. the translation of ``text`` itself, if it is a template without placeholders;
-2. else the translation of the template that matches the whole text (each placeholder matching as
-   little as it can), preferring templates with more literal characters, with every matched value
-   translated in turn (a label such as ``"x of shape (4, 16)"`` inside a message is a message too);
-3. else, for text around whitespace, a multi-line text, or sentences joined by ``". "`` / ``"; "``,
-   the translation of each part (the spaces, lines and sentences that do not match stay as they are).
+2. else the translation of a template that matches the whole text, with every matched value
+   translated in turn (a label such as ``"x of shape (4, 16)"`` inside a message is a message too).
+   Each value is as short as it can be while its brackets balance (``(2, 3)`` is never cut at its
+   ``", "``). When several templates match, the one that explains most of the text wins: its
+   literal characters plus those of the templates matched inside its values (ties: the template
+   with more literal characters). Two values side by side (``{1}{2}``) are cut where that count is
+   largest. A template of punctuation alone (``"{0}: {1}"``) is used only when a value matches;
+3. else, for text around whitespace, a multi-line text (line by line), or sentences joined by
+   ``". "`` / ``"; "``, the translation of each part (parts that match nothing stay as they are).
 
 Text that matches nothing is returned unchanged, so a new English message shows in English until
 the catalog has it. The catalog is read with the small parser below (no dependency on ``polib``).
@@ -146,6 +150,7 @@ _OPEN, _CLOSE = "([{（", ")]}）"
 _CUT_BEFORE = set(" ,;:.(（")  # where two adjacent values may meet (besides after a space)
 _LETTER = re.compile(r"[A-Za-z]")
 _BUDGET = 4000  # steps of the bracket-balanced matcher before it gives up on a template
+_LONG = 2000    # longer texts (a learner's huge list in "got [...]") skip the searches below
 
 
 class _Template(NamedTuple):
@@ -282,14 +287,14 @@ class Catalog:
                 break
             if t.anchor not in text or not t.pattern.fullmatch(text):
                 continue
-            spans = _values(t.parts, text)
+            spans = _values(t.parts, text) if len(text) <= _LONG else None
             if spans is not None:
                 run_texts = [text[a:b] for a, b in spans]
             else:  # no bracket-balanced reading: the regular expression's (each value as short as it can be)
                 groups = iter(t.pattern.fullmatch(text).groups())  # type: ignore[union-attr]
                 run_texts = ["".join(next(groups) for _ in run) for run in t.runs]
             out: Dict[int, str] = {}
-            covered = inner = 0
+            inner = 0
             for run, value in zip(t.runs, run_texts):
                 for field, piece in zip(run, self._cut(value, len(run))):
                     out[field], c = self._tr(piece)
@@ -308,6 +313,8 @@ class Catalog:
         both sides bracket-balanced when possible; a run of three or more is cut pair by pair."""
         if n == 1:
             return [text]
+        if len(text) > _LONG:  # as the regular expression reads it: the first values empty
+            return [""] * (n - 1) + [text]
         cuts = [c for c in range(len(text) + 1)
                 if c in (0, len(text)) or text[c - 1].isspace() or text[c] in _CUT_BEFORE]
         balanced = [c for c in cuts if _balanced(text[:c]) and _balanced(text[c:])] or cuts
@@ -339,7 +346,7 @@ class Catalog:
         """Sentences joined by ". " or "; " (``hint_a + " " + hint_b``): the longest runs of them
         that match, from the left; a sentence that matches nothing stays as it is."""
         cuts = [m.span() for m in _SENTENCE_END.finditer(text)]
-        if not cuts:
+        if not cuts or len(text) > _LONG or len(cuts) > 40:
             return text, 0
         starts = [0] + [end for _, end in cuts]
         ends = [start for start, _ in cuts] + [len(text)]

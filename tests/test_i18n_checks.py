@@ -99,6 +99,35 @@ def test_extraction_rules():
     assert "check_rms_norm" not in templates               # __all__
 
 
+def test_extract_keeps_translations_and_marks_changed_english_fuzzy(tmp_path, monkeypatch):
+    import polib
+
+    checks = tmp_path / "minimind_ref" / "checks"
+    checks.mkdir(parents=True)
+    monkeypatch.setattr(i18n_checks, "ROOT", tmp_path)
+    monkeypatch.setattr(i18n_checks, "SOURCES", checks)
+    monkeypatch.setattr(i18n_checks, "LOCALE", tmp_path / "minimind_ref" / "locale")
+    source = checks / "ch99.py"
+    source.write_text('"""Docstring."""\nHINT = "keep the last dimension"\ndef f(n):\n'
+                      '    return f"{n} cases match the reference"\n', encoding="utf-8")
+    assert i18n_checks.extract("zh_CN") == (2, 0, 0)
+    path = i18n_checks.catalog_path("zh_CN")
+    po = polib.pofile(str(path))
+    for entry, text in zip(po, ["保留最后一维", "{0} 个用例与参考实现一致"]):
+        entry.msgstr = text
+    po.save(str(path))
+    source.write_text(source.read_text(encoding="utf-8").replace("cases match", "cases all match"), encoding="utf-8")
+    assert i18n_checks.extract("zh_CN") == (2, 1, 1)
+    changed = polib.pofile(str(path)).find("{0} cases all match the reference")
+    assert changed.fuzzy and changed.msgstr == "{0} 个用例与参考实现一致"
+    assert changed.previous_msgid == "{0} cases match the reference"
+    assert i18n_checks.coverage("zh_CN")[-1] == {"file": "total", "templates": 2, "translated": 1, "fuzzy": 1,
+                                                 "untranslated": 0, "percent": 50.0}
+    # a fuzzy translation is never shown
+    assert i18n.Catalog(i18n.parse_po(path.read_text(encoding="utf-8"))).translate("3 cases all match the reference") \
+        == "3 cases all match the reference"
+
+
 def test_validate_catches_broken_translations():
     assert i18n_checks.problems("expected {0}, got {1}", "期望 {0}，得到 {1}") == []
     assert i18n_checks.problems("expected {0}, got {1}", "得到 {1}，期望 {0}") == []  # any order
