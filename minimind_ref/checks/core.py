@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator, Mapping, NoReturn, Optional, Tuple
 
 import torch
 
+from ..i18n import translate as _t
 from ..utils import default_tolerance
 
 
@@ -28,21 +29,27 @@ def seeded(seed: int) -> torch.Generator:
 
 def fail(name: str, what: str, hint: Optional[str] = None, recipe: Optional[str] = None) -> NoReturn:
     """Raise the check failure ``[name] what``, then the hint about the mistake, then (last) the
-    recipe for a learner who is stuck."""
-    msg = f"[{name}] {what}"
+    recipe for a learner who is stuck. Every part is shown in the learner's language
+    (``minimind_ref.i18n``; English unless chosen otherwise)."""
+    _fail(name, _t(what), hint, recipe)
+
+
+def _fail(name: str, what: str, hint: Optional[str], recipe: Optional[str]) -> NoReturn:
+    """``fail`` for a ``what`` already in the learner's language (this module builds some from parts)."""
+    msg = f"[{_t(name)}] {what}"
     if hint:
-        msg += f"\n  hint: {hint}"
+        msg += "\n  " + _t(f"hint: {hint}")
     if recipe:
-        msg += f"\n  if you are stuck: {recipe}"
+        msg += "\n  " + _t(f"if you are stuck: {recipe}")
     raise ExerciseError(msg)
 
 
 def _on(case: Optional[str]) -> str:
-    return f" (on {case})" if case else ""
+    return _t(f" (on {case})") if case else ""
 
 
 def _fmt_index(idx: Tuple[int, ...]) -> str:
-    return "" if not idx else f" at index {idx}"
+    return "" if not idx else _t(f" at index {idx}")
 
 
 def _matches(got: torch.Tensor, candidate: Any, rtol: float, atol: float) -> bool:
@@ -116,8 +123,8 @@ def check_close(
     atol = d_atol if atol is None else atol
     if tuple(got.shape) != tuple(expected.shape):
         seen = diagnose(got, mistakes, rtol, atol, expected)
-        what = f"shape mismatch: expected {tuple(expected.shape)}, got {tuple(got.shape)}{_on(case)}"
-        fail(name, (f"this looks like {seen}: " if seen else "") + what, hint, recipe)
+        what = _t(f"shape mismatch: expected {tuple(expected.shape)}, got {tuple(got.shape)}{_on(case)}")
+        _fail(name, (_t(f"this looks like {seen}: ") if seen else "") + what, hint, recipe)
     if check_dtype and got.dtype != expected.dtype:
         fail(name, f"dtype mismatch: expected {expected.dtype}, got {got.dtype}{_on(case)}", hint, recipe)
     g = got.detach().to(device=expected.device, dtype=torch.float64)
@@ -132,38 +139,38 @@ def check_close(
     if not bool((bad_nan | bad_inf | bad_val).any()):
         return
     seen = diagnose(got, mistakes, rtol, atol, expected)
-    prefix = f"this looks like {seen}. " if seen else ""
+    prefix = _t(f"this looks like {seen}. ") if seen else ""
     scalar = g.dim() == 0
     if bool(bad_nan.any()):
         idx = tuple(int(i) for i in torch.nonzero(bad_nan)[0]) if not scalar else ()
         n = int(bad_nan.sum())
         if bool((nan_g & ~nan_e).any()):
-            what = (f"your result has NaN at {n} of {g.numel()} positions{_fmt_index(idx)} where the reference is "
-                    f"{float(e[idx]):.6g}{_on(case)}. NaN comes from 0/0, inf - inf, or the sqrt/log of a negative "
-                    "number or zero somewhere in the computation")
+            what = _t(f"your result has NaN at {n} of {g.numel()} positions{_fmt_index(idx)} where the reference is "
+                      f"{float(e[idx]):.6g}{_on(case)}. NaN comes from 0/0, inf - inf, or the sqrt/log of a negative "
+                      "number or zero somewhere in the computation")
         else:
-            what = f"expected NaN{_fmt_index(idx)}, got {float(g[idx]):.6g}{_on(case)}"
-        fail(name, prefix + what, hint, recipe)
+            what = _t(f"expected NaN{_fmt_index(idx)}, got {float(g[idx]):.6g}{_on(case)}")
+        _fail(name, prefix + what, hint, recipe)
     if bool(bad_inf.any()):
         idx = tuple(int(i) for i in torch.nonzero(bad_inf)[0]) if not scalar else ()
         n = int(bad_inf.sum())
-        what = (f"infinities differ at {n} of {g.numel()} positions; first{_fmt_index(idx) or ''}: "
-                f"expected {float(e[idx]):.6g}, got {float(g[idx]):.6g}{_on(case)}")
+        what = _t(f"infinities differ at {n} of {g.numel()} positions; first{_fmt_index(idx) or ''}: "
+                  f"expected {float(e[idx]):.6g}, got {float(g[idx]):.6g}{_on(case)}")
         if bool(torch.isinf(e[idx])) and not bool(torch.isinf(g[idx])):
-            what += " (the reference removes this entry with -inf; yours keeps a finite value)"
+            what += _t(" (the reference removes this entry with -inf; yours keeps a finite value)")
         elif bool(torch.isinf(g[idx])) and not bool(torch.isinf(e[idx])):
-            what += " (yours removes or overflows an entry the reference keeps finite)"
-        fail(name, prefix + what, hint, recipe)
+            what += _t(" (yours removes or overflows an entry the reference keeps finite)")
+        _fail(name, prefix + what, hint, recipe)
     if scalar:
-        fail(name, prefix + f"expected {float(e):.6g}, got {float(g):.6g} (difference {float(diff):.3g}, tolerance "
-             f"rtol={rtol:g}, atol={atol:g}){_on(case)}", hint, recipe)
+        _fail(name, prefix + _t(f"expected {float(e):.6g}, got {float(g):.6g} (difference {float(diff):.3g}, tolerance "
+                                f"rtol={rtol:g}, atol={atol:g}){_on(case)}"), hint, recipe)
     idx = tuple(int(i) for i in torch.nonzero(bad_val)[0])
     max_diff = float(diff[finite].max())
-    fail(
+    _fail(
         name,
-        prefix + f"values differ at {int(bad_val.sum())} of {bad_val.numel()} positions (rtol={rtol:g}, atol={atol:g}); "
-        f"max abs diff {max_diff:.3g}; first at index {idx}: expected {float(e[idx]):.6g}, got {float(g[idx]):.6g}"
-        f"{_on(case)}",
+        prefix + _t(f"values differ at {int(bad_val.sum())} of {bad_val.numel()} positions (rtol={rtol:g}, atol={atol:g}); "
+                    f"max abs diff {max_diff:.3g}; first at index {idx}: expected {float(e[idx]):.6g}, got {float(g[idx]):.6g}"
+                    f"{_on(case)}"),
         hint,
         recipe,
     )
@@ -199,8 +206,8 @@ def check_equal(
             if not isinstance(candidate, torch.Tensor) and type(candidate) is type(got) and candidate == got:
                 seen = description
                 break
-        prefix = f"this looks like {seen}: " if seen else ""
-        fail(name, f"{prefix}expected {expected!r}, got {got!r}{_on(case)}", hint, recipe)
+        prefix = _t(f"this looks like {seen}: ") if seen else ""
+        _fail(name, prefix + _t(f"expected {expected!r}, got {got!r}{_on(case)}"), hint, recipe)
 
 
 def expect_pair(got: Any, name: str, what: str) -> Tuple[Any, Any]:
@@ -216,7 +223,8 @@ def exercise(name: str) -> Iterator[None]:
     try:
         yield
     except NotImplementedError as err:
-        raise ExerciseError(f"[{name}] not implemented yet: {err}. Replace the stub with your code and run the cell again.") from None
+        raise ExerciseError(_t(f"[{name}] not implemented yet: {err}. Replace the stub with your code and run the cell "
+                               "again.")) from None
 
 
 class _Plain:
@@ -290,8 +298,8 @@ def call(
 
 
 def passed(name: str, detail: str = "") -> None:
-    """Print the success line."""
-    print(f"✓ {name} passed" + (f": {detail}" if detail else ""))
+    """Print the success line (in the learner's language, ``minimind_ref.i18n``)."""
+    print(_t(f"✓ {name} passed: {detail}") if detail else _t(f"✓ {name} passed"))
 
 
 def check(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
