@@ -1,18 +1,24 @@
-"""Benchmark 2: minimind_ref vs transformers' LlamaForCausalLM holding the same weights."""
+"""Benchmark 2: minimind_ref vs transformers' LlamaForCausalLM holding the same weights.
+
+Prefill latency, then greedy decoding at batch 1 and 8 after a short and a 512-token prompt; the
+two systems run interleaved, every figure is a median of at least five runs with its range, and
+the tokens must be identical. ``fast=True`` adds ``minimind_ref.fast_decode`` (the compiled decode
+path, same tokens) to the batch-1 settings.
+"""
 
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Sequence
 
 import torch
 
 import minimind_ref as mm
 
-from .common import sync, timeit
+from .common import interleaved, ratio, sync
 
 
-def compare(device: torch.device, prefill_len: int = 512, decode_tokens: int = 64, batches: List[int] = (1, 8),
-            prompt_lens: List[int] = (16, 512)) -> Dict[str, object]:
+def compare(device: torch.device, prefill_len: int = 512, decode_tokens: int = 64, batches: Sequence[int] = (1, 8),
+            prompt_lens: Sequence[int] = (16, 512), repeats: int = 5, prefill_repeats: int = 7) -> Dict[str, object]:
     from minimind_ref.hf import to_hf_llama
 
     torch.manual_seed(0)
@@ -21,7 +27,7 @@ def compare(device: torch.device, prefill_len: int = 512, decode_tokens: int = 6
     gen = torch.Generator().manual_seed(0)
     result: Dict[str, object] = {}
 
-    ids = torch.randint(0, 6400, (1, prefill_len), generator=gen).to(device)
+    ids = torch.randint(0, model.config.vocab_size, (1, prefill_len), generator=gen).to(device)
     with torch.inference_mode():
         ours_logits = model(ids).logits
         hf_logits = hf(ids).logits
@@ -32,14 +38,14 @@ def compare(device: torch.device, prefill_len: int = 512, decode_tokens: int = 6
             m(ids)
         sync(device)
 
-    t_ours = timeit(lambda: prefill(model), repeats=5)
-    t_hf = timeit(lambda: prefill(hf), repeats=5)
-    result["prefill"] = {"tokens": prefill_len, "ours_ms": 1e3 * t_ours["median_s"], "hf_ms": 1e3 * t_hf["median_s"],
-                         "speedup": t_hf["median_s"] / t_ours["median_s"]}
+    t = interleaved({"ours": lambda: prefill(model), "hf": lambda: prefill(hf)}, repeats=prefill_repeats)
+    result["prefill"] = {"tokens": prefill_len, "ours": t["ours"], "hf": t["hf"],
+                         "ours_ms": 1e3 * t["ours"]["median_s"], "hf_ms": 1e3 * t["hf"]["median_s"],
+                         "speedup": ratio(t["hf"], t["ours"])}
 
-    rows = []
+    rows: List[Dict[str, object]] = []
     for batch, prompt_len in [(b, p) for p in prompt_lens for b in batches]:
-        prompt = torch.randint(0, 6400, (batch, prompt_len), generator=gen).to(device)
+        prompt = torch.randint(0, model.config.vocab_size, (batch, prompt_len), generator=gen).to(device)
         outs = {}
 
         def ours() -> None:
@@ -51,15 +57,16 @@ def compare(device: torch.device, prefill_len: int = 512, decode_tokens: int = 6
                                      min_new_tokens=decode_tokens, do_sample=False, pad_token_id=0)
             sync(device)
 
-        a = timeit(ours, repeats=3)
-        b = timeit(theirs, repeats=3)
+        t = interleaved({"ours": ours, "hf": theirs}, repeats=repeats)
         rows.append({
             "batch": batch,
             "prompt_tokens": prompt_len,
             "new_tokens": decode_tokens,
-            "ours_tok_s": batch * decode_tokens / a["median_s"],
-            "hf_tok_s": batch * decode_tokens / b["median_s"],
-            "speedup": b["median_s"] / a["median_s"],
+            "ours": t["ours"],
+            "hf": t["hf"],
+            "ours_tok_s": batch * decode_tokens / t["ours"]["median_s"],
+            "hf_tok_s": batch * decode_tokens / t["hf"]["median_s"],
+            "speedup": ratio(t["hf"], t["ours"]),
             "identical_tokens": bool(torch.equal(outs["ours"], outs["hf"])),
         })
     result["decode"] = rows

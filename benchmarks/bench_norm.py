@@ -8,10 +8,10 @@ import torch
 
 import minimind_ref as mm
 
-from .common import sync, timeit
+from .common import interleaved, sync
 
 
-def norms(device: torch.device, shape=(16, 512, 512), repeats: int = 20) -> List[Dict[str, float]]:
+def norms(device: torch.device, shape=(16, 512, 512), repeats: int = 20) -> List[Dict[str, object]]:
     dim = shape[-1]
     modules = {
         "minimind_ref.RMSNorm": mm.RMSNorm(dim),
@@ -19,26 +19,26 @@ def norms(device: torch.device, shape=(16, 512, 512), repeats: int = 20) -> List
         "torch.nn.LayerNorm": torch.nn.LayerNorm(dim, eps=1e-5),
     }
     x = torch.randn(*shape, device=device)
-    rows = []
-    base = None
+    forward, forward_backward = {}, {}
     for name, module in modules.items():
         module = module.to(device)
 
-        def fwd() -> None:
+        def fwd(module=module) -> None:
             with torch.no_grad():
                 module(x)
             sync(device)
 
         xg = x.clone().requires_grad_(True)
 
-        def fwd_bwd() -> None:
+        def fwd_bwd(module=module, xg=xg) -> None:
             module(xg).sum().backward()
             sync(device)
 
-        f = timeit(fwd, repeats=repeats)["median_s"]
-        fb = timeit(fwd_bwd, repeats=max(5, repeats // 2))["median_s"]
-        base = base or f
-        rows.append({"module": name, "forward_ms": 1e3 * f, "fwd_bwd_ms": 1e3 * fb})
+        forward[name], forward_backward[name] = fwd, fwd_bwd
+    f = interleaved(forward, repeats=repeats)
+    fb = interleaved(forward_backward, repeats=max(5, repeats // 2))
+    rows = [{"module": name, "forward": f[name], "fwd_bwd": fb[name], "forward_ms": 1e3 * f[name]["median_s"],
+             "fwd_bwd_ms": 1e3 * fb[name]["median_s"]} for name in modules]
     ours = rows[0]
     for row in rows:
         row["forward_speed_vs_ours"] = ours["forward_ms"] / row["forward_ms"]

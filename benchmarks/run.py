@@ -1,8 +1,11 @@
-"""Run the benchmarks and write ``results/results.json`` + ``results/performance_table.md``.
+"""Run the benchmarks; write ``results/results.json``, ``results/performance_table.md`` and the
+figures in ``results/figures/`` (what ``make bench`` does; the Performance page shows them).
 
-    python -m benchmarks.run            # everything (about 10-15 minutes on a 2-core CPU)
-    python -m benchmarks.run --quick    # shorter decode lengths, no notebook timing
-    python -m benchmarks.run --only decode,norm
+    python -m benchmarks.run                  # everything (about 25 minutes on a 2-core CPU)
+    python -m benchmarks.run --quick          # shorter runs, to try the harness (not for the page)
+    python -m benchmarks.run --only decode,moe --merge   # re-measure some sections, keep the others
+
+Every timing is a median of at least five interleaved repetitions with its range (benchmarks/common.py).
 """
 
 from __future__ import annotations
@@ -12,43 +15,69 @@ import datetime
 import json
 import sys
 
-from minimind_ref.utils import pick_device
+from minimind_ref.utils import pick_device, single_thread
 
 from . import bench_decode, bench_hf, bench_moe, bench_norm, bench_notebooks, report
 from .common import environment
+
+SECTIONS = ["decode", "hf", "fast", "compile", "moe", "norm", "efficiency", "posttrain", "notebooks"]
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", default="decode,hf,moe,norm,efficiency,notebooks")
+    parser.add_argument("--only", default=",".join(SECTIONS))
+    parser.add_argument("--merge", action="store_true", help="keep the sections of results.json that are not re-measured")
     parser.add_argument("--device", default=None)
     args = parser.parse_args(argv)
     device = pick_device(args.device)
     todo = set(args.only.split(","))
-    res: dict = {"environment": environment(device), "date": datetime.date.today().isoformat()}
+    unknown = todo - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown sections {sorted(unknown)}; choose from {SECTIONS}")
+    path = report.RESULTS / "results.json"
+    res: dict = json.loads(path.read_text()) if args.merge and path.exists() else {}
+    res.update({"environment": environment(device), "date": datetime.date.today().isoformat()})
     if "decode" in todo:
-        lengths = [128, 512] if args.quick else [128, 512, 1024]
+        lengths = [32, 64, 128] if args.quick else [32, 64, 128, 256, 512]
         res["decode"] = bench_decode.cached_vs_uncached(device, lengths)
-        print("decode", res["decode"], flush=True)
+        print("decode done", flush=True)
     if "hf" in todo:
-        res["hf"] = bench_hf.compare(device)
-        print("hf", res["hf"], flush=True)
+        res["hf"] = bench_hf.compare(device, decode_tokens=16 if args.quick else 64)
+        print("hf done", flush=True)
+    if "fast" in todo:
+        from . import bench_fast
+
+        res["fast"] = bench_fast.fast_decode(device, new_tokens=32 if args.quick else 128)
+        print("fast done", flush=True)
+    if "compile" in todo:
+        from . import bench_compile
+
+        res["compile"] = bench_compile.compiled_generate(device, new_tokens=16 if args.quick else 32)
+        print("compile done", flush=True)
     if "moe" in todo:
         res["moe"] = bench_moe.moe_layer(device)
-        print("moe", res["moe"], flush=True)
+        print("moe done", flush=True)
     if "norm" in todo:
         res["norm"] = bench_norm.norms(device)
-        print("norm", res["norm"], flush=True)
+        print("norm done", flush=True)
     if "efficiency" in todo:
         res["efficiency"] = bench_decode.decode_efficiency(device)
-        print("efficiency", res["efficiency"], flush=True)
-    if "notebooks" in todo and not args.quick:
+        print("efficiency done", flush=True)
+    if "posttrain" in todo:
+        from . import bench_posttrain
+
+        with single_thread():  # as the chapters train these tiny models
+            res["posttrain"] = bench_posttrain.posttrain_steps(device, quick=args.quick)
+        print("posttrain done", flush=True)
+    if "notebooks" in todo:
         res["notebooks"] = bench_notebooks.notebook_times()
-        print("notebooks", res["notebooks"], flush=True)
     report.RESULTS.mkdir(parents=True, exist_ok=True)
-    (report.RESULTS / "results.json").write_text(json.dumps(res, indent=2) + "\n")
-    print(f"wrote {report.RESULTS / 'results.json'} and {report.write(res)}")
+    path.write_text(json.dumps(res, indent=2) + "\n")
+    from . import figures
+
+    written = figures.write_all(res, report.FIGURES)
+    print(f"wrote {path}, {report.write(res)} and {len(written)} figures in {report.FIGURES}")
     return 0
 
 

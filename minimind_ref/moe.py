@@ -144,14 +144,17 @@ class MOEFeedForward(nn.Module):
         order = flat_expert_indices.argsort()
         counts = torch.zeros(len(self.experts), dtype=torch.long, device=x.device)
         counts.scatter_add_(0, flat_expert_indices, torch.ones_like(flat_expert_indices))
-        ends = counts.cumsum(0).cpu().numpy()  # the one device -> host transfer
+        ends = counts.cumsum(0).cpu().tolist()  # the one device -> host transfer
         token_of_slot = order // self.config.num_experts_per_tok
+        start = 0
         for i, end in enumerate(ends):
-            start = 0 if i == 0 else ends[i - 1]
             if start == end:
                 continue
             tokens = token_of_slot[start:end]
-            expert_out = self.experts[i](x[tokens]).to(expert_cache.dtype)
+            expert_out = self.experts[i](x.index_select(0, tokens)).to(expert_cache.dtype)
             expert_out.mul_(flat_expert_weights[order[start:end]])
-            expert_cache.scatter_add_(0, tokens.view(-1, 1).repeat(1, x.shape[-1]), expert_out)
+            # one row per token (top-k experts are distinct): the same sums as upstream's scatter_add_
+            # over a [tokens, hidden] copy of the indices, without materializing that copy
+            expert_cache.index_add_(0, tokens, expert_out)
+            start = end
         return expert_cache

@@ -1,46 +1,197 @@
-"""The Performance page's table is generated from the measured results, never typed by hand."""
+"""The benchmark harness and the Performance page's report: tables and figures are generated from
+the measured results, never typed by hand; timings are interleaved medians with their range."""
 
 import json
+import struct
 from pathlib import Path
 
 import pytest
-
-from benchmarks import report
-from benchmarks.bench_moe import SyncCounter
-
-import minimind_ref as mm
 import torch
 
+import minimind_ref as mm
+from benchmarks import common, figures, report
+from benchmarks.bench_decode import loglog_slope
+from benchmarks.bench_moe import SyncCounter
+
+ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(report.__file__).parent / "results"
 
 
-@pytest.mark.skipif(not (RESULTS / "results.json").exists(), reason="no benchmark results yet (run make bench)")
-def test_performance_table_is_generated_from_results():
-    res = json.loads((RESULTS / "results.json").read_text())
-    assert (RESULTS / "performance_table.md").read_text() == report.render(res), (
-        "benchmarks/results/performance_table.md is stale: run `python -m benchmarks.report`"
-    )
+def stats(median: float, low: float = None, high: float = None, unstable: bool = False) -> dict:
+    low = median * 0.98 if low is None else low
+    high = median * 1.02 if high is None else high
+    return {"median_s": median, "min_s": low, "max_s": high, "repeats": 5, "spread": (high - low) / median,
+            "times_s": [low, median, median, median, high], "unstable": unstable}
 
 
-def test_render_covers_every_section():
-    fake = {
+def r(median: float, low: float = None, high: float = None) -> dict:
+    return {"median": median, "min": median * 0.95 if low is None else low, "max": median * 1.05 if high is None else high,
+            "spread": 0.1}
+
+
+def fake_results() -> dict:
+    rows = [{"new_tokens": n, "cached": stats(n / 100), "uncached": stats(n * n / 2000), "cached_tok_s": 100.0,
+             "uncached_tok_s": 2000 / n, "speedup": r(n / 20)} for n in (32, 64, 128, 256, 512)]
+    return {
         "environment": {"device_name": "CPU X", "device": "cpu", "torch_threads": 2, "torch": "2.13.0",
                         "transformers": "4.57.6", "python": "3.11"},
         "date": "2026-01-01",
-        "decode": [{"new_tokens": 128, "cached_tok_s": 100.0, "uncached_tok_s": 10.0, "speedup": 10.0}],
-        "hf": {"prefill_max_abs_diff": 1e-6, "prefill": {"tokens": 512, "ours_ms": 10, "hf_ms": 12, "speedup": 1.2},
-               "decode": [{"batch": 1, "prompt_tokens": 16, "new_tokens": 64, "ours_tok_s": 1, "hf_tok_s": 1, "speedup": 1.0, "identical_tokens": True}]},
-        "moe": {"tokens": 1024, "dispatch_ms": 1, "training_path_ms": 2, "dense_equal_active_ms": 1,
-                "dispatch_vs_training": 2, "dispatch_vs_dense": 1, "host_syncs_per_layer": 1},
-        "norm": [{"module": "m", "forward_ms": 1, "fwd_bwd_ms": 2, "forward_speed_vs_ours": 1, "fwd_bwd_speed_vs_ours": 1}],
-        "efficiency": {"context": 512, "tok_s": 100, "bytes_per_token": 1e8, "achieved_GBps": 10, "memcpy_GBps": 20,
-                       "fraction_of_memcpy": 0.5},
-        "notebooks": [{"notebook": "01_x.ipynb", "seconds": 10.0, "passed": True}],
+        "decode": {"prompt_tokens": 8, "rows": rows, "growth_cached": 1.0, "growth_uncached": 2.0},
+        "hf": {"prefill_max_abs_diff": 1e-6,
+               "prefill": {"tokens": 512, "ours": stats(0.1), "hf": stats(0.12), "ours_ms": 100, "hf_ms": 120, "speedup": r(1.2)},
+               "decode": [{"batch": b, "prompt_tokens": p, "new_tokens": 64, "ours": stats(1), "hf": stats(1.3),
+                           "ours_tok_s": 64, "hf_tok_s": 50, "speedup": r(1.3 if b == 1 else 1.1), "identical_tokens": True}
+                          for p in (16, 512) for b in (1, 8)]},
+        "fast": {"prompt_tokens": 16, "new_tokens": 128, "times": {}, "first_call_s": 30.0, "eager_tok_s": 50,
+                 "lean_tok_s": 70, "fast_tok_s": 110, "hf_tok_s": 50, "lean_vs_eager": r(1.4), "vs_eager": r(2.2),
+                 "vs_hf": r(2.2), "identical_tokens": True, "bytes_per_token": 1e8, "achieved_GBps": 11.0,
+                 "read_GBps": 20.0, "read_fraction": 0.55},
+        "compile": {"prompt_tokens": 16, "new_tokens": 32, "first_call_s": 40.0, "times": {}, "eager_tok_s": 50,
+                    "compiled_tok_s": 55, "compiled_vs_eager": r(1.1), "identical_tokens": True},
+        "moe": {"tokens": 1024, "times": {"dispatch": stats(0.2, 0.1, 0.3, unstable=True), "training_path": stats(0.25),
+                                          "dense": stats(0.19)},
+                "dispatch_ms": 200, "training_path_ms": 250, "dense_equal_active_ms": 190,
+                "dispatch_vs_training": r(1.25), "dispatch_vs_dense": r(1.05), "host_syncs_per_layer": 1},
+        "norm": [{"module": "m", "forward": stats(0.001), "fwd_bwd": stats(0.002), "forward_ms": 1, "fwd_bwd_ms": 2,
+                  "forward_speed_vs_ours": 1, "fwd_bwd_speed_vs_ours": 1}],
+        "efficiency": {"context": 512, "steps": 64, "time": stats(1.0), "tok_s": 100, "bytes_per_token": 1e8,
+                       "achieved_GBps": 10, "memcpy_GBps": 20, "read_GBps": 22, "matvec_GBps": 12, "matvec_t_GBps": 14,
+                       "fraction_of_memcpy": 0.5, "fraction_of_read": 0.45,
+                       "profile": [{"op": "aten::mm", "share": 0.8, "calls_per_step": 40}]},
+        "posttrain": {"stages": {s: {"stage": s, "batch_size": 4, "tokens_per_step": 1000, "step_s": stats(0.5),
+                                     "tokens_per_s": 2000.0, **({"sampling_s": 0.2, "sampling_share": 0.4} if s == "grpo" else {})}
+                                 for s in ("sft", "dpo", "grpo")}},
+        "notebooks": {"machine": "CPU X", "date": "2026-01-01", "rows": [{"notebook": "01_x", "seconds": 10.0}]},
     }
-    text = report.render(fake)
-    for heading in ("### 1.", "### 2.", "### 3.", "### 4.", "### 5.", "### 6."):
-        assert heading in text
-    assert "10.0x" in text and "CPU X" in text
+
+
+# --- the harness ---------------------------------------------------------------------------------
+
+class FakeClock:
+    """Each call to a timed function advances the clock by the next duration of that function."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_interleaved_rotates_the_order_and_takes_medians():
+    clock = FakeClock()
+    order = []
+    durations = {"a": iter([9.0, 1.0, 2.0, 3.0, 4.0, 5.0]), "b": iter([9.0, 10.0, 30.0, 20.0, 40.0, 50.0])}
+
+    def make(name):
+        def fn():
+            order.append(name)
+            clock.now += next(durations[name])
+        return fn
+
+    out = common.interleaved({"a": make("a"), "b": make("b")}, repeats=5, warmup=1, clock=clock, retry=False)
+    assert order == ["a", "b", "a", "b", "b", "a", "a", "b", "b", "a", "a", "b"]  # warm-up, then rotating
+    assert out["a"]["times_s"] == [1.0, 2.0, 3.0, 4.0, 5.0] and out["a"]["median_s"] == 3.0
+    assert out["b"]["median_s"] == 30.0 and out["b"]["min_s"] == 10.0 and out["b"]["max_s"] == 50.0
+    assert out["a"]["unstable"] and out["a"]["spread"] == pytest.approx(4 / 3)
+    paired = common.ratio(out["b"], out["a"])  # 10/1, 30/2, 20/3, 40/4, 50/5
+    assert paired["median"] == 10.0 and paired["min"] == pytest.approx(20 / 3) and paired["max"] == 15.0
+    with pytest.raises(ValueError, match="at least 5"):
+        common.interleaved({"a": make("a")}, repeats=3)
+
+
+def test_a_wide_spread_is_measured_again_then_flagged():
+    clock = FakeClock()
+    noisy = iter([1.0] + [1.0, 2.0, 1.0, 1.0, 1.0] + [1.0] * 10)  # warm-up, a noisy set, then a calm one
+
+    def fn():
+        clock.now += next(noisy)
+
+    out = common.interleaved({"x": fn}, repeats=5, clock=clock)["x"]
+    assert out["remeasured"] and out["repeats"] == 10 and not out["unstable"]
+    steady = iter([1.0] * 6)
+
+    def calm():
+        clock.now += next(steady)
+
+    assert "remeasured" not in common.interleaved({"x": calm}, repeats=5, clock=clock)["x"]
+
+
+def test_loglog_slope_tells_linear_from_quadratic():
+    ns = [32, 64, 128, 256, 512]
+    assert loglog_slope(ns, [3.0 * n for n in ns]) == pytest.approx(1.0)
+    assert loglog_slope(ns, [0.5 * n * n for n in ns]) == pytest.approx(2.0)
+
+
+# --- the report ----------------------------------------------------------------------------------
+
+def test_render_covers_every_section_with_ranges_and_flags():
+    text = report.render(fake_results())
+    for heading in ("### Targets", "### 1.", "### 2.", "### 3.", "### 3b.", "### 4.", "### 5.", "### 6.", "### 7.", "### 8."):
+        assert heading in text, heading
+    assert "CPU X" in text and "n^1.00" in text and "n^2.00" in text
+    assert "200.00 (100.00–300.00) (unstable)" in text  # the flagged MoE timing, with its range
+    assert "1.20x (1.14–1.26)" in text  # a ratio: median (min–max) of the per-run ratios
+    assert "| grpo | 4 | 1,000 |" in text and "40%" in text
+
+
+def test_targets_name_the_worst_setting_and_say_met_or_not():
+    res = fake_results()
+    found = {t["key"]: t for t in report.targets(res)}
+    assert set(found) == {key for key, *_ in report.TARGETS}
+    assert found["cache_512"]["met"] and found["cache_512"]["measured"]["median"] == pytest.approx(512 / 20)
+    assert not found["hf_decode"]["met"] and "batch 8" in found["hf_decode"]["where"]  # 1.1 < 1.2
+    assert found["hf_prefill"]["met"] and found["moe_vs_dense"]["met"] and found["moe_vs_training"]["met"]
+    assert found["fast_vs_hf"]["met"] and found["fast_bandwidth"]["met"]
+    res["moe"]["dispatch_vs_dense"] = r(1.3)
+    assert not next(t for t in report.targets(res) if t["key"] == "moe_vs_dense")["met"]
+    del res["fast"]
+    missing = next(t for t in report.targets(res) if t["key"] == "fast_vs_hf")
+    assert missing["met"] is None and "not measured" in report.render(res)
+
+
+def png_size(path: Path) -> tuple:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_every_figure_is_drawn_from_results(tmp_path):
+    written = figures.write_all(fake_results(), tmp_path)
+    assert sorted(p.name for p in written) == sorted(figures.FIGURES)
+    for path in written:
+        width, height = png_size(path)
+        assert width > 500 and height > 250 and path.stat().st_size > 10_000
+
+
+# --- what is committed ---------------------------------------------------------------------------
+
+@pytest.mark.skipif(not (RESULTS / "results.json").exists(), reason="no benchmark results yet (run make bench)")
+def test_committed_table_and_figures_come_from_the_committed_results(tmp_path):
+    res = json.loads((RESULTS / "results.json").read_text())
+    assert (RESULTS / "performance_table.md").read_text() == report.render(res), (
+        "benchmarks/results/performance_table.md is stale: run `python -m benchmarks.report`")
+    page = (ROOT / "book" / "performance.md").read_text(encoding="utf-8")
+    redrawn = {p.name: p for p in figures.write_all(res, tmp_path)}
+    for name in figures.FIGURES:
+        committed = report.FIGURES / name
+        assert committed.is_file(), f"{committed} is missing: run `python -m benchmarks.report`"
+        assert f"../benchmarks/results/figures/{name}" in page, f"book/performance.md does not show {name}"
+        assert png_size(committed) == png_size(redrawn[name]), f"{name} was not drawn from results.json"
+    for section, _ in [("decode", 0), ("hf", 0), ("moe", 0), ("efficiency", 0)]:
+        assert section in res, f"results.json has no {section} section"
+    timings = [s for s in _all_timings(res)]
+    assert timings and all(s["repeats"] >= common.MIN_REPEATS for s in timings)
+
+
+def _all_timings(node):
+    if isinstance(node, dict):
+        if "median_s" in node and "times_s" in node:
+            yield node
+        for value in node.values():
+            yield from _all_timings(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _all_timings(value)
 
 
 def test_sync_counter_counts_the_dispatch_sync():

@@ -140,8 +140,8 @@ def test_chinese_student_editions_say_exercise_in_chinese():
             continue
         student = nbformat.read(ROOT / "student" / "zh" / path.name, as_version=4)
         english = nbformat.read(ROOT / "student" / path.name, as_version=4)
-        stubs = [c.source for c in student.cells if c.cell_type == "code" and "NotImplementedError" in c.source]
-        assert stubs and all('NotImplementedError("练习 ' in s for s in stubs), path.name
-        assert len(stubs) == sum(1 for c in english.cells if c.cell_type == "code" and "NotImplementedError(\"Exercise " in c.source)
+        stubs = [c.source for c in student.cells if c.cell_type == "code" and 'raise NotImplementedError("' in c.source]
+        assert stubs and all('raise NotImplementedError("练习 ' in s for s in stubs), path.name
+        assert len(stubs) == sum(1 for c in english.cells if c.cell_type == "code" and 'raise NotImplementedError("Exercise ' in c.source)
         assert i18n.LANGUAGE_LINE[LANG] in "".join(c.source for c in student.cells if c.cell_type == "code")
     assert make_student.TRANSLATIONS == {"zh": LANG}

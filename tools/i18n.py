@@ -19,6 +19,7 @@ fuzzy and empty translations are never used: the English text shows instead.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import re
 import sys
@@ -52,6 +53,17 @@ LIST_ITEM = re.compile(r"^(\s*)([-*+]|\d+[.)])(\s+)")
 HEADING = re.compile(r"^(#{1,6}\s+)(.*)$")
 TABLE_RULE = re.compile(r"^\s*\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?\s*$")
 DIRECTIVE_OPTION = re.compile(r"^\s*:[\w-]+:")
+
+
+WORD = re.compile(r"(?<![\w.-])[A-Za-z][A-Za-z'’-]*[A-Za-z](?![\w.-])")
+
+
+def translatable(text: str) -> bool:
+    """Whether ``text`` has a word to translate once code, math, links and identifiers (names with a
+    digit, an underscore or a dot, like ``12_grpo`` or ``config.json``) are set aside. A table row of
+    chapter names and seconds is copied as it is, so re-measuring it never needs a translator."""
+    rest = URL.sub(" ", LINK_TARGET.sub(" ", MATH.sub(" ", CODE.sub(" ", text))))
+    return bool(WORD.search(rest))
 
 
 def _split_paragraph(lines: List[str]) -> List[Chunk]:
@@ -92,10 +104,10 @@ def _split_paragraph(lines: List[str]) -> List[Chunk]:
         else:
             current.append(line)
     flush()
-    # a message never carries surrounding blanks
+    # a message never carries surrounding blanks, and text with nothing to translate is copied
     fixed: List[Chunk] = []
     for chunk in out:
-        if chunk.message and not chunk.text.strip():
+        if chunk.message and not translatable(chunk.text):
             fixed.append(Chunk(chunk.text, False))
         else:
             fixed.append(chunk)
@@ -254,12 +266,17 @@ def catalog_path(lang: str, domain: str) -> Path:
     return LOCALES / lang / "LC_MESSAGES" / f"{domain}.po"
 
 
+#: A line break between two Chinese characters: browsers render it as a space, so it is joined.
+CJK_BREAK = re.compile(r"(?<=[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef])\n(?=[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef])")
+
+
 def load_table(lang: str, domain: str) -> Dict[str, str]:
     """msgid -> msgstr for the usable (translated, not fuzzy) entries of one catalog."""
     path = catalog_path(lang, domain)
     if not path.exists():
         return {}
-    return {e.msgid: e.msgstr for e in polib.pofile(str(path)) if e.msgstr and not e.fuzzy and not e.obsolete}
+    return {e.msgid: CJK_BREAK.sub("", e.msgstr) for e in polib.pofile(str(path))
+            if e.msgstr and not e.fuzzy and not e.obsolete}
 
 
 # --------------------------------------------------------------------------------------------
@@ -332,11 +349,15 @@ def extract(lang: str, only: Optional[List[str]] = None) -> None:
         path = catalog_path(lang, domain)
         old = polib.pofile(str(path)) if path.exists() else None
         old_by_id = {e.msgid: e for e in old} if old else {}
-        old_by_place: Dict[str, polib.POEntry] = {}
+        wanted = {message for message, _ in found}
+        # translations whose English is gone, by the cell (or page) they came from: a changed
+        # message at the same place takes the most similar one, marked fuzzy
+        vanished: Dict[str, List[polib.POEntry]] = {}
         if old:
             for e in old:
-                for place, _ in e.occurrences:
-                    old_by_place.setdefault(place, e)
+                if e.msgid not in wanted and e.msgstr:
+                    for place, _ in e.occurrences:
+                        vanished.setdefault(place, []).append(e)
         po = polib.POFile(wrapwidth=0)
         po.metadata = {
             "Project-Id-Version": "MiniMind from Zero",
@@ -356,11 +377,13 @@ def extract(lang: str, only: Optional[List[str]] = None) -> None:
                 entry.msgstr = previous.msgstr
                 entry.flags = list(previous.flags)
                 entry.previous_msgid = previous.previous_msgid
-            elif where in old_by_place and old_by_place[where].msgstr and old_by_place[where].msgid not in dict(found):
-                previous = old_by_place[where]
-                entry.msgstr = previous.msgstr
-                entry.flags = ["fuzzy"]
-                entry.previous_msgid = previous.msgid
+            elif vanished.get(where):
+                best = max(vanished[where], key=lambda e: difflib.SequenceMatcher(None, e.msgid, message).ratio())
+                if difflib.SequenceMatcher(None, best.msgid, message).ratio() >= 0.5:
+                    vanished[where].remove(best)
+                    entry.msgstr = best.msgstr
+                    entry.flags = ["fuzzy"]
+                    entry.previous_msgid = best.msgid
             seen[message] = entry
             po.append(entry)
         path.parent.mkdir(parents=True, exist_ok=True)

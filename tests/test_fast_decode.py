@@ -1,0 +1,61 @@
+"""minimind_ref.fast_decode: the lean batch-1 greedy decoder gives the eager generate's tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import minimind_ref as mm
+from minimind_ref.fast_decode import FastDecoder, fast_generate
+
+
+def small_model(seed: int = 0, **overrides) -> mm.MiniMindForCausalLM:
+    torch.manual_seed(seed)
+    cfg = mm.MiniMindConfig(hidden_size=64, num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=2,
+                            vocab_size=300, max_position_embeddings=96, **overrides)
+    return mm.MiniMindForCausalLM(cfg).eval()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("prompt_len", [1, 7, 40])
+def test_same_tokens_as_eager_generate(seed, prompt_len):
+    model = small_model(seed)
+    prompt = torch.randint(0, 300, (1, prompt_len), generator=torch.Generator().manual_seed(seed))
+    expected = model.generate(prompt, max_new_tokens=24)
+    assert torch.equal(FastDecoder(model).generate(prompt, 24), expected)
+    assert torch.equal(fast_generate(model, prompt, 24), expected)
+
+
+def test_stops_at_eos_and_at_the_position_limit():
+    model = small_model(3)
+    prompt = torch.randint(0, 300, (1, 5), generator=torch.Generator().manual_seed(3))
+    free = FastDecoder(model).generate(prompt, 20)
+    eos = int(free[0, 9])  # the 5th generated token: stop there
+    stopped = FastDecoder(model).generate(prompt, 20, eos_token_id=eos)
+    first = (free[0, 5:] == eos).nonzero()[0].item()
+    assert torch.equal(stopped, free[:, : 5 + first + 1])
+    assert torch.equal(stopped, model.generate(prompt, max_new_tokens=20, eos_token_id=eos))
+    long_prompt = torch.randint(0, 300, (1, 90), generator=torch.Generator().manual_seed(4))
+    assert FastDecoder(model).generate(long_prompt, 20).shape == (1, 96)  # max_position_embeddings
+
+
+def test_state_dict_untouched_and_bad_input_rejected():
+    model = small_model(5)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    FastDecoder(model).generate(torch.tensor([[1, 2, 3]]), 4)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    with pytest.raises(ValueError, match=r"one sequence"):
+        FastDecoder(model).generate(torch.tensor([[1, 2], [3, 4]]), 4)
+    with pytest.raises(ValueError, match=r"dense models only"):
+        FastDecoder(small_model(6, use_moe=True))
+
+
+@pytest.mark.slow
+def test_compiled_step_gives_the_same_tokens():
+    model = small_model(7)
+    prompt = torch.randint(0, 300, (1, 6), generator=torch.Generator().manual_seed(7))
+    try:
+        compiled = FastDecoder(model, compile=True).generate(prompt, 16)
+    finally:
+        torch._dynamo.reset()
+    assert torch.equal(compiled, model.generate(prompt, max_new_tokens=16))
