@@ -28,7 +28,9 @@ FIGURES: Dict[str, str] = {
 
 def _device(res: Mapping[str, object]) -> str:
     env = res["environment"]
-    return f"{env['device_name']}, {env['torch_threads']} threads, {res['date']}"
+    name = env["device_name"]
+    threads = "" if "thread" in name else f", {env['torch_threads']} threads"
+    return f"{name}{threads}, {res['date']}"
 
 
 def _save(fig, path: Path) -> Path:
@@ -57,10 +59,14 @@ def decode_growth(res: Mapping[str, object], path: Path) -> Path:
         total = [r[key]["median_s"] for r in d["rows"]]
         right.loglog(ns, total, marker=marker, label=f"{label}: time ∝ n^{d['growth_' + key]:.2f}")
     left.set_xscale("log", base=2)
+    left.set_xticks(ns, [str(n) for n in ns])
     left.set_xlabel("new tokens n")
     left.set_ylabel("tokens per second")
     left.set_title("Greedy decoding speed")
     left.legend()
+    right.set_xscale("log", base=2)
+    right.set_xticks(ns, [str(n) for n in ns])
+    right.minorticks_off()
     right.set_xlabel("new tokens n")
     right.set_ylabel("total time (s)")
     right.set_title("Growth of the total time (log-log)")
@@ -98,10 +104,11 @@ def vs_transformers(res: Mapping[str, object], path: Path) -> Path:
 def bandwidth(res: Mapping[str, object], path: Path) -> Path:
     e = res["efficiency"]
     names = ["memory copy\n(read + write)", "read-only sum", "F.linear over\nthe weights", "x @ W.T over\nthe weights",
-             "eager decode step"]
+             f"eager decode step\n(context {e['context']})"]
     values = [e["memcpy_GBps"], e["read_GBps"], e["matvec_GBps"], e["matvec_t_GBps"], e["achieved_GBps"]]
     if "fast" in res:
-        names.append("compiled fast\ndecode step")
+        f = res["fast"]
+        names.append(f"compiled fast decode\n(context {f['prompt_tokens']}-{f['prompt_tokens'] + f['new_tokens']})")
         values.append(res["fast"]["achieved_GBps"])
     fig, ax = plt.subplots(figsize=(8, 3.8))
     ax.barh(range(len(values)), values, color=["#999999", "#999999", "#7a9cc6", "#7a9cc6", "#4c72b0", "#dd8452"][: len(values)])
@@ -142,7 +149,9 @@ def posttrain(res: Mapping[str, object], path: Path) -> Path:
         ax.text(i, total, f" {s['tokens_per_s']:,.0f} tok/s", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(stages)), [s["stage"].upper() for s in stages])
     ax.set_ylabel("seconds per optimizer step (median)")
-    ax.set_title(f"Post-training steps, the course's recipes ({_device(res)})", fontsize=9)
+    threads = res["posttrain"].get("torch_threads")
+    ax.set_title(f"Post-training steps, the course's recipes ({res['environment']['device_name'].split(',')[0]}, "
+                 f"{threads} thread{'s' if threads != 1 else ''} as in the chapters, {res['date']})", fontsize=9)
     ax.legend(fontsize=8)
     return _save(fig, path)
 

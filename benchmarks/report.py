@@ -149,7 +149,8 @@ def render(res: Mapping[str, object]) -> str:
                   f"included). Eager `generate`: {_f(f['eager_tok_s'])} tok/s; `FastDecoder(model)`: {_f(f['lean_tok_s'])} tok/s "
                   f"({times(f['lean_vs_eager'])} the eager speed); `FastDecoder(model, compile=True)`: {_f(f['fast_tok_s'])} tok/s "
                   f"({times(f['vs_eager'])} the eager speed, {times(f['vs_hf'])} transformers', whose `generate()` ran at "
-                  f"{_f(f['hf_tok_s'])} tok/s). Its first call, compilation included, took {_f(f['first_call_s'])} s. "
+                  f"{_f(f['hf_tok_s'])} tok/s). Its first call, compilation included, took {_f(f['first_call_s'])} s (less when inductor's on-disk "
+                  f"cache holds the kernels from an earlier run). "
                   f"Same tokens as the eager path (all four): **{'yes' if f['identical_tokens'] else 'NO'}**. "
                   f"The compiled path reads {f['bytes_per_token'] / 1e6:.1f} MB per token: {_f(f['achieved_GBps'], 2)} GB/s, "
                   f"{100 * f['read_fraction']:.0f}% of the read bandwidth measured in the same run ({_f(f['read_GBps'], 2)} GB/s).",
@@ -162,6 +163,15 @@ def render(res: Mapping[str, object]) -> str:
                   f"and the eager one at {_f(c['eager_tok_s'])} tok/s: the compiled model runs at "
                   f"{times(c['compiled_vs_eager'])} the eager speed; same tokens: "
                   f"**{'yes' if c['identical_tokens'] else 'NO'}**.", ""]
+    if "threads" in res:
+        th = res["threads"]
+        one, many = th["threads"]
+        rate = {int(k): v for k, v in th["decode_tok_s"].items()}
+        lines += [f"### 3c. Thread settings (1 thread vs {many})", "",
+                  f"Batch-1 greedy decoding of {th['new_tokens']} tokens: {_f(rate[one])} tok/s with {one} thread, "
+                  f"{_f(rate[many])} tok/s with {many} ({times(th['decode_gain'])} the speed). A 512-token prefill with "
+                  f"{many} threads runs at {times(th['prefill_gain'])} the speed of one thread. The benchmarks above use "
+                  "torch's default thread count.", ""]
     if "moe" in res:
         m = res["moe"]
         t = m["times"]
@@ -199,7 +209,10 @@ def render(res: Mapping[str, object]) -> str:
             lines.append("")
     if "posttrain" in res:
         pt = res["posttrain"]
+        threads = pt.get("torch_threads")
         lines += ["### 7. Post-training steps (the course's recipes, chapters 09, 11 and 12)", "",
+                  f"One optimizer step with {threads} torch thread{'s' if threads != 1 else ''}, as the chapters train "
+                  "these small models; the same batch every step (GRPO samples new completions each time).", "",
                   "| stage | batch | tokens per step | step time (ms) | tokens/s | sampling share |",
                   "| --- | ---: | ---: | ---: | ---: | ---: |"]
         for r in pt["stages"].values():

@@ -20,7 +20,7 @@ from minimind_ref.utils import pick_device, single_thread
 from . import bench_decode, bench_hf, bench_moe, bench_norm, bench_notebooks, report
 from .common import environment
 
-SECTIONS = ["decode", "hf", "fast", "compile", "moe", "norm", "efficiency", "posttrain", "notebooks"]
+SECTIONS = ["decode", "hf", "fast", "compile", "threads", "moe", "norm", "efficiency", "posttrain", "notebooks"]
 
 
 def main(argv=None) -> int:
@@ -55,6 +55,11 @@ def main(argv=None) -> int:
 
         res["compile"] = bench_compile.compiled_generate(device, new_tokens=16 if args.quick else 32)
         print("compile done", flush=True)
+    if "threads" in todo:
+        from . import bench_threads
+
+        res["threads"] = bench_threads.thread_settings(device)
+        print("threads done", flush=True)
     if "moe" in todo:
         res["moe"] = bench_moe.moe_layer(device)
         print("moe done", flush=True)
@@ -74,6 +79,7 @@ def main(argv=None) -> int:
         res["notebooks"] = bench_notebooks.notebook_times()
     report.RESULTS.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(res, indent=2) + "\n")
+    res = json.loads(path.read_text())  # render what the tests will read back (string keys, lists)
     from . import figures
 
     written = figures.write_all(res, report.FIGURES)

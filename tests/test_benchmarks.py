@@ -48,6 +48,8 @@ def fake_results() -> dict:
                  "read_GBps": 20.0, "read_fraction": 0.55},
         "compile": {"prompt_tokens": 16, "new_tokens": 32, "first_call_s": 40.0, "times": {}, "eager_tok_s": 50,
                     "compiled_tok_s": 55, "compiled_vs_eager": r(1.1), "identical_tokens": True},
+        "threads": {"threads": [1, 2], "times": {}, "decode_tok_s": {"1": 40.0, "2": 50.0}, "decode_gain": r(1.25),
+                    "prefill_gain": r(1.8), "new_tokens": 64},
         "moe": {"tokens": 1024, "times": {"dispatch": stats(0.2, 0.1, 0.3, unstable=True), "training_path": stats(0.25),
                                           "dense": stats(0.19)},
                 "dispatch_ms": 200, "training_path_ms": 250, "dense_equal_active_ms": 190,
@@ -58,7 +60,7 @@ def fake_results() -> dict:
                        "achieved_GBps": 10, "memcpy_GBps": 20, "read_GBps": 22, "matvec_GBps": 12, "matvec_t_GBps": 14,
                        "fraction_of_memcpy": 0.5, "fraction_of_read": 0.45,
                        "profile": [{"op": "aten::mm", "share": 0.8, "calls_per_step": 40}]},
-        "posttrain": {"stages": {s: {"stage": s, "batch_size": 4, "tokens_per_step": 1000, "step_s": stats(0.5),
+        "posttrain": {"torch_threads": 1, "stages": {s: {"stage": s, "batch_size": 4, "tokens_per_step": 1000, "step_s": stats(0.5),
                                      "tokens_per_s": 2000.0, **({"sampling_s": 0.2, "sampling_share": 0.4} if s == "grpo" else {})}
                                  for s in ("sft", "dpo", "grpo")}},
         "notebooks": {"machine": "CPU X", "date": "2026-01-01", "rows": [{"notebook": "01_x", "seconds": 10.0}]},
@@ -126,7 +128,7 @@ def test_loglog_slope_tells_linear_from_quadratic():
 
 def test_render_covers_every_section_with_ranges_and_flags():
     text = report.render(fake_results())
-    for heading in ("### Targets", "### 1.", "### 2.", "### 3.", "### 3b.", "### 4.", "### 5.", "### 6.", "### 7.", "### 8."):
+    for heading in ("### Targets", "### 1.", "### 2.", "### 3.", "### 3b.", "### 3c.", "### 4.", "### 5.", "### 6.", "### 7.", "### 8."):
         assert heading in text, heading
     assert "CPU X" in text and "n^1.00" in text and "n^2.00" in text
     assert "200.00 (100.00–300.00) (unstable)" in text  # the flagged MoE timing, with its range
