@@ -123,9 +123,12 @@ vendor: $(STAMP)
 	@command -v npm >/dev/null || { $(APT_GET) update && $(APT_GET) install -y npm; }
 	$(BIN)/python tools/vendor_assets.py
 
-# Headless Chromium for the browser test: Debian's package (apt-get needs root).
+# Headless Chromium for the browser test: Debian's package (apt-get needs root); and a font with
+# Chinese glyphs, so the Chinese page renders text, not empty boxes (fonts-wqy-zenhei, about 10 MB).
 browser:
 	@test -x $(CHROMIUM) || { $(APT_GET) update && $(APT_GET) install -y chromium; }
+	@fc-list :lang=zh 2>/dev/null | grep -q . || { $(APT_GET) install -y --no-install-recommends fonts-wqy-zenhei \
+		|| { $(APT_GET) update && $(APT_GET) install -y --no-install-recommends fonts-wqy-zenhei; }; }
 
 clean:
 	rm -rf _build .pytest_cache _vendor .colab-venv

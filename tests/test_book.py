@@ -285,6 +285,8 @@ def test_chinese_colab_buttons_open_the_chinese_student_edition(site):
 def test_chinese_page_in_a_real_browser(site):
     import browser
 
+    fonts = subprocess.run(["fc-list", ":lang=zh"], capture_output=True, text=True).stdout
+    assert fonts.strip(), "no font with Chinese glyphs (the page would show empty boxes): `make test` installs fonts-wqy-zenhei"
     shot = SCREENSHOTS / "zh_01_normalization.png"
     report = browser.inspect_page(site, f"zh/{BROWSER_PAGE}.html", screenshot=shot)
     assert report["lang"] == "zh-CN", report
