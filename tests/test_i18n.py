@@ -111,6 +111,32 @@ def test_a_changed_english_message_keeps_its_translation_as_fuzzy(tmp_path, monk
     assert i18n.coverage(LANG)[0]["fuzzy"] == 1
 
 
+def test_a_changed_notebook_message_is_found_by_its_cell(tmp_path, monkeypatch):
+    """Notebook messages are located by file:cell; a changed paragraph takes the translation of the
+    most similar vanished message of the same cell, not of another cell."""
+    path = tmp_path / "99_demo.ipynb"
+
+    def write(first: str, second: str) -> None:
+        nb = nbformat.v4.new_notebook()
+        nb.cells = [nbformat.v4.new_markdown_cell(first), nbformat.v4.new_markdown_cell(second)]
+        nbformat.write(nb, path)
+
+    monkeypatch.setattr(i18n, "LOCALES", tmp_path / "locales")
+    monkeypatch.setattr(i18n, "all_sources", lambda: {"99_demo": i18n.source_messages(path)})
+    write("Section 5 measures it.", "Section 5 logs it.")
+    i18n.extract(LANG)
+    po = polib.pofile(str(i18n.catalog_path(LANG, "99_demo")))
+    assert [e.occurrences for e in po] == [[("99_demo.ipynb", "0")], [("99_demo.ipynb", "1")]]
+    for entry, text in zip(po, ["第 5 节测量它。", "第 5 节记录它。"]):
+        entry.msgstr = text
+    po.save()
+    write("Section 6 measures it.", "Section 5 logs it.")
+    i18n.extract(LANG)
+    entries = {e.msgid: e for e in polib.pofile(str(i18n.catalog_path(LANG, "99_demo")))}
+    assert entries["Section 6 measures it."].fuzzy and entries["Section 6 measures it."].msgstr == "第 5 节测量它。"
+    assert not entries["Section 5 logs it."].fuzzy
+
+
 @pytest.mark.parametrize("path", [p for p in i18n.chapters() if int(p.name[:2]) <= 8], ids=lambda p: p.stem)
 def test_translated_chapter_carries_the_english_code_and_outputs(path):
     english = nbformat.read(path, as_version=4)

@@ -233,12 +233,12 @@ def site_messages() -> List[Tuple[str, str]]:
 
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
     config = yaml.safe_load((ROOT / "_config.yml").read_text())
-    out = [(config["title"], "_config.yml title")]
+    out = [(config["title"], "_config.yml")]
     for part in toc.get("parts", []):
-        out.append((part["caption"], "_toc.yml caption"))
+        out.append((part["caption"], "_toc.yml"))
         for entry in part.get("chapters", []):
             if "title" in entry:
-                out.append((entry["title"], f"_toc.yml {entry['file']}"))
+                out.append((entry["title"], "_toc.yml"))
     return out
 
 
@@ -250,7 +250,7 @@ def source_messages(path: Path) -> List[Tuple[str, str]]:
         for index, cell in enumerate(nb["cells"]):
             if cell["cell_type"] == "markdown":
                 source = "".join(cell["source"])
-                out += [(m, f"{path.name} cell {index}") for m in messages(source)]
+                out += [(m, f"{path.name}:{index}") for m in messages(source)]  # file:cell
     else:
         out += [(m, f"book/{path.name}") for m in messages(path.read_text())]
     return out
@@ -356,8 +356,8 @@ def extract(lang: str, only: Optional[List[str]] = None) -> None:
         if old:
             for e in old:
                 if e.msgid not in wanted and e.msgstr:
-                    for place, _ in e.occurrences:
-                        vanished.setdefault(place, []).append(e)
+                    for place, line in e.occurrences:
+                        vanished.setdefault(f"{place}:{line}" if line else place, []).append(e)
         po = polib.POFile(wrapwidth=0)
         po.metadata = {
             "Project-Id-Version": "MiniMind from Zero",
@@ -368,10 +368,11 @@ def extract(lang: str, only: Optional[List[str]] = None) -> None:
         }
         seen: Dict[str, polib.POEntry] = {}
         for message, where in found:
+            occurrence = tuple(where.split(":", 1)) if ":" in where else (where, "")
             if message in seen:
-                seen[message].occurrences.append((where, ""))
+                seen[message].occurrences.append(occurrence)
                 continue
-            entry = polib.POEntry(msgid=message, msgstr="", occurrences=[(where, "")])
+            entry = polib.POEntry(msgid=message, msgstr="", occurrences=[occurrence])
             if message in old_by_id:
                 previous = old_by_id[message]
                 entry.msgstr = previous.msgstr
