@@ -9,6 +9,7 @@ and its chapter 01 page in the browser. ``make test`` installs Chromium and fetc
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import subprocess
@@ -194,8 +195,7 @@ def test_environment_yml_mirrors_dev_requirements():
 
 # --- slow: build the site, then look at it ----------------------------------------------------
 
-@pytest.fixture(scope="module")
-def site():
+def _build_site() -> None:
     if not (ROOT / "_vendor" / "VERSIONS.txt").exists():
         subprocess.run([sys.executable, str(ROOT / "tools" / "vendor_assets.py")], check=True, cwd=ROOT)
     jupyter_book = Path(sys.executable).with_name("jupyter-book")
@@ -215,6 +215,23 @@ def site():
     warnings = [line for line in log.splitlines() if "WARNING" in line or "ERROR" in line]
     assert result.returncode == 0, "the Chinese build failed (warnings are errors):\n" + "\n".join(warnings[:40]) + "\n" + log[-3000:]
     print(f"Chinese edition built in {time.perf_counter() - start:.1f} s")
+
+
+@pytest.fixture(scope="module")
+def site():
+    """Build both sites once per test run. The tests that use it share an ``xdist_group``; should
+    pytest-xdist still start them in two workers, a file lock makes the second wait and reuse the
+    first one's build (``PYTEST_XDIST_TESTRUNUID`` is the same in every worker of a run)."""
+    (ROOT / "_build").mkdir(exist_ok=True)
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    marker = ROOT / "_build" / ".site-test-build"
+    with open(ROOT / "_build" / ".site-test-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (run_id and marker.exists() and marker.read_text() == run_id):
+            marker.unlink(missing_ok=True)
+            _build_site()
+            if run_id:
+                marker.write_text(run_id)
     return HTML
 
 
