@@ -144,7 +144,7 @@ class MOEFeedForward(nn.Module):
         order = flat_expert_indices.argsort()
         counts = torch.zeros(len(self.experts), dtype=torch.long, device=x.device)
         counts.scatter_add_(0, flat_expert_indices, torch.ones_like(flat_expert_indices))
-        ends = counts.cumsum(0).cpu().tolist()  # the one device -> host transfer
+        ends = counts.cumsum(0).cpu().numpy()  # the one device -> host transfer (numpy: no torch call)
         token_of_slot = order // self.config.num_experts_per_tok
         start = 0
         for i, end in enumerate(ends):
