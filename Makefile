@@ -74,7 +74,7 @@ test-package: $(STAMP) browser vendor
 		-n $(WORKERS) --dist loadgroup --durations=10 -o addopts="--nbval-cell-timeout=600 -p no:cacheprovider"
 
 test-colab: $(STAMP)
-	$(BIN)/python tools/colab_like.py --python $(COLAB_PYTHON) --workers $(WORKERS) --zh $(ZH_CHAPTERS)
+	$(BIN)/python tools/colab_like.py --python $(COLAB_PYTHON) --workers $(WORKERS) $(if $(ZH_CHAPTERS),--zh $(ZH_CHAPTERS))
 
 # The GPU path (nothing in `make test` needs it): every chapter executed on CUDA (outputs not
 # compared: the stored ones are CPU outputs), training with bf16 autocast and its tolerances, and

@@ -1,7 +1,7 @@
 """Run the benchmarks; write ``results/results.json``, ``results/performance_table.md`` and the
 figures in ``results/figures/`` (what ``make bench`` does; the Performance page shows them).
 
-    python -m benchmarks.run                  # everything (about 25 minutes on a 2-core CPU)
+    python -m benchmarks.run                  # everything (51 minutes on the 2-core AMD EPYC of the committed run)
     python -m benchmarks.run --quick          # shorter runs, to try the harness (not for the page)
     python -m benchmarks.run --only decode,moe --merge   # re-measure some sections, keep the others
 

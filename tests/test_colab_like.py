@@ -69,6 +69,20 @@ def test_copies_carry_the_student_stubs(path, tmp_path):
         assert re.search(r"\bcheck_\w+\s*\(", cell.metadata["minimind_stub"]["check"])
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS[:2], ids=lambda p: p.name)
+def test_chinese_copies_carry_the_chinese_stubs(path, tmp_path):
+    """``--zh``: the chapter as tools/i18n.py translates it, with student/zh/'s stubs."""
+    import i18n
+
+    n = colab_like.copy_with_stubs(path, tmp_path / colab_like.translated_name(path), lang="zh_CN")
+    copy = nbformat.read(tmp_path / colab_like.translated_name(path), as_version=4)
+    marked = [c for c in copy.cells if "minimind_stub" in c.metadata]
+    assert n == len(marked) >= 3
+    assert all('raise NotImplementedError("练习 ' in c.metadata["minimind_stub"]["stub"] for c in marked)
+    assert i18n.LANGUAGE_LINE["zh_CN"] in "".join(c.source for c in copy.cells if c.cell_type == "code")
+    assert colab_like.translated_name(path) == f"zh_{path.name}"
+
+
 # --- the plugin, on synthetic notebooks in this environment's kernel ------------------------
 
 SEEDED = "import torch\n_ = torch.manual_seed(0)"
