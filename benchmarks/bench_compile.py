@@ -13,15 +13,13 @@ from typing import Dict
 
 import torch
 
-import minimind_ref as mm
 from minimind_ref.generation import generate
 
-from .common import interleaved, ratio, sync
+from .common import interleaved, ratio, small_model, sync
 
 
 def compiled_generate(device: torch.device, prompt_len: int = 16, new_tokens: int = 32, repeats: int = 5) -> Dict[str, object]:
-    torch.manual_seed(0)
-    model = mm.MiniMindForCausalLM(mm.minimind2_small()).to(device).eval()
+    model = small_model(device)
     compiled = torch.compile(model, dynamic=True)
     prompt = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(3)).to(device)
     outs = {}

@@ -20,12 +20,7 @@ import torch.nn.functional as F
 
 import minimind_ref as mm
 
-from .common import interleaved, ratio, sync
-
-
-def _model(device: torch.device) -> mm.MiniMindForCausalLM:
-    torch.manual_seed(0)
-    return mm.MiniMindForCausalLM(mm.minimind2_small()).to(device).eval()
+from .common import interleaved, ratio, small_model, sync
 
 
 def loglog_slope(xs: List[float], ys: List[float]) -> float:
@@ -37,7 +32,7 @@ def loglog_slope(xs: List[float], ys: List[float]) -> float:
 
 
 def cached_vs_uncached(device: torch.device, lengths: List[int], prompt_len: int = 8, repeats: int = 5) -> Dict[str, object]:
-    model = _model(device)
+    model = small_model(device)
     ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0)).to(device)
     rows = []
     for n in lengths:
@@ -128,7 +123,7 @@ def step_profile(model: mm.MiniMindForCausalLM, token: torch.Tensor, past, steps
 
 def decode_efficiency(device: torch.device, context: int = 512, steps: int = 64, repeats: int = 5) -> Dict[str, object]:
     """Bytes a decode step must read (all weights once + the KV cache) divided by its time."""
-    model = _model(device)
+    model = small_model(device)
     cfg = model.config
     ids = torch.randint(0, cfg.vocab_size, (1, context), generator=torch.Generator().manual_seed(1)).to(device)
     with torch.inference_mode():

@@ -13,18 +13,16 @@ from typing import Dict
 
 import torch
 
-import minimind_ref as mm
 from minimind_ref.fast_decode import FastDecoder
 
 from .bench_decode import bandwidths
-from .common import interleaved, ratio, sync
+from .common import interleaved, ratio, small_model, sync
 
 
 def fast_decode(device: torch.device, prompt_len: int = 16, new_tokens: int = 128, repeats: int = 5) -> Dict[str, object]:
     from minimind_ref.hf import to_hf_llama
 
-    torch.manual_seed(0)
-    model = mm.MiniMindForCausalLM(mm.minimind2_small()).to(device).eval()
+    model = small_model(device)
     hf = to_hf_llama(model)
     fast = FastDecoder(model)
     compiled = FastDecoder(model, compile=True)

@@ -12,17 +12,15 @@ from typing import Dict, List, Sequence
 
 import torch
 
-import minimind_ref as mm
 
-from .common import interleaved, ratio, sync
+from .common import interleaved, ratio, small_model, sync
 
 
 def compare(device: torch.device, prefill_len: int = 512, decode_tokens: int = 64, batches: Sequence[int] = (1, 8),
             prompt_lens: Sequence[int] = (16, 512), repeats: int = 5, prefill_repeats: int = 7) -> Dict[str, object]:
     from minimind_ref.hf import to_hf_llama
 
-    torch.manual_seed(0)
-    model = mm.MiniMindForCausalLM(mm.minimind2_small()).to(device).eval()
+    model = small_model(device)
     hf = to_hf_llama(model)
     gen = torch.Generator().manual_seed(0)
     result: Dict[str, object] = {}

@@ -10,14 +10,12 @@ from typing import Dict
 
 import torch
 
-import minimind_ref as mm
 
-from .common import interleaved, ratio, sync
+from .common import interleaved, ratio, small_model, sync
 
 
 def thread_settings(device: torch.device, prompt_len: int = 16, new_tokens: int = 64, repeats: int = 5) -> Dict[str, object]:
-    torch.manual_seed(0)
-    model = mm.MiniMindForCausalLM(mm.minimind2_small()).to(device).eval()
+    model = small_model(device)
     prompt = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(4)).to(device)
     long_prompt = torch.randint(0, model.config.vocab_size, (1, 512), generator=torch.Generator().manual_seed(5)).to(device)
     previous = torch.get_num_threads()

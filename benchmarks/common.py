@@ -90,6 +90,15 @@ def timeit(fn: Callable[[], object], repeats: int = MIN_REPEATS, warmup: int = 1
     return interleaved({"fn": fn}, repeats=repeats, warmup=warmup)["fn"]
 
 
+def small_model(device: torch.device):
+    """MiniMind2-Small with the random weights of seed 0, in eval mode: the model every decode
+    benchmark times (the same weights in each, so their figures can be compared)."""
+    import minimind_ref as mm
+
+    torch.manual_seed(0)
+    return mm.MiniMindForCausalLM(mm.minimind2_small()).to(device).eval()
+
+
 def environment(device: torch.device) -> Dict[str, object]:
     env: Dict[str, object] = {
         "device": str(device),

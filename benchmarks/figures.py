@@ -41,6 +41,15 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+def _labelled_hbars(ax, names: List[str], values: List[float], colors, fmt: str) -> None:
+    """Horizontal bars, first at the top, each with its value printed at its end (``fmt``)."""
+    ax.barh(range(len(values)), values, color=colors)
+    for i, v in enumerate(values):
+        ax.text(v, i, " " + fmt.format(v), va="center", fontsize=8)
+    ax.set_yticks(range(len(values)), names, fontsize=8)
+    ax.invert_yaxis()
+
+
 def _range(stats: Mapping[str, float], scale: float = 1.0):
     m = stats["median_s"] * scale
     return m, [[m - stats["min_s"] * scale], [stats["max_s"] * scale - m]]
@@ -111,12 +120,8 @@ def bandwidth(res: Mapping[str, object], path: Path) -> Path:
         names.append(f"compiled fast decode\n(context {f['prompt_tokens']}-{f['prompt_tokens'] + f['new_tokens']})")
         values.append(res["fast"]["achieved_GBps"])
     fig, ax = plt.subplots(figsize=(8, 3.8))
-    ax.barh(range(len(values)), values, color=["#999999", "#999999", "#7a9cc6", "#7a9cc6", "#4c72b0", "#dd8452"][: len(values)])
+    _labelled_hbars(ax, names, values, ["#999999", "#999999", "#7a9cc6", "#7a9cc6", "#4c72b0", "#dd8452"][: len(values)], "{:.1f}")
     ax.axvline(0.5 * e["read_GBps"], color="black", linestyle="--", linewidth=0.8, label="50% of read bandwidth")
-    for i, v in enumerate(values):
-        ax.text(v, i, f" {v:.1f}", va="center", fontsize=8)
-    ax.set_yticks(range(len(values)), names, fontsize=8)
-    ax.invert_yaxis()
     ax.set_xlabel("GB/s")
     ax.set_title(f"Batch-1 decode against the memory system ({_device(res)})", fontsize=9)
     ax.legend(fontsize=8)
@@ -161,11 +166,7 @@ def notebooks(res: Mapping[str, object], path: Path) -> Path:
     names = [r["notebook"] for r in nb["rows"]]
     secs = [r["seconds"] for r in nb["rows"]]
     fig, ax = plt.subplots(figsize=(8, 4))
-    ax.barh(range(len(secs)), secs, color="#4c72b0")
-    ax.set_yticks(range(len(secs)), names, fontsize=8)
-    ax.invert_yaxis()
-    for i, v in enumerate(secs):
-        ax.text(v, i, f" {v:.0f} s", va="center", fontsize=8)
+    _labelled_hbars(ax, names, secs, "#4c72b0", "{:.0f} s")
     ax.set_xlabel("seconds, Restart & Run All")
     ax.set_title(f"The chapters ({nb['machine']}, {nb['date']})", fontsize=9)
     return _save(fig, path)
