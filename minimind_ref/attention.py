@@ -1,4 +1,4 @@
-"""Grouped-query attention (GQA) with rotary positions and a key/value cache.
+"""Grouped-query attention (GQA) with rotary positions, optional QK-norm and a key/value cache.
 
 Shapes (b = batch, s = new tokens, t = cached + new tokens):
     x            [b, s, hidden]
@@ -19,6 +19,7 @@ from torch import nn
 
 from .config import MiniMindConfig
 from .cache import append_kv
+from .norm import RMSNorm
 from .rope import apply_rotary_pos_emb
 
 KVCache = Tuple[torch.Tensor, torch.Tensor]
@@ -46,14 +47,20 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
 class Attention(nn.Module):
     """Causal multi-head attention with ``n_kv_heads`` shared key/value heads.
 
+    With ``config.qk_norm`` (minimind-3, d65ef2c ``Attention.forward``) every query and key head is
+    RMS-normalized over its ``head_dim`` right after the projection and before RoPE, by
+    ``q_norm`` / ``k_norm`` (one gain of ``head_dim`` values each, shared by all heads): the
+    attention logits are then bounded by the gains, whatever the scale of the residual stream.
+
     Two computational paths give the same result (to float rounding), chosen as upstream chooses
-    them with one deliberate difference (``model.UPSTREAM_DIFFERENCES["no_sdpa_with_cache"]``):
+    them:
 
     * **SDPA** (``F.scaled_dot_product_attention``, fused): when ``config.flash_attn`` is on, more
-      than one new token arrives, there is no cache, and the mask is absent or all ones. Upstream
-      (c090b69, ``Attention.forward``) has no "no cache" condition: several new tokens with a cache
-      go through SDPA's ``is_causal=True``, which is only right when queries and keys have the
-      same length.
+      than one new token arrives, there is no cache, and the mask is absent or all ones. This is
+      d65ef2c's rule. c090b69's has no "no cache" condition (our deliberate difference from
+      MiniMind2, ``model.UPSTREAM_DIFFERENCES["no_sdpa_with_cache"]``): several new tokens with a
+      cache go through SDPA's ``is_causal=True``, which is only right when queries and keys have
+      the same length.
     * **explicit**: ``softmax(q k^T / sqrt(d) + causal + padding) v`` written out, used for every
       decode step, chunked prefill with a cache and padded batches. Padding is additive
       ``(1 - mask) * -1e9`` (so a query that sees only padding gets near-uniform weights, not NaN).
@@ -64,18 +71,23 @@ class Attention(nn.Module):
         self.n_heads = config.num_attention_heads
         self.n_kv_heads = config.num_key_value_heads
         self.n_rep = self.n_heads // self.n_kv_heads
-        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.head_dim = config.head_dim
         self.q_proj = nn.Linear(config.hidden_size, self.n_heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(config.hidden_size, self.n_kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(config.hidden_size, self.n_kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, config.hidden_size, bias=False)
+        self.qk_norm = config.qk_norm
+        if self.qk_norm:
+            norm = dict(eps=config.rms_norm_eps, cast_after_weight=config.rms_norm_cast_after_weight)
+            self.q_norm = RMSNorm(self.head_dim, **norm)
+            self.k_norm = RMSNorm(self.head_dim, **norm)
         self.attn_dropout = nn.Dropout(config.dropout)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.dropout = config.dropout
         self.flash = hasattr(F, "scaled_dot_product_attention") and config.flash_attn
 
     def uses_sdpa(self, seq_len: int, past_key_value: Optional[KVCache], attention_mask: Optional[torch.Tensor]) -> bool:
-        """Upstream's rule for taking the fused path, plus "no cache" (see the class docstring)."""
+        """d65ef2c's rule for taking the fused path (c090b69's plus "no cache"; see the class docstring)."""
         return bool(
             self.flash
             and seq_len > 1
@@ -95,6 +107,8 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(batch, seq_len, self.n_heads, self.head_dim)
         k = self.k_proj(x).view(batch, seq_len, self.n_kv_heads, self.head_dim)
         v = self.v_proj(x).view(batch, seq_len, self.n_kv_heads, self.head_dim)
+        if self.qk_norm:  # minimind-3: normalize each head's query and key, before RoPE
+            q, k = self.q_norm(q), self.k_norm(k)
 
         cos, sin = position_embeddings
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
@@ -172,6 +186,8 @@ def attention_maps(model: nn.Module, input_ids: torch.Tensor) -> list:
         batch, seq_len, _ = x.shape
         q = attn.q_proj(x).view(batch, seq_len, attn.n_heads, attn.head_dim)
         k = attn.k_proj(x).view(batch, seq_len, attn.n_kv_heads, attn.head_dim)
+        if attn.qk_norm:
+            q, k = attn.q_norm(q), attn.k_norm(k)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         k = repeat_kv(k, attn.n_rep)
         scores = q.transpose(1, 2).float() @ k.permute(0, 2, 3, 1).float() / math.sqrt(attn.head_dim)

@@ -25,7 +25,11 @@ ACTIVATIONS: Dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 
 class FeedForward(nn.Module):
-    """Gated FFN with three bias-free projections; ``hidden_act='silu'`` makes it SwiGLU."""
+    """Gated FFN with three bias-free projections; ``hidden_act='silu'`` makes it SwiGLU.
+
+    ``intermediate_size`` defaults to ``config.intermediate_size`` (MoE experts pass
+    ``config.expert_intermediate_size``). Dropout on the output only when ``config.ffn_dropout``
+    (MiniMind2, c090b69; minimind-3's FeedForward at d65ef2c has none)."""
 
     def __init__(self, config: MiniMindConfig, intermediate_size: Optional[int] = None) -> None:
         super().__init__()
@@ -33,7 +37,7 @@ class FeedForward(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, width, bias=False)
         self.down_proj = nn.Linear(width, config.hidden_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, width, bias=False)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = nn.Dropout(config.dropout) if config.ffn_dropout else nn.Identity()
         self.act_fn = ACTIVATIONS[config.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

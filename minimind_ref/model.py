@@ -1,4 +1,4 @@
-"""The MiniMind2 decoder: pre-norm blocks, final norm and a tied language-model head.
+"""The MiniMind decoder (MiniMind2 and minimind-3): pre-norm blocks, final norm, language-model head.
 
     tokens [b, s] -> embed_tokens -> N x MiniMindBlock -> norm -> lm_head -> logits [b, s, vocab]
 
@@ -25,13 +25,15 @@ from .norm import RMSNorm
 from .rope import precompute_freqs_cis
 
 
-#: Deliberate differences from upstream MiniMind (c090b69), by name. Everything else matches
-#: upstream to float rounding (tests/test_upstream_parity.py); each entry is tested there too.
+#: Deliberate differences from upstream MiniMind (c090b69 and d65ef2c), by name. Everything else
+#: matches upstream to float rounding (tests/test_upstream_parity.py, tests/test_upstream_parity_minimind3.py);
+#: each entry is tested there too.
 UPSTREAM_DIFFERENCES = {
     "no_sdpa_with_cache": (
-        "several new tokens with a cache (chunked prefill) take the explicit path; upstream's rule "
-        "takes the fused path there, whose is_causal=True aligns the mask to the top-left corner when "
-        "the queries are fewer than the keys, so a chunk sees too little of the cache."
+        "several new tokens with a cache (chunked prefill) take the explicit path; MiniMind2's rule "
+        "(c090b69) takes the fused path there, whose is_causal=True aligns the mask to the top-left corner when "
+        "the queries are fewer than the keys, so a chunk sees too little of the cache. minimind-3 (d65ef2c) "
+        "has the same rule as ours."
     ),
     "loss_without_targets": (
         "a batch without any supervised position (every shifted label is -100) has loss 0 with zero "
@@ -61,8 +63,9 @@ class MiniMindBlock(nn.Module):
         super().__init__()
         self.layer_id = layer_id
         self.self_attn = Attention(config)
-        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        norm = dict(eps=config.rms_norm_eps, cast_after_weight=config.rms_norm_cast_after_weight)
+        self.input_layernorm = RMSNorm(config.hidden_size, **norm)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, **norm)
         self.mlp = MOEFeedForward(config) if config.use_moe else FeedForward(config)
 
     def forward(
@@ -94,7 +97,8 @@ class MiniMindModel(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.dropout = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList([MiniMindBlock(i, config) for i in range(config.num_hidden_layers)])
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps,
+                            cast_after_weight=config.rms_norm_cast_after_weight)
         freqs_cos, freqs_sin = precompute_freqs_cis(
             dim=config.head_dim,
             end=config.max_position_embeddings,
@@ -273,15 +277,17 @@ def _check_logits_to_keep(
 
 
 class MiniMindForCausalLM(nn.Module):
-    """MiniMind2 language model: ``MiniMindModel`` + a linear head tied to the embedding."""
+    """MiniMind language model: ``MiniMindModel`` + a linear head, tied to the embedding when
+    ``config.tie_word_embeddings`` (always in MiniMind2; a switch in minimind-3, on by default)."""
 
     def __init__(self, config: Optional[MiniMindConfig] = None) -> None:
         super().__init__()
         self.config = config or MiniMindConfig()
         self.model = MiniMindModel(self.config)
         self.lm_head = nn.Linear(self.config.hidden_size, self.config.vocab_size, bias=False)
-        # Weight tying: the head's (Linear-initialised) matrix is the embedding table as well.
-        self.model.embed_tokens.weight = self.lm_head.weight
+        if self.config.tie_word_embeddings:
+            # Weight tying: the head's (Linear-initialised) matrix is the embedding table as well.
+            self.model.embed_tokens.weight = self.lm_head.weight
 
     def forward(
         self,

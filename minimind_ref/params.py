@@ -39,9 +39,9 @@ def count_parameters(model_or_config: Union[nn.Module, MiniMindConfig], trainabl
 def parameter_breakdown(model_or_config: Union[nn.Module, MiniMindConfig]) -> Dict[str, int]:
     """Parameters per component of a MiniMind model, summing to ``count_parameters``.
 
-    Keys: ``embedding`` (shared with the tied lm_head), ``attention``, ``ffn`` (dense FFNs),
-    ``moe_routed_experts``, ``moe_shared_experts``, ``moe_gate``, ``norms``, ``lm_head`` (only
-    when untied).
+    Keys: ``embedding`` (shared with the tied lm_head), ``attention`` (the four projections),
+    ``ffn`` (dense FFNs), ``moe_routed_experts``, ``moe_shared_experts``, ``moe_gate``, ``norms``
+    (every RMSNorm gain, QK-norm's included), ``lm_head`` (only when untied).
     """
     model = _as_model(model_or_config)
     out: "OrderedDict[str, int]" = OrderedDict(
@@ -56,6 +56,8 @@ def parameter_breakdown(model_or_config: Union[nn.Module, MiniMindConfig]) -> Di
             key = "embedding"
         elif name.startswith("lm_head"):
             key = "lm_head"
+        elif "norm" in name.rsplit(".", 2)[-2]:  # the layer norms, the final norm and QK-norm's q_norm/k_norm
+            key = "norms"
         elif ".self_attn." in name:
             key = "attention"
         elif ".mlp.experts." in name:
@@ -66,8 +68,6 @@ def parameter_breakdown(model_or_config: Union[nn.Module, MiniMindConfig]) -> Di
             key = "moe_gate"
         elif ".mlp." in name:
             key = "ffn"
-        elif "norm" in name:
-            key = "norms"
         else:  # pragma: no cover - a new module type
             raise KeyError(f"unclassified parameter {name}")
         out[key] += p.numel()

@@ -212,3 +212,56 @@ def test_attention_maps_reproduce_each_layers_output(n_kv_heads, flash):
         v = repeat_kv(attn.v_proj(x).view(2, 9, n_kv_heads, 16), attn.n_rep).transpose(1, 2)
         mixed = (p @ v).transpose(1, 2).reshape(2, 9, 64)
         torch.testing.assert_close(attn.o_proj(mixed), out, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------- minimind-3's switches
+def test_qk_norm_normalizes_each_head_before_rope():
+    """With qk_norm every query/key head has unit RMS (times the gain) before rotation; RoPE keeps
+    norms, so the cached keys have RMS = the gain's, whatever the input scale."""
+    torch.manual_seed(0)
+    cfg = mm.MiniMindConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, qk_norm=True, vocab_size=16)
+    attn = mm.Attention(cfg)
+    x = 50 * torch.randn(2, 5, 32)
+    cos, sin = mm.precompute_freqs_cis(cfg.head_dim, 16, cfg.rope_theta)
+    _, (k, _) = attn(x, (cos[:5], sin[:5]), use_cache=True)
+    rms = k.pow(2).mean(-1).sqrt()
+    torch.testing.assert_close(rms, torch.ones_like(rms), rtol=1e-4, atol=1e-4)
+    assert set(dict(attn.named_parameters())) >= {"q_norm.weight", "k_norm.weight"}
+    assert "q_norm.weight" not in dict(mm.Attention(cfg.replace(qk_norm=False)).named_parameters())
+
+
+def test_rms_norm_cast_order_of_each_generation():
+    x = torch.randn(4, 8, dtype=torch.bfloat16)
+    assert mm.RMSNorm(8)(x).dtype == torch.float32  # MiniMind2: fp32 gain after the cast promotes
+    assert mm.RMSNorm(8, cast_after_weight=True)(x).dtype == torch.bfloat16  # minimind-3: cast last
+    y = torch.randn(4, 8)
+    torch.testing.assert_close(mm.RMSNorm(8)(y), mm.RMSNorm(8, cast_after_weight=True)(y), rtol=0, atol=0)
+
+
+def test_router_aux_loss_is_k_times_the_global_one():
+    from minimind_ref.moe import global_aux_loss, router_aux_loss
+
+    g = torch.Generator().manual_seed(0)
+    scores = torch.softmax(torch.randn(30, 5, generator=g), -1)
+    for k in (1, 2, 3):
+        idx = scores.topk(k, dim=-1).indices
+        torch.testing.assert_close(router_aux_loss(scores, idx, 5, 0.1), k * global_aux_loss(scores, idx, 5, 0.1),
+                                   rtol=1e-6, atol=1e-7)
+
+
+def test_top1_weight_is_renormalized_in_minimind3_only():
+    """MiniMind2 leaves a single top-1 weight as the router probability; minimind-3's norm_topk_prob
+    divides it by itself, so the output is the expert's output unscaled."""
+    torch.manual_seed(0)
+    base = dict(hidden_size=16, num_attention_heads=2, num_key_value_heads=1, intermediate_size=32, use_moe=True,
+                num_experts_per_tok=1, n_shared_experts=0)
+    x = torch.randn(1, 6, 16)
+    for variant, renormalized in (("MiniMind2", False), ("minimind-3", True)):
+        moe = mm.MOEFeedForward(mm.MiniMindConfig(moe_variant=variant, **base)).eval()
+        with torch.no_grad():
+            flat = x.view(-1, 16)
+            probs = torch.softmax(flat @ moe.gate.weight.T, -1)
+            top = probs.argmax(-1)
+            plain = torch.stack([moe.experts[int(e)](flat[i]) for i, e in enumerate(top)])
+            weight = torch.ones_like(probs.max(-1).values) if renormalized else probs.max(-1).values
+            torch.testing.assert_close(moe(x).view(-1, 16), plain * weight[:, None], rtol=1e-5, atol=1e-6)

@@ -109,3 +109,61 @@ def test_count_parameters_counts_tied_weights_once():
     naive = sum(p.numel() for _, p in m.named_parameters(remove_duplicate=False))
     assert mm.count_parameters(m) == naive - 50 * 32
     assert "lm_head.weight" in m.state_dict() and "model.embed_tokens.weight" in m.state_dict()
+
+
+# ---------------------------------------------------------------------- the two generations
+def test_generation_picks_the_defaults_of_its_switches():
+    """``generation`` sets defaults only: minimind-3's are d65ef2c's, and each switch can be set by hand."""
+    m3 = mm.MiniMindConfig(generation="minimind-3")
+    assert (m3.hidden_size, m3.num_key_value_heads, m3.rms_norm_eps, m3.qk_norm) == (768, 4, 1e-6, True)
+    assert m3.intermediate_size == math.ceil(768 * math.pi / 64) * 64 == 2432
+    assert (m3.num_experts_per_tok, m3.n_shared_experts, m3.aux_loss_alpha, m3.seq_aux, m3.moe_variant) == (
+        1, 0, 5e-4, False, "minimind-3")
+    qk = mm.MiniMindConfig(qk_norm=True)  # MiniMind2 with QK-norm switched on
+    assert qk.qk_norm and qk.generation == "MiniMind2" and qk.num_key_value_heads == 2
+    assert mm.MiniMindConfig(moe_variant="minimind-3").seq_aux is False  # the variant has no per-sequence loss
+
+
+def test_upstream_d65ef2c_names_are_accepted():
+    c = mm.MiniMindConfig(generation="minimind-3", num_experts=8, router_aux_loss_coef=0.02, use_moe=True)
+    assert (c.n_routed_experts, c.num_experts, c.aux_loss_alpha, c.router_aux_loss_coef) == (8, 8, 0.02, 0.02)
+    with pytest.raises(ValueError, match="name the same field"):
+        mm.MiniMindConfig(num_experts=8, n_routed_experts=4)
+    up = mm.preset("minimind-3-moe").to_upstream_dict()
+    assert (up["num_experts"], up["router_aux_loss_coef"], up["moe_intermediate_size"], up["head_dim"]) == (4, 5e-4, 2432, 96)
+    assert "n_shared_experts" not in up and "n_shared_experts" in mm.preset("MiniMind2-MoE").to_upstream_dict()
+
+
+def test_head_dim_is_free_in_minimind3_only():
+    c = mm.MiniMindConfig(generation="minimind-3", hidden_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    assert c.head_dim == 16
+    model = mm.MiniMindForCausalLM(c.replace(vocab_size=32, num_hidden_layers=1))
+    assert model.model.layers[0].self_attn.q_proj.weight.shape == (64, 48)
+    with pytest.raises(ValueError, match="generation='minimind-3'"):
+        mm.MiniMindConfig(hidden_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    with pytest.raises(ValueError, match="must be even"):
+        mm.MiniMindConfig(generation="minimind-3", head_dim=15)
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(generation="minimind3"), "unknown generation"),
+    (dict(moe_variant="qwen"), "unknown moe_variant"),
+    (dict(moe_variant="minimind-3", seq_aux=True), "seq_aux=True is MiniMind2's"),
+    (dict(moe_intermediate_size=0), "moe_intermediate_size"),
+    (dict(generation="minimind-3", use_moe=True, router_aux_loss_coef=-1.0), "router_aux_loss_coef"),
+])
+def test_invalid_generation_switches(kwargs, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        mm.MiniMindConfig(**kwargs)
+    with pytest.raises(TypeError, match="qk_norm must be True or False"):
+        mm.MiniMindConfig(qk_norm="yes")
+
+
+def test_replace_follows_the_generation():
+    m3 = mm.preset("minimind-3")
+    assert m3.replace(hidden_size=512).intermediate_size == math.ceil(512 * math.pi / 64) * 64  # pi rule kept
+    assert mm.MiniMindConfig(**m3.to_dict()) == m3
+    back = m3.replace(generation="MiniMind2")  # switches reset to MiniMind2's, the width follows its rule
+    assert (back.qk_norm, back.num_key_value_heads, back.intermediate_size, back.hidden_size) == (
+        False, 2, default_intermediate_size(768), 768)
+    assert mm.preset("MiniMind2").replace(generation="minimind-3").qk_norm
