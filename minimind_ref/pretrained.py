@@ -471,7 +471,13 @@ class UpstreamTokenizer:
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = False,
                             tokenize: bool = False, **kwargs: Any) -> Union[str, List[int]]:
-        """The folder's chat template rendered for ``messages`` (``tokenize=True``: its ids)."""
+        """The folder's chat template rendered for ``messages`` (``tokenize=True``: its ids).
+
+        ``kwargs`` reach the template as variables, as in transformers: ``tools=[...]`` (both
+        generations' templates list them in the system turn), ``open_thinking=True`` (minimind-3,
+        d65ef2c: the generation prompt opens a ``<think>`` block instead of an empty one),
+        ``enable_thinking=False`` (MiniMind2's c090b69 template). Messages may carry
+        ``tool_calls`` and, for minimind-3, ``reasoning_content``."""
         if not self.chat_template:
             raise ValueError(f"{self.source}: this tokenizer has no chat template (no chat_template in "
                              "tokenizer_config.json and no chat_template.jinja).")

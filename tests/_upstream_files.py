@@ -1,4 +1,4 @@
-"""Synthetic stand-ins for upstream's published MiniMind2 files, written the way upstream writes them.
+"""Synthetic stand-ins for upstream's published MiniMind2 and minimind-3 files, written the way upstream writes them.
 
 Every builder makes a file in one of upstream's formats from random weights, so the loaders of
 ``minimind_ref.pretrained`` are tested without the network and without the real (large) files:
@@ -17,6 +17,12 @@ Every builder makes a file in one of upstream's formats from random weights, so 
   ``<|endoftext|>`` 0, ``<|im_start|>`` 1, ``<|im_end|>`` 2) saved as ``tokenizer.json`` plus
   upstream's ``tokenizer_config.json`` with its chat template (``tests/data/upstream_chat_template.jinja``),
   or the template in ``chat_template.jinja`` as recent transformers save it.
+* ``write_tokenizer_minimind3``: minimind-3's tokenizer folder (d65ef2c): a small byte-level BPE
+  trained like ``trainer/train_tokenizer.py`` at 101d7df (36 added tokens at ids 0-35, the 21 of
+  ``special_tokens_list`` special, ``<tool_call>`` .. ``</think>`` and ``<|buffer1..9|>`` not) saved
+  as ``tokenizer.json`` plus upstream's ``model/tokenizer_config.json`` (101d7df, unchanged at
+  d65ef2c) with its chat template (``tests/data/upstream_chat_template_minimind3.jinja``: tools,
+  tool calls, ``reasoning_content`` as ``<think>`` blocks, the ``open_thinking`` switch).
 """
 
 from __future__ import annotations
@@ -105,6 +111,108 @@ def write_tokenizer(folder: Path, template_file: bool = False, chat_template: st
     if template_file:
         (folder / "chat_template.jinja").write_text(chat_template, encoding="utf-8")
     return folder
+
+
+# ---------------------------------------------------------------------- minimind-3's tokenizer (d65ef2c)
+CHAT_TEMPLATE_MINIMIND3 = (DATA / "upstream_chat_template_minimind3.jinja").read_text(encoding="utf-8")
+
+#: trainer/train_tokenizer.py (101d7df): ``special_tokens_list`` (ids 0-20, special), then
+#: ``additional_tokens_list`` (21-26) and ``num_buffer = 36 - 27 = 9`` buffer tokens (27-35), not special.
+SPECIALS_MINIMIND3 = (
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>",
+    "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>",
+    "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
+    "<|audio_start|>", "<|audio_end|>", "<|audio_pad|>", "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>",
+    "<tts_text_bos_single>",
+)
+ADDITIONAL_MINIMIND3 = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>")
+BUFFERS_MINIMIND3 = tuple(f"<|buffer{i}|>" for i in range(1, 10))
+ADDED_MINIMIND3 = SPECIALS_MINIMIND3 + ADDITIONAL_MINIMIND3 + BUFFERS_MINIMIND3  # ids 0..35
+
+#: Conversation-like training texts (upstream trains on the joined contents of sft_t2t_mini.jsonl).
+TEXTS_MINIMIND3 = TEXTS + [
+    "<think>\nThe user asks for the weather, so I call the tool.\n</think>\n\nLet me check.",
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Beijing"}}\n</tool_call>',
+    "<tool_response>\n{\"temperature\": 21}\n</tool_response>",
+    "北京今天21度，天气晴朗。",
+]
+
+
+def tokenizer_config_minimind3(chat_template: Optional[str] = CHAT_TEMPLATE_MINIMIND3) -> dict:
+    """Upstream's model/tokenizer_config.json at 101d7df (= d65ef2c), key for key and in its order."""
+    added = {str(i): {"content": tok, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
+                      "special": tok in SPECIALS_MINIMIND3} for i, tok in enumerate(ADDED_MINIMIND3)}
+    config = {
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "add_prefix_space": False,
+        "added_tokens_decoder": added,
+        "additional_special_tokens": [t for t in SPECIALS_MINIMIND3 if t != "<|endoftext|>"],
+        "bos_token": "<|im_start|>",
+        "clean_up_tokenization_spaces": False,
+        "eos_token": "<|im_end|>",
+        "legacy": True,
+        "model_max_length": 131072,
+        "pad_token": "<|endoftext|>",
+        "sp_model_kwargs": {},
+        "spaces_between_special_tokens": False,
+        "unk_token": "<|endoftext|>",
+        "image_token": "<|image_pad|>",
+        "audio_token": "<|audio_pad|>",
+        "video_token": "<|video_pad|>",
+        "vision_bos_token": "<|vision_start|>",
+        "vision_eos_token": "<|vision_end|>",
+        "audio_bos_token": "<|audio_start|>",
+        "audio_eos_token": "<|audio_end|>",
+    }
+    if chat_template is not None:
+        config["chat_template"] = chat_template
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    return config
+
+
+def train_tokenizer_minimind3(vocab_size: int = 400):
+    """A byte-level BPE trained as trainer/train_tokenizer.py (101d7df) trains minimind-3's 6,400-token
+    one: BPE + ByteLevel(add_prefix_space=False), BpeTrainer with the 36 added tokens and the byte
+    alphabet (default min_frequency), a ByteLevel decoder, ``add_special_tokens(special_tokens_list)``,
+    and ``special`` set to false in tokenizer.json for every added token outside that list."""
+    key = ("minimind-3", vocab_size)
+    if key not in _TOKENIZER_CACHE:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+        tokenizer = Tokenizer(models.BPE())
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                      special_tokens=list(ADDED_MINIMIND3))
+        tokenizer.train_from_iterator(TEXTS_MINIMIND3 * 20, trainer=trainer)
+        tokenizer.decoder = decoders.ByteLevel()
+        tokenizer.add_special_tokens(list(SPECIALS_MINIMIND3))
+        data = json.loads(tokenizer.to_str())
+        for entry in data["added_tokens"]:
+            if entry["content"] not in SPECIALS_MINIMIND3:
+                entry["special"] = False
+        tokenizer = Tokenizer.from_str(json.dumps(data, ensure_ascii=False))
+        for i, tok in enumerate(ADDED_MINIMIND3):
+            assert tokenizer.token_to_id(tok) == i, f"{tok} should have id {i}"
+        _TOKENIZER_CACHE[key] = tokenizer
+    return _TOKENIZER_CACHE[key]
+
+
+def write_tokenizer_minimind3(folder: Path, vocab_size: int = 400,
+                              chat_template: Optional[str] = CHAT_TEMPLATE_MINIMIND3) -> Path:
+    """minimind-3's tokenizer folder: tokenizer.json (indent 2, as upstream rewrites it) +
+    tokenizer_config.json (indent 4, ensure_ascii=False, as upstream's trainer dumps it)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    data = json.loads(train_tokenizer_minimind3(vocab_size).to_str())
+    (folder / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False, indent=2), encoding="utf-8")
+    config = tokenizer_config_minimind3(chat_template)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False, indent=4), encoding="utf-8")
+    return folder
+
+
+def len_vocab_minimind3(vocab_size: int = 400) -> int:
+    return train_tokenizer_minimind3(vocab_size).get_vocab_size()
 
 
 def upstream_layout(**overrides) -> mm.MiniMindConfig:
