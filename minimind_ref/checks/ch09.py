@@ -290,7 +290,8 @@ def check_sft_loss(sft_loss: Callable[..., Any]) -> str:
         logits, labels, case = c["logits"], c["labels"], c["case"]
         x = logits.clone().requires_grad_(True)
         got = call(sft_loss, x, labels.clone(), name=name, case=case, check_inputs=True,
-                   hint="shift first: logits[:, :-1] against labels[:, 1:]; then ignore the -100 targets.")
+                   hint="F.cross_entropy wants logits [N, vocab] and targets [N]; mind which position predicts "
+                        "which label.")
         v = logits.shape[-1]
         expected = F.cross_entropy(logits[:, :-1].reshape(-1, v), labels[:, 1:].reshape(-1), ignore_index=-100)
         check_close(got, expected, name=name, case=case, rtol=1e-5, atol=1e-5, mistakes=_loss_mistakes(logits, labels),
