@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import sft as ref_sft
-from .core import call, check, check_close, check_equal, fail, seeded
+from .core import call, check, check_close, check_equal, fail, seeded, solution
 
 S, E = ref_sft.IM_START, ref_sft.IM_END
 
@@ -85,6 +85,11 @@ RENDER_CASES: List[Dict[str, Any]] = [
 ]
 
 
+solution("9.1", f"start with '{S}system\\n' + (messages[0]['content'] if it is a system message else "
+                f"'{ref_sft.DEFAULT_SYSTEM_PROMPT}') + '{E}\\n', add every other message as a turn, "
+                f"then '{S}assistant\\n' if add_generation_prompt.")
+
+
 @check("Exercise 9.1 render_chat")
 def check_render_chat(render_chat: Callable[..., Any]) -> str:
     """``render_chat(messages, add_generation_prompt)`` must return exactly the string of
@@ -101,10 +106,7 @@ def check_render_chat(render_chat: Callable[..., Any]) -> str:
         check_equal(got, expected, name=name, case=case,
                     mistakes={d: (lambda f=f: f(messages, gen)) for d, f in RENDER_MISTAKES.items()},
                     hint=f"every turn is '{S}' + role + '\\n' + content + '{E}' + '\\n'; a first system message "
-                         "replaces the default system prompt; the generation prompt opens an assistant turn.",
-                    recipe=f"start with '{S}system\\n' + (messages[0]['content'] if it is a system message else "
-                           f"'{ref_sft.DEFAULT_SYSTEM_PROMPT}') + '{E}\\n', add every other message as a turn, "
-                           f"then '{S}assistant\\n' if add_generation_prompt.")
+                         "replaces the default system prompt; the generation prompt opens an assistant turn.")
     return f"{len(RENDER_CASES)} conversations (default and custom system prompt, multi-turn, generation prompt)"
 
 
@@ -206,6 +208,11 @@ def _mask_cases() -> List[Dict[str, Any]]:
     ]]
 
 
+solution("9.2", "start = i + len(bos); end = start; while end < len(ids) and ids[end:end+len(eos)] != eos: "
+                "end += 1; set mask[j] = 1 for j in range(start, min(end + len(eos), max_length, len(ids))); "
+                "continue scanning at end + len(eos).")
+
+
 @check("Exercise 9.2 assistant_loss_mask")
 def check_assistant_loss_mask(assistant_loss_mask: Callable[..., Any]) -> str:
     """``assistant_loss_mask(input_ids, bos_ids, eos_ids, max_length)`` must equal
@@ -228,10 +235,7 @@ def check_assistant_loss_mask(assistant_loss_mask: Callable[..., Any]) -> str:
                     mistakes={d: (lambda f=f: list(f(ids, bos, eos, max_length))) for d, f in MASK_MISTAKES.items()},
                     hint="counting starts right after the assistant header and runs through the whole end marker "
                          "(the reply, <|im_end|> and the newline); a reply without an end marker counts to the end; "
-                         "never at or past max_length.",
-                    recipe="start = i + len(bos); end = start; while end < len(ids) and ids[end:end+len(eos)] != eos: "
-                           "end += 1; set mask[j] = 1 for j in range(start, min(end + len(eos), max_length, len(ids))); "
-                           "continue scanning at end + len(eos).")
+                         "never at or past max_length.")
     return f"{len(cases)} sequences (multi-turn, multi-token markers, cut-off reply, max_length)"
 
 
@@ -272,6 +276,9 @@ def _loss_mistakes(logits: torch.Tensor, labels: torch.Tensor) -> Dict[str, Call
     }
 
 
+solution("9.3", "F.cross_entropy(logits[:, :-1].reshape(-1, V), labels[:, 1:].reshape(-1), ignore_index=-100)")
+
+
 @check("Exercise 9.3 sft_loss")
 def check_sft_loss(sft_loss: Callable[..., Any]) -> str:
     """``sft_loss(logits [b, t, v], labels [b, t])`` must equal the model's own loss,
@@ -283,13 +290,13 @@ def check_sft_loss(sft_loss: Callable[..., Any]) -> str:
         logits, labels, case = c["logits"], c["labels"], c["case"]
         x = logits.clone().requires_grad_(True)
         got = call(sft_loss, x, labels.clone(), name=name, case=case, check_inputs=True,
-                   hint="shift first: logits[:, :-1] against labels[:, 1:]; then ignore the -100 targets.")
+                   hint="F.cross_entropy wants logits [N, vocab] and targets [N]; mind which position predicts "
+                        "which label.")
         v = logits.shape[-1]
         expected = F.cross_entropy(logits[:, :-1].reshape(-1, v), labels[:, 1:].reshape(-1), ignore_index=-100)
         check_close(got, expected, name=name, case=case, rtol=1e-5, atol=1e-5, mistakes=_loss_mistakes(logits, labels),
                     hint="the labels are the token ids, -100 where the loss does not count; the model predicts the "
-                         "NEXT token, so compare position t's logits with the label at t + 1.",
-                    recipe="F.cross_entropy(logits[:, :-1].reshape(-1, V), labels[:, 1:].reshape(-1), ignore_index=-100)")
+                         "NEXT token, so compare position t's logits with the label at t + 1.")
         if not got.requires_grad:
             fail(name, f"the loss has no gradient ({case})", "compute it from the logits with torch operations "
                  "(no .item(), no .detach(), no torch.no_grad()).")
