@@ -277,6 +277,11 @@ def test_infer_config_reads_the_head_layout_from_qk_norm():
         mm.infer_config(moe)
     assert mm.infer_config(moe, num_experts_per_tok=2).num_experts_per_tok == 2
     assert mm.infer_config(moe, num_experts_per_tok=1).n_shared_experts == 0
+    # load_checkpoint reads an upstream .pth the same way (the course's own loader)
+    loaded = mm.load_checkpoint(FILES / CASES["head_dim_untied"]["file"])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(CASES["head_dim_untied"]["input_ids"]).logits,
+                                   CASES["head_dim_untied"]["logits"], **UPSTREAM_TOL)
 
 
 def test_minimind_layout_config_keys_of_each_commit():
