@@ -271,9 +271,11 @@ def rl_prompts(n: int, seed: int = 0, split: str = "train") -> List[Dict[str, Co
 
 # ---------------------------------------------------------------------- files
 def save_jsonl(records: Iterable[Dict[str, Any]], path: str) -> None:
-    """One JSON object per line (UTF-8), as upstream's datasets are stored."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
+    """One JSON object per line (UTF-8), as upstream's datasets are stored. The write is atomic
+    (``files.atomic_write``): a crash or a kill mid-write leaves the previous file whole."""
+    from .files import atomic_write
+
+    with atomic_write(path, "w") as f:
         for record in records:
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
 
@@ -281,6 +283,7 @@ def save_jsonl(records: Iterable[Dict[str, Any]], path: str) -> None:
 def load_jsonl(path: str) -> List[Dict[str, Any]]:
     """Read a JSONL file written by ``save_jsonl`` or taken from MiniMind's datasets."""
     records = []
+    path = os.path.expanduser(os.fspath(path))
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
             if line.strip():

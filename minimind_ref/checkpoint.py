@@ -20,17 +20,16 @@ Three promises:
 from __future__ import annotations
 
 import collections
-import contextlib
 import os
 import pickle
 import re
-import uuid
 from typing import Any, Dict, Iterable, Mapping, Optional, Tuple, Union
 
 import numpy as np
 import torch
 
 from .config import MiniMindConfig
+from .files import expand, save_torch
 from .model import MiniMindForCausalLM
 
 FORMAT = "minimind_ref"
@@ -92,29 +91,9 @@ def _unwrap(model: Any) -> Any:
 
 
 def _atomic_save(obj: Any, path: PathLike) -> None:
-    """``torch.save`` to a temporary file in the target's folder, fsync, then ``os.replace``."""
-    path = os.fspath(path)
-    if os.path.isdir(path):
-        raise IsADirectoryError(f"{path} is a folder; give a file name, e.g. {os.path.join(path, 'ckpt.pt')}.")
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "xb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
-    with contextlib.suppress(OSError, AttributeError):  # make the rename durable (POSIX only)
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    """``torch.save`` to a temporary file in the target's folder, fsync, then ``os.replace``
+    (``files.atomic_write``: a kill leaves the previous file, a full disk is a clear ``OSError``)."""
+    save_torch(obj, path)
 
 
 def _first_nonfinite(items: Iterable[Tuple[str, Any]]) -> Optional[Tuple[str, int]]:
@@ -166,7 +145,7 @@ def _clean_key(key: Any, where: str) -> Any:
 # ---------------------------------------------------------------------- reading a file
 def _torch_load(path: PathLike, map_location: Union[str, torch.device]) -> Any:
     """``torch.load(weights_only=True)`` with one-line errors for files that are not checkpoints."""
-    path = os.fspath(path)
+    path = expand(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"no checkpoint at {path}")
     if os.path.isdir(path):

@@ -271,8 +271,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with torch.inference_mode(False):
             table = render_markdown(recorded_rows() if args.recorded else stage_rows())
         if args.out:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(table, encoding="utf-8")
+            from .files import write_text
+
+            write_text(args.out, table)  # atomic
         else:
             print(table, end="")
     return 0

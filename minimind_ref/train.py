@@ -546,10 +546,9 @@ def _rng_state(device: torch.device) -> Dict[str, Any]:
 
 
 def _write_json_atomic(path: str, obj: Any) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2)
-    os.replace(tmp, path)
+    from .files import write_json
+
+    write_json(path, obj)
 
 
 def _resume_path(cfg: TrainConfig) -> Optional[str]:
@@ -720,8 +719,7 @@ def train(
         os.makedirs(cfg.out_dir, exist_ok=True)
         tok_path = os.path.join(cfg.out_dir, TOKENIZER_NAME)
         if hasattr(tokenizer, "save") and not (resume and os.path.exists(tok_path)):
-            save_tokenizer(tokenizer, tok_path + ".tmp")
-            os.replace(tok_path + ".tmp", tok_path)
+            save_tokenizer(tokenizer, tok_path)  # atomic
         _write_json_atomic(os.path.join(cfg.out_dir, "train_config.json"), cfg.to_dict())
 
     raw_model = model
@@ -874,9 +872,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"done: step {result.step}, last loss {h['loss'][-1]:.4f}, {result.tokens_per_s:,.0f} tok/s "
                   f"(x{world} processes), {result.seconds:.1f} s" + (f", checkpoint {result.checkpoint}" if result.checkpoint else ""))
             if args.history:
-                with open(args.history, "w", encoding="utf-8") as f:
-                    json.dump({"history": h, "step": result.step, "world_size": world,
-                               "tokens_per_s": result.tokens_per_s}, f)
+                from .files import write_json
+
+                write_json(args.history, {"history": h, "step": result.step, "world_size": world,
+                                          "tokens_per_s": result.tokens_per_s}, indent=None)
     finally:
         if world > 1:
             import torch.distributed as dist

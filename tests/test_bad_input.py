@@ -599,6 +599,132 @@ def _grpo_loss(**changes: Any) -> Callable[[Path], Any]:
     return run
 
 
+# ====================================================================== issue 30: reliability, round two
+# ---------------------------------------------------------------------- every writer is atomic
+class _FullDisk:
+    """A file whose ``write`` stores the first ``room`` bytes, then raises ENOSPC (a full disk)."""
+
+    def __init__(self, handle: Any, room: int = 100) -> None:
+        self.handle, self.room = handle, room
+
+    def write(self, data: Any) -> int:
+        if self.room <= 0:
+            raise OSError(28, "No space left on device")
+        part = data[: self.room]
+        self.room -= len(part)
+        self.handle.write(part)
+        if len(part) < len(data):
+            raise OSError(28, "No space left on device")
+        return len(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.handle, name)
+
+    def __enter__(self) -> "_FullDisk":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.handle.close()
+
+
+def _disk_full() -> Any:
+    """Patch open() so that every file opened for writing runs out of space after 100 bytes."""
+    import builtins
+
+    real_open = builtins.open
+
+    def full_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        handle = real_open(file, mode, *args, **kwargs)
+        return _FullDisk(handle) if any(c in mode for c in "wxa+") else handle
+
+    return mock.patch("builtins.open", full_open)
+
+
+def _no_temp_files(folder: Path, expected: List[str]) -> None:
+    assert sorted(os.listdir(folder)) == sorted(expected), f"temporary files left behind: {os.listdir(folder)}"
+
+
+def disk_full_checkpoint(tmp: Path) -> None:
+    path = _saved(tmp)
+    try:
+        with _disk_full():
+            mm.save_checkpoint(tiny_model(seed=1), path)
+    except OSError as err:
+        assert err.errno == 28 and "previous file" in str(err) and str(path) in str(err), str(err)
+        assert _same_weights(mm.load_checkpoint(path), _model()), "the previous checkpoint must be intact"
+        _no_temp_files(tmp, ["ckpt.pt"])
+        raise
+
+
+def _records(n: int, tag: str = "q") -> List[dict]:
+    return [{"conversations": [{"role": "user", "content": f"{tag}{i}"}, {"role": "assistant", "content": "ok"}]}
+            for i in range(n)]
+
+
+def disk_full_jsonl(tmp: Path) -> None:
+    from minimind_ref.chat_data import load_jsonl, save_jsonl
+
+    path = tmp / "data.jsonl"
+    save_jsonl(_records(50), path)
+    try:
+        with _disk_full():
+            save_jsonl(_records(5000, "new"), path)
+    except OSError as err:
+        assert load_jsonl(path) == _records(50), "the previous JSONL file must be intact"
+        _no_temp_files(tmp, ["data.jsonl"])
+        raise
+
+
+_JSONL_KILL_CHILD = """
+import os, signal, sys
+sys.path.insert(0, {tests!r})
+from test_bad_input import _records
+from minimind_ref.chat_data import save_jsonl
+
+def records():
+    for i, r in enumerate(_records(20000, "new")):
+        if i == 10000:
+            os.kill(os.getpid(), signal.SIGKILL)
+        yield r
+
+save_jsonl(records(), {path!r})
+"""
+
+
+def jsonl_killed_half_way(tmp: Path) -> None:
+    """Killed after writing 10,000 of 20,000 records over a 20,000-record file: the old file stays whole
+    (before: load_jsonl returned 0 to 16,047 records, no error)."""
+    from minimind_ref.chat_data import load_jsonl, save_jsonl
+
+    path = tmp / "data.jsonl"
+    save_jsonl(_records(20000), path)
+    code = _JSONL_KILL_CHILD.format(tests=str(Path(__file__).parent), path=str(path))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, f"the child should be killed mid-write: {proc.returncode} {proc.stderr[-500:]}"
+    assert load_jsonl(path) == _records(20000), "the previous JSONL file must be intact"
+
+
+def tilde_path_is_home(tmp: Path) -> None:
+    """save_checkpoint("~/x.pt") writes into the home folder (before: a folder named '~' in the working folder)."""
+    home, work = tmp / "home", tmp / "work"
+    home.mkdir()
+    work.mkdir()
+    old = os.getcwd()
+    os.chdir(work)
+    try:
+        with mock.patch.dict(os.environ, {"HOME": str(home)}):
+            mm.save_checkpoint(_model(), "~/x.pt")
+            assert _same_weights(mm.load_checkpoint("~/x.pt"), _model())
+            from minimind_ref.chat_data import load_jsonl, save_jsonl
+
+            save_jsonl(_records(3), "~/d.jsonl")
+            assert load_jsonl("~/d.jsonl") == _records(3)
+    finally:
+        os.chdir(old)
+    assert sorted(os.listdir(home)) == ["d.jsonl", "x.pt"] and os.listdir(work) == [], (os.listdir(home), os.listdir(work))
+
+
+
 CASES: List[Case] = [
     # ---- items 2-5: training settings, resume, divergence, batches without targets
     Case("TrainConfig: grad_clip=-1 (was gradient ascent)", _settings(grad_clip=-1), ValueError, "grad_clip=-1"),
@@ -739,7 +865,19 @@ TRAIN_CASES: List[Case] = [
 ]
 # ======================================================================= end of train.py rows
 
-TABLE: List[Case] = CASES + TRAIN_CASES
+# ======================================================================= issue 30 (reliability, round two)
+# Every case of the independent probe's report, and what our own probe of the same kinds found.
+ROUND2_CASES: List[Case] = [
+    # ---- every file is written atomically; a full disk says which file and that the old one is intact
+    Case("save_checkpoint: disk full -> OSError naming the file, previous file intact", disk_full_checkpoint,
+         OSError, "the disk is full"),
+    Case("save_jsonl: disk full -> OSError, previous file intact", disk_full_jsonl, OSError, "previous file"),
+    Case("save_jsonl: killed half-way over a 20,000-record file -> the old file whole", jsonl_killed_half_way, None,
+         slow=True),
+    Case("save_checkpoint('~/x.pt') / save_jsonl('~/d.jsonl') write into the home folder", tilde_path_is_home, None),
+]
+
+TABLE: List[Case] = CASES + TRAIN_CASES + ROUND2_CASES
 
 CLEAR, HANDLED, CRYPTIC, SILENT = "clear error", "handled correctly", "cryptic error", "silent"
 

@@ -1,0 +1,141 @@
+"""Writing files so that a crash cannot lose them, and fingerprinting weights so that a damaged
+file cannot load quietly.
+
+Every file ``minimind_ref`` writes (checkpoints, LoRA files, stage files, JSONL data, the
+tokenizer, JSON and markdown reports) goes through ``atomic_write``:
+
+1. the bytes go to a temporary file next to the target (``.NAME.<pid>.<random>.tmp``, same folder,
+   so the rename below stays on one file system);
+2. the temporary file is flushed and ``fsync``-ed: its bytes are on the disk;
+3. ``os.replace`` renames it over the target in one step, and the folder is ``fsync``-ed.
+
+A process killed at any moment therefore leaves either the previous file or the new one, never a
+mix (at worst a hidden ``.NAME.*.tmp`` stays behind). A failed write (a full disk, a read-only
+folder) removes the temporary file and raises ``OSError`` naming the target and saying that the
+previous file is intact. Paths starting with ``~`` mean the home folder, as in a shell.
+
+``weights_digest`` is the SHA-256 of a state dict's tensors (names, dtypes, shapes and bytes, in
+sorted name order). ``save_checkpoint`` records it and every loader checks it, so flipped bytes,
+a hand-edited tensor or a truncated copy are reported instead of loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import uuid
+from typing import IO, Any, Iterator, Mapping, Union
+
+import torch
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def expand(path: PathLike) -> str:
+    """``path`` as a string, with a leading ``~`` turned into the home folder (as a shell does)."""
+    return os.path.expanduser(os.fspath(path))
+
+
+class _RecordingWriter:
+    """A file object that remembers the first ``OSError`` its ``write`` raised: ``torch.save``
+    turns such an error into a ``RuntimeError`` about zip positions, which hides a full disk."""
+
+    def __init__(self, handle: IO[bytes]) -> None:
+        self.handle, self.error = handle, None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self.handle.write(data)
+        except OSError as err:
+            self.error = self.error or err
+            raise
+
+    def flush(self) -> None:
+        self.handle.flush()
+
+    def fileno(self) -> int:
+        return self.handle.fileno()
+
+
+def _write_error(path: str, err: OSError) -> OSError:
+    reason = "the disk is full" if err.errno in (errno.ENOSPC, errno.EDQUOT) else (err.strerror or str(err))
+    message = (f"could not write {path}: {reason}. Nothing was replaced: the previous file at that path (if there "
+               "was one) is intact. Free some space or choose another folder, then save again.")
+    return type(err)(err.errno, message) if err.errno is not None else type(err)(message)
+
+
+@contextlib.contextmanager
+def atomic_write(path: PathLike, mode: str = "wb", encoding: str = "utf-8") -> Iterator[IO[Any]]:
+    """Open a temporary file for writing; on a clean exit it replaces ``path`` (see the module
+    docstring). ``mode`` is ``"wb"`` (binary) or ``"w"`` (text, ``encoding``). The folder is
+    created if needed. A folder as ``path`` is an ``IsADirectoryError``."""
+    if mode not in ("wb", "w"):
+        raise ValueError(f"atomic_write writes a whole new file: mode must be 'wb' or 'w', got {mode!r}.")
+    path = expand(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path} is a folder; give a file name, e.g. {os.path.join(path, 'ckpt.pt')}.")
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    writer = None
+    try:
+        with open(tmp, "x" + mode[1:], **({} if "b" in mode else {"encoding": encoding})) as handle:
+            writer = _RecordingWriter(handle) if "b" in mode else handle
+            yield writer
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        cause = getattr(writer, "error", None) if not isinstance(err, OSError) else err
+        if isinstance(cause, OSError) and not isinstance(err, (KeyboardInterrupt, SystemExit)):
+            raise _write_error(path, cause) from err
+        raise
+    with contextlib.suppress(OSError, AttributeError):  # make the rename durable (POSIX only)
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_text(path: PathLike, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    with atomic_write(path, "w") as f:
+        f.write(text)
+
+
+def write_json(path: PathLike, obj: Any, indent: int = 2) -> None:
+    """Write ``obj`` as JSON to ``path`` atomically."""
+    with atomic_write(path, "w") as f:
+        json.dump(obj, f, indent=indent)
+
+
+def save_torch(obj: Any, path: PathLike) -> None:
+    """``torch.save(obj, path)``, atomically."""
+    with atomic_write(path, "wb") as f:
+        torch.save(obj, f)
+
+
+# ---------------------------------------------------------------------- digests
+DIGEST_KEY = "weights_sha256"
+
+
+def weights_digest(state_dict: Mapping[str, torch.Tensor]) -> str:
+    """SHA-256 (hex) over every tensor of ``state_dict``: name, dtype, shape and raw bytes, in
+    sorted name order. Equal for equal weights whatever the device or the dict's order; any
+    changed bit, name, dtype or shape changes it."""
+    h = hashlib.sha256()
+    for name in sorted(state_dict):
+        tensor = state_dict[name]
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"weights_digest hashes tensors; {name!r} is a {type(tensor).__name__}.")
+        t = tensor.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
