@@ -11,6 +11,12 @@ Three promises:
   previous checkpoint intact (at worst a hidden ``.NAME.*.tmp`` file stays behind).
 * **Nothing non-finite.** A NaN or inf weight (or optimizer tensor in ``extra``) is refused at
   save time and reported at load time, naming the tensor.
+* **Verified.** ``save_checkpoint`` records the SHA-256 of the weights (``files.weights_digest``);
+  ``load_checkpoint`` (and resuming, and the stage files) recompute it and refuse a file whose
+  weights changed since (flipped bytes, a tensor edited by hand). Files written before the digest
+  existed, and upstream's bare state dicts, have none and load as before.
+  ``check_weights`` is the one validation every loader runs (``load_checkpoint``, ``load_pth``,
+  ``load_hf_dir``, ``load_lora``, resume, stage files): the digest, then finite values.
 * **Weights only.** Every file is read with ``torch.load(..., weights_only=True)``: tensors,
   numbers, strings and containers, never arbitrary Python objects (unpickling those can run
   code). ``save_checkpoint`` therefore refuses ``extra`` values that could not be read back
@@ -29,7 +35,7 @@ import numpy as np
 import torch
 
 from .config import MiniMindConfig
-from .files import expand, save_torch
+from .files import DIGEST_KEY, expand, save_torch, weights_digest
 from .model import MiniMindForCausalLM
 
 FORMAT = "minimind_ref"
@@ -68,7 +74,8 @@ def save_checkpoint(model: MiniMindForCausalLM, path: PathLike, extra: Optional[
             "(the run has diverged: lower the learning rate or check the data); the previous file is kept."
         )
     extra = _clean(extra or {}, "extra")
-    blob = {"format": FORMAT, "config": model.config.to_dict(), "state_dict": state_dict, "extra": extra}
+    blob = {"format": FORMAT, "config": model.config.to_dict(), "state_dict": state_dict, "extra": extra,
+            DIGEST_KEY: weights_digest(state_dict)}
     _atomic_save(blob, path)
 
 
@@ -277,6 +284,54 @@ def _infer_heads(hidden: int, kv_width: int, heads: Optional[int], kv_heads: Opt
 
 
 # ---------------------------------------------------------------------- loading
+def check_weights(state_dict: Mapping[str, torch.Tensor], source: PathLike, check_finite: bool = True,
+                  digest: Optional[str] = None) -> None:
+    """The checks every loader runs on the weights it read, whatever the file format.
+
+    * ``digest`` (the ``weights_sha256`` a ``save_checkpoint`` file recorded; ``None`` for files
+      without one): the weights must hash to it, else the file was changed after it was saved;
+    * ``check_finite``: no NaN or inf in any floating-point tensor.
+
+    Raises ``ValueError`` naming ``source`` (and the tensor)."""
+    if digest is not None:
+        if not isinstance(digest, str) or weights_digest(state_dict) != digest:
+            raise ValueError(
+                f"{os.fspath(source)} is damaged: its weights do not match the SHA-256 digest recorded when it was "
+                "saved (flipped bytes on the disk, an incomplete copy, or tensors edited by hand). Use another copy, "
+                "or save or rebuild it again."
+            )
+    if check_finite:
+        bad = _first_nonfinite(state_dict.items())
+        if bad is not None:
+            raise ValueError(
+                f"{os.fspath(source)} holds non-finite weights: {bad[0]!r} has {bad[1]} NaN/inf value(s) (saved from a "
+                "diverged run?); pass check_finite=False to load it anyway for inspection."
+            )
+
+
+def tokenizer_size(tokenizer: Any) -> int:
+    """How many ids ``tokenizer`` can produce (``get_vocab_size()`` or ``len()``)."""
+    if hasattr(tokenizer, "get_vocab_size"):
+        return int(tokenizer.get_vocab_size())
+    return len(tokenizer)
+
+
+def check_tokenizer_fits(config: MiniMindConfig, tokenizer: Any, source: PathLike = "the model") -> None:
+    """A model and a tokenizer belong together when every id the tokenizer produces has a row in
+    the embedding and the embedding is not bigger than the tokenizer rounded up to a multiple of
+    128 (room some models keep for padding); MiniMind's are equal (6,400). ``ValueError`` otherwise:
+    the ids would mean other tokens, or index past the embedding."""
+    n = tokenizer_size(tokenizer)
+    vocab = config.vocab_size
+    if n > vocab or vocab > -(-n // 128) * 128:
+        raise ValueError(
+            f"{os.fspath(source)} has a vocabulary of {vocab} tokens but the tokenizer has {n}: they were not trained "
+            "together (token ids would mean other tokens"
+            + (", and some would index past the embedding" if n > vocab else "")
+            + "). Use the tokenizer that was saved with these weights."
+        )
+
+
 def load_state_dict_strict(model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor]) -> None:
     """``load_state_dict(strict=True)`` with a readable ``ValueError`` listing every missing key,
     unexpected key and shape mismatch (and a hint), instead of PyTorch's RuntimeError."""
@@ -319,7 +374,8 @@ def load_checkpoint(
     (upstream ships fp16); pass ``dtype=None`` to keep them. The model is returned in eval mode.
 
     A file that is not a checkpoint (empty, truncated, random bytes) or that holds Python objects
-    besides tensors is a one-line ``ValueError``; nothing in it is ever executed. Weights holding
+    besides tensors is a one-line ``ValueError``; nothing in it is ever executed. A file whose
+    weights no longer match the digest ``save_checkpoint`` recorded is a ``ValueError``. Weights holding
     NaN or inf are a ``ValueError`` naming the tensor; ``check_finite=False`` loads them anyway
     (to inspect a diverged model).
     """
@@ -342,15 +398,9 @@ def load_checkpoint(
             config = config.replace(**config_overrides)
     else:
         raise ValueError(f"{os.fspath(path)} is neither an upstream MiniMind state dict nor a minimind_ref checkpoint.")
+    check_weights(state_dict, path, check_finite, blob.get(DIGEST_KEY) if blob.get("format") == FORMAT else None)
     # RoPE tables are recomputed, never loaded (upstream marks them non-persistent)
     state_dict = {k: v for k, v in state_dict.items() if not k.endswith(("freqs_cos", "freqs_sin"))}
-    if check_finite:
-        bad = _first_nonfinite(state_dict.items())
-        if bad is not None:
-            raise ValueError(
-                f"{os.fspath(path)} holds non-finite weights: {bad[0]!r} has {bad[1]} NaN/inf value(s) (saved from a "
-                "diverged run?); pass check_finite=False to load it anyway for inspection."
-            )
     if dtype is not None:
         state_dict = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state_dict.items()}
     model = MiniMindForCausalLM(config)

@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from .checkpoint import PathLike, _atomic_save, _first_nonfinite, _torch_load
+from .checkpoint import PathLike, _atomic_save, _first_nonfinite, _torch_load, check_weights
 
 __all__ = ["LoRA", "apply_lora", "lora_modules", "mark_only_lora_trainable", "save_lora", "load_lora", "merge_lora",
            "LORA_CONFIG", "STAGE_SETTINGS", "lora_data", "double_accuracy", "train_lora", "build_stage", "stage_adapter"]
@@ -150,12 +150,13 @@ def save_lora(model: nn.Module, path: PathLike) -> None:
     _atomic_save({k: v.detach().cpu() for k, v in state.items()}, path)
 
 
-def load_lora(model: nn.Module, path: PathLike) -> None:
+def load_lora(model: nn.Module, path: PathLike, check_finite: bool = True) -> None:
     """Load adapters saved by ``save_lora`` (ours or upstream's) into ``model``, which has adapters.
 
     The file is read weights-only (a pickled Python object is refused, never run). Every adapter of
     the model must be in the file with the same shape and the file must hold nothing else;
-    otherwise a ``ValueError`` names the key and says what to do. Values are copied into the
+    otherwise a ``ValueError`` names the key and says what to do. NaN/inf adapters are a
+    ``ValueError`` (``check_finite=False`` loads them, for inspection). Values are copied into the
     existing adapters (their device and dtype are kept).
     """
     layers = lora_modules(model)
@@ -190,9 +191,7 @@ def load_lora(model: nn.Module, path: PathLike) -> None:
     if extra:
         raise ValueError(f"{os.fspath(path)} has adapter {extra[0]!r}, which the model lacks ({len(extra)} such key(s)): "
                          "saved from another model; load it into the model it was trained on.")
-    bad = _first_nonfinite(state.items())
-    if bad is not None:
-        raise ValueError(f"{os.fspath(path)}: adapter {bad[0]!r} holds {bad[1]} NaN/inf value(s) (saved from a diverged run?).")
+    check_weights(state, path, check_finite)  # finite values, as every loader checks
     for name, layer in layers:
         name = name[len("module."):] if name.startswith("module.") else name
         prefix = f"{name}.lora."

@@ -57,7 +57,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
-from .checkpoint import infer_config, load_state_dict_strict
+from .checkpoint import _torch_load, check_tokenizer_fits, check_weights, infer_config, load_state_dict_strict
 from .config import YARN_ROPE_SCALING, MiniMindConfig
 from .model import MiniMindForCausalLM
 
@@ -151,13 +151,14 @@ def _read_torch_file(path: Path, map_location: Union[str, torch.device]) -> Any:
     if not path.is_file():
         raise FileNotFoundError(f"no file at {path}")
     _check_not_lfs_pointer(path)
-    try:
-        return torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as err:  # truncated, not a torch file, or a pickle of arbitrary objects
-        first = str(err).strip().splitlines()[0][:120] if str(err).strip() else type(err).__name__
+    try:  # checkpoint.py's reader: a pickle that would build Python objects is refused, never run
+        return _torch_load(path, map_location)
+    except ValueError as err:
+        if "will not unpickle" in str(err):
+            raise
         raise ValueError(
-            f"{path} could not be read as a weights-only torch file ({first}); an interrupted download, or "
-            "not a state dict."
+            f"{path} could not be read as a weights-only torch file (its bytes are not a complete torch.save file); "
+            "an interrupted download, or not a state dict."
         ) from None
 
 
@@ -202,7 +203,9 @@ def _tie(state: Dict[str, torch.Tensor], source: Path, embedding_wins: bool) -> 
 
 
 def _build(config: MiniMindConfig, state: Dict[str, torch.Tensor], dtype: Optional[torch.dtype],
-           map_location: Union[str, torch.device]) -> MiniMindForCausalLM:
+           map_location: Union[str, torch.device], source: PathLike = "the weights",
+           check_finite: bool = True) -> MiniMindForCausalLM:
+    check_weights(state, source, check_finite)  # the validation every loader runs (finite values)
     if dtype is None:  # keep the file's precision: build the model in it (load_state_dict copies into it)
         dtype = next(v.dtype for v in state.values() if v.is_floating_point())
     state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
@@ -212,15 +215,16 @@ def _build(config: MiniMindConfig, state: Dict[str, torch.Tensor], dtype: Option
 
 
 def load_pth(path: PathLike, dtype: Optional[torch.dtype] = torch.float32,
-             map_location: Union[str, torch.device] = "cpu") -> MiniMindForCausalLM:
+             map_location: Union[str, torch.device] = "cpu", check_finite: bool = True) -> MiniMindForCausalLM:
     """Load upstream's ``<stage>_<hidden>[_moe].pth`` strictly into ``MiniMindForCausalLM`` (eval mode).
 
     The config comes from the file name and the shapes: hidden size, MoE and the name must agree
     with the tensors; layers, vocabulary, FFN width, KV width and expert counts are read from the
     shapes; the head count (8 query heads) and MoE top-2, which no shape holds, are the published
-    models'. Weights are cast to ``dtype`` (``None`` keeps upstream's fp16).
+    models'. Weights are cast to ``dtype`` (``None`` keeps upstream's fp16). NaN/inf weights are a
+    ``ValueError`` (``check_finite=False`` loads them, for inspection).
     """
-    path = Path(path)
+    path = Path(os.path.expanduser(os.fspath(path)))
     name = parse_pth_name(path.name)
     state = _as_state_dict(_read_torch_file(path, map_location), path)
     width = state["model.embed_tokens.weight"].shape[1]
@@ -235,7 +239,7 @@ def load_pth(path: PathLike, dtype: Optional[torch.dtype] = torch.float32,
     if is_moe:
         overrides["num_experts_per_tok"] = PUBLISHED_TOP_K
     config = infer_config(state, **overrides)
-    return _build(config, _tie(state, path, embedding_wins=False), dtype, map_location)
+    return _build(config, _tie(state, path, embedding_wins=False), dtype, map_location, path, check_finite)
 
 
 # ---------------------------------------------------------------------- Hugging Face folders
@@ -318,7 +322,11 @@ def _load_safetensors(path: Path) -> Dict[str, torch.Tensor]:
             "(or pass a folder holding pytorch_model.bin)."
         ) from err
     _check_not_lfs_pointer(path)
-    return load_file(str(path))
+    try:
+        return load_file(str(path))
+    except Exception as err:  # safetensors' own error type: a truncated or damaged file
+        raise ValueError(f"{path} could not be read as a safetensors file ({str(err)[:120]}); an interrupted download, "
+                         "or not a weights file.") from None
 
 
 def read_hf_weights(folder: PathLike, map_location: Union[str, torch.device] = "cpu") -> Dict[str, torch.Tensor]:
@@ -345,9 +353,10 @@ def read_hf_weights(folder: PathLike, map_location: Union[str, torch.device] = "
 
 
 def load_hf_dir(folder: PathLike, dtype: Optional[torch.dtype] = torch.float32,
-                map_location: Union[str, torch.device] = "cpu") -> MiniMindForCausalLM:
-    """Load a Hugging Face model folder (Llama or MiniMind layout) strictly, without transformers."""
-    folder = Path(folder)
+                map_location: Union[str, torch.device] = "cpu", check_finite: bool = True) -> MiniMindForCausalLM:
+    """Load a Hugging Face model folder (Llama or MiniMind layout) strictly, without transformers.
+    NaN/inf weights are a ``ValueError`` (``check_finite=False`` loads them, for inspection)."""
+    folder = Path(os.path.expanduser(os.fspath(folder)))
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():
         raise FileNotFoundError(
@@ -359,7 +368,7 @@ def load_hf_dir(folder: PathLike, dtype: Optional[torch.dtype] = torch.float32,
     # lm_head.weight is ignored). Otherwise a stored head must equal the embedding.
     embedding_wins = raw.get("model_type") == "llama" and bool(raw.get("tie_word_embeddings", False))
     state = _as_state_dict(read_hf_weights(folder, map_location), folder)
-    return _build(config, _tie(state, folder, embedding_wins), dtype, map_location)
+    return _build(config, _tie(state, folder, embedding_wins), dtype, map_location, folder, check_finite)
 
 
 # ---------------------------------------------------------------------- tokenizer and chat template
@@ -601,6 +610,13 @@ def _load_local(path: Path, model: str, stage: str, dtype: Optional[torch.dtype]
     )
 
 
+def _matched(pair: Tuple[MiniMindForCausalLM, UpstreamTokenizer], source: PathLike
+             ) -> Tuple[MiniMindForCausalLM, UpstreamTokenizer]:
+    """``pair`` after checking that its tokenizer belongs to its model (``check_tokenizer_fits``)."""
+    check_tokenizer_fits(pair[0].config, pair[1], source)
+    return pair
+
+
 def load_pretrained(model: str = "MiniMind2-Small", stage: str = "full_sft", path: Optional[PathLike] = None,
                     download: Optional[bool] = None, dtype: Optional[torch.dtype] = torch.float32,
                     map_location: Union[str, torch.device] = "cpu") -> Tuple[MiniMindForCausalLM, UpstreamTokenizer]:
@@ -619,7 +635,7 @@ def load_pretrained(model: str = "MiniMind2-Small", stage: str = "full_sft", pat
     if path is None and os.environ.get("MINIMIND_WEIGHTS"):
         path = os.environ["MINIMIND_WEIGHTS"]
     if path is not None:
-        return _load_local(Path(os.path.expanduser(os.fspath(path))), model, stage, dtype, map_location)
+        return _matched(_load_local(Path(os.path.expanduser(os.fspath(path))), model, stage, dtype, map_location), path)
     if download is None:
         download = in_colab() or os.environ.get("MINIMIND_DOWNLOAD") == "1"
     if not download:
@@ -630,7 +646,7 @@ def load_pretrained(model: str = "MiniMind2-Small", stage: str = "full_sft", pat
         )
     hidden, moe, _ = MODELS[model]
     weights = fetch(HUB_PTH_REPO, pth_filename(stage, hidden, moe))
-    return load_pth(weights, dtype, map_location), load_tokenizer_dir(fetch_tokenizer())
+    return _matched((load_pth(weights, dtype, map_location), load_tokenizer_dir(fetch_tokenizer())), weights)
 
 
 def load_or_skip(model: str = "MiniMind2-Small", stage: str = "full_sft",

@@ -43,8 +43,9 @@ import torch
 import torch.nn.functional as F
 
 from . import data as data_mod
-from .checkpoint import _torch_load, load_state_dict_strict, save_checkpoint
+from .checkpoint import _torch_load, check_weights, load_state_dict_strict, save_checkpoint
 from .config import MiniMindConfig
+from .files import DIGEST_KEY
 from .model import MiniMindForCausalLM
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID, load_tokenizer, save_tokenizer, train_bpe_tokenizer
 
@@ -571,9 +572,13 @@ def _load_resume_blob(path: str) -> Dict[str, Any]:
     except ValueError as err:
         raise ValueError(f"cannot resume: {err}") from None
     if not (isinstance(blob, dict) and isinstance(blob.get("extra"), dict) and "optimizer" in blob["extra"]
-            and "state_dict" in blob):
+            and isinstance(blob.get("state_dict"), dict)):
         raise ValueError(f"cannot resume from {path}: it holds weights but no training state (optimizer, step); "
                          "load it with load_checkpoint and start a new run instead.")
+    try:  # the digest save_checkpoint recorded, and finite weights (the checks of every loader)
+        check_weights(blob["state_dict"], path, digest=blob.get(DIGEST_KEY))
+    except ValueError as err:
+        raise ValueError(f"cannot resume: {err}") from None
     return blob
 
 

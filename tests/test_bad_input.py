@@ -725,6 +725,167 @@ def tilde_path_is_home(tmp: Path) -> None:
 
 
 
+# ---------------------------------------------------------------------- digests and one validation path for weights
+def _flip_tensor_byte(path: Path) -> None:
+    """Flip one bit in the middle of the largest tensor stored in a torch.save zip file."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        info = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    data = bytearray(path.read_bytes())
+    name_len = int.from_bytes(data[info.header_offset + 26: info.header_offset + 28], "little")
+    extra_len = int.from_bytes(data[info.header_offset + 28: info.header_offset + 30], "little")
+    start = info.header_offset + 30 + name_len + extra_len
+    data[start + info.file_size // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def flipped_bit_checkpoint(tmp: Path) -> None:
+    path = _saved(tmp)
+    _flip_tensor_byte(path)
+    mm.load_checkpoint(path)
+
+
+def edited_by_hand_checkpoint(tmp: Path) -> None:
+    path = _saved(tmp)
+    blob = torch.load(path, weights_only=True)
+    blob["state_dict"]["model.norm.weight"] = torch.zeros_like(blob["state_dict"]["model.norm.weight"])
+    torch.save(blob, path)
+    mm.load_checkpoint(path)
+
+
+def checkpoint_without_digest_loads(tmp: Path) -> None:
+    """Files written before the digest existed (and upstream's .pth) have none: they load as before."""
+    path = _saved(tmp)
+    blob = torch.load(path, weights_only=True)
+    assert isinstance(blob.pop("weights_sha256"), str)
+    torch.save(blob, path)
+    assert _same_weights(mm.load_checkpoint(path), _model())
+
+
+def resume_flipped_bit(tmp: Path) -> None:
+    from minimind_ref.train import train
+
+    run = tmp / "run"
+    train(_tiny_cfg(max_steps=4, out_dir=str(run), eval_every=0), data=_tiny_data(), stop_at=2, log=lambda s: None)
+    _flip_tensor_byte(run / "ckpt.pt")
+    train(_tiny_cfg(max_steps=4, out_dir=str(run), resume="auto", eval_every=0), data=_tiny_data(), log=lambda s: None)
+
+
+def _upstream():
+    import _upstream_files
+
+    return _upstream_files
+
+
+def _inf_upstream_model() -> mm.MiniMindForCausalLM:
+    U = _upstream()
+    m = U.random_model(U.upstream_layout(), seed=0)
+    with torch.no_grad():
+        m.model.layers[0].mlp.up_proj.weight[0, 0] = float("inf")
+    return m
+
+
+def load_pth_inf(tmp: Path) -> None:
+    from minimind_ref.pretrained import load_pth
+
+    load_pth(_upstream().save_pth(_inf_upstream_model(), tmp))
+
+
+def load_hf_dir_inf(tmp: Path) -> None:
+    from minimind_ref.pretrained import load_hf_dir
+
+    _upstream().save_llama_dir(_inf_upstream_model(), tmp / "hf")
+    load_hf_dir(tmp / "hf")
+
+
+def load_pth_pickle(tmp: Path) -> None:
+    from minimind_ref.pretrained import load_pth
+
+    marker = tmp / "payload_ran"
+    torch.save({"model.embed_tokens.weight": torch.zeros(2, 2), "x": _Payload(str(marker))}, tmp / "full_sft_512.pth")
+    try:
+        load_pth(tmp / "full_sft_512.pth")
+    finally:
+        assert not marker.exists(), "the pickled payload ran"
+
+
+def load_pretrained_other_tokenizer(tmp: Path) -> None:
+    """A 300-token tokenizer next to a 400-token model (the probe: 512 with 6,400)."""
+    from minimind_ref import pretrained as P
+
+    U = _upstream()
+    U.save_pth(U.random_model(U.upstream_layout(), seed=0), tmp)
+    U.write_tokenizer(tmp, vocab_size=300)
+    with mock.patch.dict(P.MODELS, {"Tiny": (64, False, 2)}):
+        P.load_pretrained("Tiny", path=tmp)
+
+
+def _stage_dir(tmp: Path) -> Any:
+    import minimind_ref.stages as stages
+
+    return mock.patch.object(stages, "CHECKPOINT_DIR", tmp)
+
+
+def _tiny_stage(tmp: Path, model: Optional[mm.MiniMindForCausalLM] = None) -> Path:
+    import minimind_ref.stages as stages
+
+    figures = {"sum_accuracy": 0.74, "stop_rate": 1.0, "preference_accuracy": 0.9, "mean_length": 40.0}
+    with _stage_dir(tmp):
+        return stages.save_stage(model if model is not None else _model(), "sft", {"evaluate_chat": figures})
+
+
+def stage_zeroed_by_hand(tmp: Path) -> None:
+    """Weights zeroed with torch.load/torch.save: `report --recorded` must not show the recorded 0.74."""
+    import minimind_ref.stages as stages
+
+    path = _tiny_stage(tmp)
+    blob = torch.load(path, weights_only=True)
+    blob["state_dict"] = {k: torch.zeros_like(v) for k, v in blob["state_dict"].items()}
+    torch.save(blob, path)
+    with _stage_dir(tmp):
+        stages.recorded_rows(["sft"])
+
+
+def stage_resaved_with_old_metadata(tmp: Path) -> None:
+    """New weights saved with save_checkpoint and the old extra: the figures belong to other weights."""
+    import minimind_ref.stages as stages
+
+    path = _tiny_stage(tmp)
+    with _stage_dir(tmp):
+        extra = stages.stage_metadata("sft")
+        mm.save_checkpoint(tiny_model(seed=3).half(), path, extra=extra)
+        stages.recorded_rows(["sft"])
+
+
+def stage_truncated(tmp: Path) -> None:
+    import minimind_ref.stages as stages
+
+    path = _tiny_stage(tmp)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with _stage_dir(tmp):
+        stages.stage_metadata("sft")
+
+
+def stage_fp16_overflow(tmp: Path) -> None:
+    m = tiny_model()
+    with torch.no_grad():
+        m.model.layers[0].mlp.up_proj.weight[0, 0] = 1e6
+    _tiny_stage(tmp, m)
+
+
+def shipped_stages_verify(tmp: Path) -> None:
+    """Every shipped stage file carries the digest of its weights, and it verifies."""
+    import minimind_ref.stages as stages
+
+    for name in stages.available_stages():
+        blob = torch.load(stages.stage_path(name), weights_only=True)
+        assert isinstance(blob.get("weights_sha256"), str), f"{name}.pt has no digest"
+        assert blob["extra"].get("weights_sha256") == blob["weights_sha256"], f"{name}.pt: extra lacks the digest"
+        stages.stage_metadata(name)
+
+
 CASES: List[Case] = [
     # ---- items 2-5: training settings, resume, divergence, batches without targets
     Case("TrainConfig: grad_clip=-1 (was gradient ascent)", _settings(grad_clip=-1), ValueError, "grad_clip=-1"),
@@ -875,6 +1036,25 @@ ROUND2_CASES: List[Case] = [
     Case("save_jsonl: killed half-way over a 20,000-record file -> the old file whole", jsonl_killed_half_way, None,
          slow=True),
     Case("save_checkpoint('~/x.pt') / save_jsonl('~/d.jsonl') write into the home folder", tilde_path_is_home, None),
+    # ---- checkpoints and stage files carry a digest of their weights; one validation path for every loader
+    Case("load_checkpoint: one flipped bit in a weight -> damaged (digest)", flipped_bit_checkpoint, ValueError, "is damaged"),
+    Case("load_checkpoint: a tensor zeroed by hand (torch.load/torch.save) -> damaged", edited_by_hand_checkpoint,
+         ValueError, "do not match the sha-256 digest"),
+    Case("load_checkpoint: a file without a digest (older course file) loads", checkpoint_without_digest_loads, None),
+    Case("train: resume from a ckpt.pt with a flipped bit", resume_flipped_bit, ValueError, "cannot resume"),
+    Case("load_pth: an inf weight (was NaN logits)", load_pth_inf, ValueError, "non-finite weights"),
+    Case("load_hf_dir: an inf weight (was NaN logits)", load_hf_dir_inf, ValueError, "non-finite weights", needs="safetensors"),
+    Case("load_pth: a pickled payload (was 'an interrupted download')", load_pth_pickle, ValueError, "will not unpickle"),
+    Case("load_pretrained: a 300-token tokenizer with a 400-token model", load_pretrained_other_tokenizer, ValueError,
+         "vocabulary of 400 tokens but the tokenizer has 300", needs="tokenizers"),
+    Case("report --recorded: stage weights zeroed by hand (was the recorded 0.74)", stage_zeroed_by_hand, ValueError,
+         "is damaged"),
+    Case("report --recorded: stage re-saved with new weights and the old figures", stage_resaved_with_old_metadata,
+         ValueError, "measured on other weights"),
+    Case("stage_metadata: a truncated stage file (was a raw zip error)", stage_truncated, ValueError, "is not a checkpoint"),
+    Case("save_stage: a weight beyond float16's range (was blamed on divergence)", stage_fp16_overflow, ValueError,
+         "beyond float16's range"),
+    Case("shipped stage files carry a digest that verifies", shipped_stages_verify, None),
 ]
 
 TABLE: List[Case] = CASES + TRAIN_CASES + ROUND2_CASES
