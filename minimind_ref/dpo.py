@@ -32,12 +32,13 @@ from __future__ import annotations
 import copy
 import hashlib
 import math
+import warnings
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 
-from .sft import assistant_loss_mask, encode_chat, marker_ids
+from .sft import assistant_loss_mask, encode_chat, marker_ids, truncation_kind, truncation_note
 
 if TYPE_CHECKING:  # pragma: no cover
     from .train import RunData, TrainConfig, TrainResult
@@ -164,24 +165,59 @@ class DPODataset:
     with ``pad_id`` to ``max_length - 1``); ``batch(indices)`` pads only to the widest row of the
     batch (both sides alike): right padding has mask 0 and cannot change a real position under
     the causal mask, so the loss is the same and short batches are cheaper. Both return upstream's
-    keys ``x_chosen, y_chosen, mask_chosen, x_rejected, y_rejected, mask_rejected`` (``long``)."""
+    keys ``x_chosen, y_chosen, mask_chosen, x_rejected, y_rejected, mask_rejected`` (``long``).
+
+    Checked, where upstream trains on anything: a record whose chosen and rejected conversations
+    are the same is a ``ValueError`` (it holds no preference: its loss is the constant log 2 and
+    its gradient 0). Truncation is counted as in ``sft.SFTDataset``: ``self.truncation`` counts the
+    pairs with a side that lost its whole answer (``no_answer``: that side's log-probability is
+    0, the pair only adds noise) or the end of it (``cut_answer``), with a warning;
+    ``drop_truncated=True`` leaves them out."""
 
     KEYS = ("x_chosen", "y_chosen", "mask_chosen", "x_rejected", "y_rejected", "mask_rejected")
 
-    def __init__(self, records: Sequence[Dict[str, Any]], tokenizer: Any, max_length: int = 256, pad_id: int = 0) -> None:
+    def __init__(self, records: Sequence[Dict[str, Any]], tokenizer: Any, max_length: int = 256, pad_id: int = 0,
+                 drop_truncated: bool = False) -> None:
         if max_length < 2:
             raise ValueError(f"max_length must be at least 2 (one input and the token it predicts), got {max_length}.")
         self.max_length, self.pad_id = max_length, pad_id
         self.pairs: List[Tuple[List[int], List[int], List[int], List[int]]] = []
         self.kinds: List[Optional[str]] = []
+        self.truncation: Dict[str, int] = {"examples": 0, "no_answer": 0, "cut_answer": 0, "dropped": 0,
+                                         "max_length": max_length}
+        self.truncated: List[int] = []
+        same: List[int] = []
+        bos, eos = marker_ids(tokenizer)
         for n, record in enumerate(records):
             if not isinstance(record, dict) or "chosen" not in record or "rejected" not in record:
                 raise ValueError(f"record {n} must have 'chosen' and 'rejected' conversations (upstream's DPO format): "
                                  f"{record!r:.100}")
-            chosen = encode_reply(tokenizer, record["chosen"], max_length)
-            rejected = encode_reply(tokenizer, record["rejected"], max_length)
+            if record["chosen"] == record["rejected"]:
+                same.append(n)
+                continue
+            full = (encode_chat(tokenizer, record["chosen"]), encode_chat(tokenizer, record["rejected"]))
+            self.truncation["examples"] += 1
+            kinds = {truncation_kind(ids, max_length, bos, eos) for ids in full} - {None}
+            if kinds:
+                kind = "no_answer" if "no_answer" in kinds else "cut_answer"
+                self.truncation[kind] += 1
+                self.truncated.append(n)
+                if drop_truncated:
+                    self.truncation["dropped"] += 1
+                    continue
+            chosen, rejected = ((ids[:max_length], assistant_loss_mask(ids[:max_length], bos, eos, max_length))
+                                for ids in full)
             self.pairs.append((*chosen, *rejected))
             self.kinds.append(record.get("kind"))
+        if same:
+            raise ValueError(
+                f"{len(same)} record(s) have the same conversation as 'chosen' and 'rejected' (first: record {same[0]}); "
+                "such a pair states no preference (its DPO loss is the constant log 2, its gradient 0). Remove them "
+                "from the data."
+            )
+        if self.truncated:
+            warnings.warn("DPODataset: " + truncation_note(self.truncation, "pairs", max_length, drop_truncated),
+                          stacklevel=2)
 
     def __len__(self) -> int:
         return len(self.pairs)

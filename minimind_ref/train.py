@@ -319,7 +319,10 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
     does; frozen parameters (``requires_grad=False``, e.g. under LoRA) are left out."""
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
-        raise ValueError("the model has no trainable parameter (every requires_grad is False).")
+        raise ValueError("the model has no trainable parameter (every requires_grad is False): was it frozen as a "
+                         "reference (DPOObjective / GRPOObjective freeze the ref_model they are given, so the policy "
+                         "itself must not be passed as its own reference) or by mark_only_lora_trainable? Train a model "
+                         "whose parameters have requires_grad=True.")
     return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
 
 
@@ -552,6 +555,12 @@ def _write_json_atomic(path: str, obj: Any) -> None:
     write_json(path, obj)
 
 
+def _truncation_line(counts: Dict[str, int]) -> str:
+    from .sft import truncation_note
+
+    return truncation_note(counts, "examples", counts.get("max_length", "?"), bool(counts.get("dropped")))
+
+
 def _resume_path(cfg: TrainConfig) -> Optional[str]:
     if cfg.resume is None:
         return None
@@ -767,6 +776,10 @@ def train(
         bar = tqdm(total=end_step, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
         log = bar.write if log is print else log
 
+    for what, dataset in (("training", data.train), ("validation", data.val)):
+        counts = getattr(dataset, "truncation", None)  # SFTDataset / DPODataset: what max_length cut away
+        if is_main and isinstance(counts, dict) and (counts.get("no_answer") or counts.get("cut_answer")):
+            log(f"note: {what} data: " + _truncation_line(counts))
     train_seconds, t0 = 0.0, time.perf_counter()
     tokens_seen = 0
     tokens_per_s = 0.0
@@ -827,6 +840,16 @@ def train(
             ckpt_path = checkpoint(step + 1)
     if bar is not None:
         bar.close()
+    skipped = int(sum(history["skipped"][len(history["skipped"]) - (end_step - start_step):])) if end_step > start_step else 0
+    if end_step > start_step and skipped == end_step - start_step:
+        raise ValueError(
+            f"every one of the {skipped} steps was skipped: no batch held a supervised token (every label was -100), "
+            "so the weights did not change. For chat data the prompts probably fill max_length (see the dataset's "
+            "truncation counts and warning): raise max_length (seq_len), shorten the prompts, or check the labels."
+        )
+    if skipped and is_main:
+        log(f"note: {skipped} of {end_step - start_step} steps were skipped: their batches held no supervised token "
+            "(every label -100), so they changed nothing.")
     if cfg.out_dir and end_step > start_step:
         ckpt_path = checkpoint(end_step)
     return TrainResult(raw_model, tokenizer, history, end_step, tokens_per_s, time.perf_counter() - t0, ckpt_path, data)

@@ -538,28 +538,42 @@ def train_divergence(tmp: Path) -> None:
             assert all(torch.isfinite(t).all() for t in blob["state_dict"].values()), "a checkpoint holds non-finite weights"
 
 
+class _NoTargets:
+    """A dataset whose first ``empty`` batches have every label -100 (answers truncated away)."""
+
+    def __init__(self, base: Any, empty: int) -> None:
+        self.base, self.empty = base, empty
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def batch(self, idx: Any) -> Any:
+        x, y = self.base.batch(idx)
+        self.empty -= 1
+        return (x, torch.full_like(x, -100)) if self.empty >= 0 else (x, y)
+
+
 def train_batch_without_targets(tmp: Path) -> None:
-    """Every label -100 (an SFT batch whose answers were truncated away): the step is skipped and counted."""
+    """A batch whose labels are all -100 (an SFT batch whose answers were truncated away): skipped and counted."""
     from minimind_ref.train import RunData, build_model, train
-
-    class NoTargets:
-        def __init__(self, base):
-            self.base = base
-
-        def __len__(self):
-            return len(self.base)
-
-        def batch(self, idx):
-            x, _ = self.base.batch(idx)
-            return x, torch.full_like(x, -100)
 
     data = _tiny_data()
     model = build_model(_tiny_cfg(), data.tokenizer.get_vocab_size())
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    res = train(_tiny_cfg(max_steps=2, eval_every=0), model=model, data=RunData(data.tokenizer, NoTargets(data.train)),
-                log=lambda s: None)
-    assert res.history["skipped"] == [1.0, 1.0], res.history["skipped"]
-    assert all(torch.equal(before[k], v) for k, v in res.model.state_dict().items()), "weights changed"
+    lines: List[str] = []
+    res = train(_tiny_cfg(max_steps=2, eval_every=0), model=model, data=RunData(data.tokenizer, _NoTargets(data.train, 1)),
+                log=lines.append)
+    assert res.history["skipped"] == [1.0, 0.0], res.history["skipped"]
+    assert any("1 of 2 steps were skipped" in line for line in lines), lines
+
+
+def train_every_batch_without_targets(tmp: Path) -> None:
+    """Every step skipped: before, train() returned normally with the weights unchanged."""
+    from minimind_ref.train import RunData, build_model, train
+
+    data = _tiny_data()
+    model = build_model(_tiny_cfg(), data.tokenizer.get_vocab_size())
+    train(_tiny_cfg(max_steps=2, eval_every=0), model=model, data=RunData(data.tokenizer, _NoTargets(data.train, 2)),
+          log=lambda s: None)
 
 
 def dpo_loss_without_targets(tmp: Path) -> None:
@@ -886,6 +900,104 @@ def shipped_stages_verify(tmp: Path) -> None:
         stages.stage_metadata(name)
 
 
+# ---------------------------------------------------------------------- truncation is counted and reported
+@functools.lru_cache(maxsize=None)
+def _course_tokenizer():
+    from minimind_ref.stages import load_tokenizer
+
+    return load_tokenizer()
+
+
+def _chat(user: str, answer: str) -> dict:
+    return {"conversations": [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]}
+
+
+def _fits(record: dict) -> int:
+    from minimind_ref.sft import encode_chat
+
+    return len(encode_chat(_course_tokenizer(), record["conversations"]))
+
+
+def sft_prompts_too_long(tmp: Path) -> None:
+    """3 of 4 prompts longer than max_length (the probe's case): counted, warned, and droppable."""
+    from minimind_ref.sft import SFTDataset
+
+    short = _chat("hi", "ok")
+    records = [_chat("word " * 80, "ok fine")] * 3 + [short]
+    ds = _warned(lambda: SFTDataset(records, _course_tokenizer(), max_length=_fits(short)),
+                 "of 4 conversations, 3 lost their whole answer")
+    assert (ds.truncation["no_answer"], ds.truncation["cut_answer"], ds.truncated) == (3, 0, [0, 1, 2]), ds.truncation
+    kept = _warned(lambda: SFTDataset(records, _course_tokenizer(), max_length=_fits(short), drop_truncated=True),
+                   "left out")
+    assert len(kept) == 1 and kept.truncation["dropped"] == 3
+
+
+def sft_answer_cut(tmp: Path) -> None:
+    """An answer cut mid-way loses its <|im_end|>: counted as cut_answer."""
+    from minimind_ref.sft import SFTDataset
+
+    record = _chat("hi", "a long answer " * 20)
+    ds = _warned(lambda: SFTDataset([record, _chat("hi", "ok")], _course_tokenizer(), max_length=_fits(record) - 5),
+                 "1 lost the end of an answer with its <|im_end|>")
+    assert ds.truncation["cut_answer"] == 1 and ds.truncation["no_answer"] == 0, ds.truncation
+    assert 2 not in ds.examples[0][1], "the cut answer has no <|im_end|> label"
+
+
+def sft_nothing_supervised(tmp: Path) -> None:
+    from minimind_ref.sft import SFTDataset
+
+    SFTDataset([_chat("word " * 80, "ok")] * 4, _course_tokenizer(), max_length=32)
+
+
+def sft_fits_no_warning(tmp: Path) -> None:
+    """Nothing is cut: no warning, counts 0."""
+    from minimind_ref.sft import SFTDataset
+
+    ds = _no_warning(lambda: SFTDataset([_chat("hi", "ok")] * 2, _course_tokenizer(), max_length=256))
+    assert ds.truncation["no_answer"] == ds.truncation["cut_answer"] == 0
+
+
+def train_log_reports_truncation(tmp: Path) -> None:
+    from minimind_ref.sft import SFTDataset
+    from minimind_ref.train import RunData, train
+
+    tok = _course_tokenizer()
+    short = _chat("hi", "ok")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ds = SFTDataset([_chat("word " * 80, "ok fine"), short, short, short], tok, max_length=_fits(short))
+    lines: List[str] = []
+    model = tiny_model(vocab_size=tok.get_vocab_size())
+    train(_tiny_cfg(max_steps=1, eval_every=0, batch_size=4), model=model, data=RunData(tok, ds), log=lines.append)
+    assert any("training data: of 4 examples, 1 lost their whole answer" in line for line in lines), lines
+
+
+def _pair(user: str, chosen: str, rejected: str) -> dict:
+    turn = [{"role": "user", "content": user}]
+    return {"chosen": turn + [{"role": "assistant", "content": chosen}],
+            "rejected": turn + [{"role": "assistant", "content": rejected}]}
+
+
+def dpo_pairs_cut_to_nothing(tmp: Path) -> None:
+    """Pairs whose prompt fills max_length (before: a constant log 2 in the loss, nothing said)."""
+    from minimind_ref.dpo import DPODataset
+
+    short = _pair("hi", "yes", "no")
+    records = [_pair("word " * 80, "yes", "no")] * 2 + [short]
+    length = max(_fits({"conversations": short["chosen"]}), _fits({"conversations": short["rejected"]}))
+    ds = _warned(lambda: DPODataset(records, _course_tokenizer(), max_length=length),
+                 "of 3 pairs, 2 lost their whole answer")
+    assert ds.truncation["no_answer"] == 2 and len(ds) == 3
+    kept = _warned(lambda: DPODataset(records, _course_tokenizer(), max_length=length, drop_truncated=True), "left out")
+    assert len(kept) == 1
+
+
+def dpo_chosen_is_rejected(tmp: Path) -> None:
+    from minimind_ref.dpo import DPODataset
+
+    DPODataset([_pair("hi", "yes", "no"), _pair("hi", "same", "same")], _course_tokenizer(), max_length=128)
+
+
 CASES: List[Case] = [
     # ---- items 2-5: training settings, resume, divergence, batches without targets
     Case("TrainConfig: grad_clip=-1 (was gradient ascent)", _settings(grad_clip=-1), ValueError, "grad_clip=-1"),
@@ -900,7 +1012,7 @@ CASES: List[Case] = [
     Case("train: resume on other data", train_resume_other_data, ValueError, "training data differ"),
     Case("train: resume from a pickled payload", train_resume_pickled_payload, ValueError, "will not unpickle"),
     Case("train: lr=1e9, save_every=1 -> stops before the poisoned update", train_divergence, FloatingPointError, "not updated"),
-    Case("train: a batch without supervised tokens is skipped", train_batch_without_targets, None),
+    Case("train: a batch without supervised tokens is skipped and counted in the log", train_batch_without_targets, None),
     Case("dpo_loss: no masked token -> finite", dpo_loss_without_targets, None),
     Case("group_advantages: a group with equal rewards -> 0, not NaN", grpo_group_without_spread, None),
     Case("group_advantages: rewards not in whole groups", grpo_partial_groups,
@@ -1055,6 +1167,20 @@ ROUND2_CASES: List[Case] = [
     Case("save_stage: a weight beyond float16's range (was blamed on divergence)", stage_fp16_overflow, ValueError,
          "beyond float16's range"),
     Case("shipped stage files carry a digest that verifies", shipped_stages_verify, None),
+    # ---- truncation is counted where it happens (dataset warning, training log); all-skipped runs are errors
+    Case("SFTDataset: 3 of 4 prompts longer than max_length -> counted, warned, drop_truncated", sft_prompts_too_long,
+         None, needs="tokenizers"),
+    Case("SFTDataset: an answer cut mid-way (no <|im_end|>) -> counted, warned", sft_answer_cut, None, needs="tokenizers"),
+    Case("SFTDataset: no supervised token at all", sft_nothing_supervised, ValueError, "is supervised", needs="tokenizers"),
+    Case("SFTDataset: nothing cut -> no warning", sft_fits_no_warning, None, needs="tokenizers"),
+    Case("train: truncated training data -> a note in the training log", train_log_reports_truncation, None,
+         needs="tokenizers"),
+    Case("train: every step skipped (no supervised token) -> error (was: returned, weights unchanged)",
+         train_every_batch_without_targets, ValueError, "every one of the 2 steps was skipped"),
+    Case("DPODataset: pairs cut to nothing (was a constant log 2) -> counted, warned, drop_truncated",
+         dpo_pairs_cut_to_nothing, None, needs="tokenizers"),
+    Case("DPODataset: chosen == rejected -> error (a design choice: no preference in it)", dpo_chosen_is_rejected,
+         ValueError, "states no preference", needs="tokenizers"),
 ]
 
 TABLE: List[Case] = CASES + TRAIN_CASES + ROUND2_CASES
