@@ -257,6 +257,10 @@ def concat_pairs(batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, torch.Te
     missing = [k for k in DPODataset.KEYS if k not in batch]
     if missing:
         raise ValueError(f"a DPO batch needs the keys {DPODataset.KEYS}; missing {missing}.")
+    shapes = {k: tuple(batch[k].shape) for k in DPODataset.KEYS}
+    if len(set(shapes.values())) != 1 or len(shapes["x_chosen"]) != 2:
+        raise ValueError(f"every tensor of a DPO batch must be [pairs, seq] with one row per pair on each side (row i "
+                         f"of the chosen and of the rejected tensors is pair i), all of one shape; got {shapes}.")
     x = torch.cat([batch["x_chosen"], batch["x_rejected"]], dim=0)
     y = torch.cat([batch["y_chosen"], batch["y_rejected"]], dim=0)
     mask = torch.cat([batch["mask_chosen"], batch["mask_rejected"]], dim=0)
@@ -264,6 +268,19 @@ def concat_pairs(batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, torch.Te
 
 
 # ---------------------------------------------------------------------- the objective
+def check_reference(policy: torch.nn.Module, ref_model: Optional[torch.nn.Module]) -> None:
+    """Refuse a reference that is the policy itself or shares its parameters (``ValueError``,
+    raised before anything is changed): the reference must stay fixed while the policy trains,
+    and freezing it would freeze the policy too."""
+    if ref_model is None or not isinstance(ref_model, torch.nn.Module):
+        return
+    policy_storage = {p.data_ptr() for p in policy.parameters() if p.data_ptr()}
+    if ref_model is policy or any(p.data_ptr() in policy_storage for p in ref_model.parameters()):
+        raise ValueError("ref_model is the policy itself (or shares its parameters): the reference must stay fixed "
+                         "while the policy trains, and freezing it would freeze the policy. Pass ref_model='copy' (the "
+                         "default: a frozen copy made before training) or ref_model=freeze_reference(model).")
+
+
 def freeze_reference(model: torch.nn.Module) -> torch.nn.Module:
     """A frozen copy of ``model`` to serve as the reference: eval mode, ``requires_grad`` off
     (upstream loads the SFT weights a second time and does the same)."""
@@ -308,6 +325,7 @@ class DPOObjective:
             return self.ref_model(x).logits.detach()
 
     def __call__(self, model: torch.nn.Module, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        check_reference(model, self.ref_model)
         x, y, mask = concat_pairs(batch)
         ref_logits = self._reference_logits(x)
         out = model(x)
@@ -429,14 +447,15 @@ def train_dpo(model: torch.nn.Module, tokenizer: Any, cfg: "Optional[TrainConfig
     """DPO with ``minimind_ref.train``'s loop; ``model`` (the policy) is trained in place.
 
     ``ref_model``: ``"copy"`` (default) freezes a copy of ``model`` before training, as upstream
-    does; a module is used as given (frozen); ``None`` trains without a reference (the
-    ablation). The default evaluation logs the objective's metrics on ``data.val``
+    does; a module is used as given (frozen; the policy itself is refused, see ``check_reference``);
+    ``None`` trains without a reference (the ablation). The default evaluation logs the objective's metrics on ``data.val``
     (``history["eval_reward_accuracy"]``, ``eval_margin``, ...). Returns the ``TrainResult``;
     the objective (with its reference) is ``result.objective``."""
     from .train import TrainConfig, evaluate_objective, train
 
     if isinstance(ref_model, str) and ref_model != "copy":
         raise ValueError(f"ref_model must be 'copy', a model, or None (no reference), got {ref_model!r}.")
+    check_reference(model, ref_model)
     cfg = cfg if cfg is not None else TrainConfig.from_json(DPO_CONFIG)
     if isinstance(ref_model, str):
         ref_model = freeze_reference(model)

@@ -998,6 +998,43 @@ def dpo_chosen_is_rejected(tmp: Path) -> None:
     DPODataset([_pair("hi", "yes", "no"), _pair("hi", "same", "same")], _course_tokenizer(), max_length=128)
 
 
+# ---------------------------------------------------------------------- GRPO rewards, the policy as its own reference, DPO pairing
+def _grpo_step(**changes: Any) -> Callable[[Path], Any]:
+    """One GRPOObjective call on a tiny model with the course tokenizer (2 completions of 2 tokens)."""
+
+    def run(tmp: Path) -> Any:
+        from minimind_ref import chat_data
+        from minimind_ref.grpo import GRPOObjective
+
+        tok = _course_tokenizer()
+        policy = tiny_model(vocab_size=tok.get_vocab_size(), max_position_embeddings=256).train()
+        args = dict(ref_model=tiny_model(vocab_size=tok.get_vocab_size(), max_position_embeddings=256), tokenizer=tok,
+                    num_generations=2, max_new_tokens=2)
+        args.update(changes)
+        return GRPOObjective(**args)(policy, chat_data.rl_prompts(1, 0, "train"))
+    return run
+
+
+def _policy_as_reference(which: str) -> Callable[[Path], Any]:
+    def run(tmp: Path) -> None:
+        from minimind_ref.dpo import train_dpo
+        from minimind_ref.grpo import train_grpo
+
+        model = tiny_model().train()
+        try:
+            (train_dpo if which == "dpo" else train_grpo)(model, _course_tokenizer(), ref_model=model)
+        finally:
+            assert all(p.requires_grad for p in model.parameters()), "the caller's model was frozen"
+    return run
+
+
+def dpo_one_chosen_three_rejected(tmp: Path) -> None:
+    from minimind_ref.dpo import DPODataset, concat_pairs
+
+    batch = {k: torch.zeros(1 if k.endswith("chosen") else 3, 5, dtype=torch.long) for k in DPODataset.KEYS}
+    concat_pairs(batch)
+
+
 CASES: List[Case] = [
     # ---- items 2-5: training settings, resume, divergence, batches without targets
     Case("TrainConfig: grad_clip=-1 (was gradient ascent)", _settings(grad_clip=-1), ValueError, "grad_clip=-1"),
@@ -1181,6 +1218,34 @@ ROUND2_CASES: List[Case] = [
          dpo_pairs_cut_to_nothing, None, needs="tokenizers"),
     Case("DPODataset: chosen == rejected -> error (a design choice: no preference in it)", dpo_chosen_is_rejected,
          ValueError, "states no preference", needs="tokenizers"),
+    # ---- GRPO rewards and settings are checked (were 'the loss is nan ... lower the learning rate' or torch errors)
+    Case("GRPOObjective: a NaN reward", _grpo_step(reward_fn=lambda reply, answer: float("nan")), ValueError,
+         "rewards must be finite", needs="tokenizers"),
+    Case("GRPOObjective: an inf reward", _grpo_step(reward_fn=lambda reply, answer: float("inf")), ValueError,
+         "returned inf", needs="tokenizers"),
+    Case("GRPOObjective: a reward of None", _grpo_step(reward_fn=lambda reply, answer: None), TypeError,
+         "it must return a number", needs="tokenizers"),
+    Case("GRPOObjective: a reward '1' (a string)", _grpo_step(reward_fn=lambda reply, answer: "1"), TypeError,
+         "returned '1' (str)", needs="tokenizers"),
+    Case("GRPOObjective: a bool reward counts as 0/1", lambda tmp: _grpo_step(reward_fn=lambda r, a: r == a)(tmp), None,
+         needs="tokenizers"),
+    Case("GRPOObjective: beta=inf", _grpo_step(beta=float("inf")), ValueError, "beta must be a number >= 0 and finite",
+         needs="tokenizers"),
+    Case("GRPOObjective: max_new_tokens=0", _grpo_step(max_new_tokens=0), ValueError, "max_new_tokens must be an int >= 1",
+         needs="tokenizers"),
+    Case("GRPOObjective: temperature=0", _grpo_step(temperature=0.0), ValueError, "temperature must be a finite number > 0",
+         needs="tokenizers"),
+    Case("grpo_loss: beta=inf", _grpo_loss(beta=float("inf")), ValueError, "beta must be a number >= 0 and finite"),
+    Case("group_advantages: a NaN reward", _call(lambda: __import__("minimind_ref.grpo").grpo.group_advantages(torch.tensor([1.0, float("nan")]), 2)),
+         ValueError, "rewards must be finite"),
+    # ---- the policy as its own reference is refused before anything changes (a design choice: no silent copy)
+    Case("train_dpo(model, ref_model=model) -> refused, the model not frozen", _policy_as_reference("dpo"), ValueError,
+         "ref_model is the policy itself", needs="tokenizers"),
+    Case("train_grpo(model, ref_model=model) -> refused, the model not frozen", _policy_as_reference("grpo"), ValueError,
+         "ref_model is the policy itself", needs="tokenizers"),
+    # ---- DPO pairing
+    Case("concat_pairs: 1 chosen row and 3 rejected rows (was paired wrongly)", dpo_one_chosen_three_rejected, ValueError,
+         "one row per pair"),
 ]
 
 TABLE: List[Case] = CASES + TRAIN_CASES + ROUND2_CASES
