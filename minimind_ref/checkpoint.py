@@ -46,7 +46,8 @@ _PLAIN_TYPES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, 
 
 
 # ---------------------------------------------------------------------- saving
-def save_checkpoint(model: MiniMindForCausalLM, path: PathLike, extra: Optional[Dict[str, Any]] = None) -> None:
+def save_checkpoint(model: MiniMindForCausalLM, path: PathLike, extra: Optional[Dict[str, Any]] = None,
+                    allow_lora: bool = False) -> None:
     """Save weights and config (plus ``extra``: the step, the optimizer state, a loss history...).
 
     ``model`` may be wrapped (``DistributedDataParallel``, ``torch.compile``): the inner model is
@@ -60,12 +61,22 @@ def save_checkpoint(model: MiniMindForCausalLM, path: PathLike, extra: Optional[
     that names where it sits in ``extra``.
 
     Raises ``ValueError`` (and writes nothing) when a floating-point tensor of the model or of
-    ``extra`` holds NaN or inf: a diverged run must not overwrite a good checkpoint.
+    ``extra`` holds NaN or inf: a diverged run must not overwrite a good checkpoint; and when the
+    model carries unmerged LoRA adapters, which ``load_checkpoint`` could not rebuild (merge them, or
+    ``save_lora`` them). ``allow_lora=True`` keeps them: the training loop's resume files do, since
+    resuming loads them into the same adapted model.
     """
     model = _unwrap(model)
     if extra is not None and not isinstance(extra, dict):
         raise TypeError(f"extra must be a dict (or None), got {type(extra).__name__}.")
     state_dict = model.state_dict()
+    adapters = [k for k in state_dict if ".lora." in k]
+    if adapters and not allow_lora:
+        raise ValueError(
+            f"the model carries unmerged LoRA adapters ({len(adapters)} tensors, e.g. {adapters[0]!r}), which a "
+            "MiniMindForCausalLM file cannot hold: merge them first (lora.merge_lora(model)) to save the whole model, "
+            "or save the adapters alone with lora.save_lora(model, path)."
+        )
     bad = _first_nonfinite(state_dict.items())
     if bad is not None:
         name, count = bad
@@ -349,7 +360,11 @@ def load_state_dict_strict(model: torch.nn.Module, state_dict: Mapping[str, torc
             if items:
                 shown = ", ".join(items[:8]) + (f", ... ({len(items)} in all)" if len(items) > 8 else "")
                 lines.append(f"  {title}: {shown}")
-        if any(".mlp.experts." in k for k in unexpected) or any(".mlp.experts." in k for k in missing):
+        if any(".lora." in k for k in unexpected):
+            lines.append("  hint: the file holds unmerged LoRA adapters (saved before save_checkpoint refused them): "
+                         "build the model, apply_lora(model, rank) with the file's rank, then "
+                         "model.load_state_dict(torch.load(path)['state_dict']) and merge_lora(model).")
+        elif any(".mlp.experts." in k for k in unexpected) or any(".mlp.experts." in k for k in missing):
             lines.append("  hint: one side is a MoE model; set use_moe to match the checkpoint.")
         else:
             lines.append("  hint: build the model from the checkpoint's config (load_checkpoint does this) "

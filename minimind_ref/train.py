@@ -756,7 +756,7 @@ def train(
             if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
                 raise FloatingPointError(f"not saving step {step}: weight {name} is not finite; the previous "
                                          f"checkpoint in {cfg.out_dir} is kept.")
-        save_checkpoint(raw_model, path + ".tmp", extra=extra)
+        save_checkpoint(raw_model, path + ".tmp", extra=extra, allow_lora=True)  # a LoRA run resumes with its adapters
         os.replace(path + ".tmp", path)  # never leave a half-written checkpoint behind
         return path
 

@@ -38,6 +38,7 @@ import pytest
 import torch
 
 import minimind_ref as mm
+import minimind_ref.lora  # noqa: F401  (mm.lora in the rows)
 from minimind_ref.generation import next_token_logits, sample_next_token, top_k_filter
 from minimind_ref.rope import precompute_freqs_cis
 
@@ -1035,6 +1036,65 @@ def dpo_one_chosen_three_rejected(tmp: Path) -> None:
     concat_pairs(batch)
 
 
+# ---------------------------------------------------------------------- LoRA
+def _adapted(scale: float = 1.0, seed: int = 0) -> mm.MiniMindForCausalLM:
+    from minimind_ref.lora import apply_lora, lora_modules
+
+    model = apply_lora(tiny_model(), rank=4, scale=scale)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, layer in lora_modules(model):
+            layer.lora.B.weight.copy_(torch.randn(layer.lora.B.weight.shape, generator=g))
+    return model
+
+
+def lora_old_checkpoint(tmp: Path) -> None:
+    """A file written before save_checkpoint refused adapters: the hint names them (was: 'fix hidden_size')."""
+    mm.save_checkpoint(_adapted(), tmp / "c.pt", allow_lora=True)
+    mm.load_checkpoint(tmp / "c.pt")
+
+
+def lora_other_scale(tmp: Path) -> None:
+    from minimind_ref.lora import apply_lora, load_lora, save_lora
+
+    save_lora(_adapted(scale=1.0), tmp / "a.pth")
+    load_lora(apply_lora(tiny_model(), rank=4, scale=2.0), tmp / "a.pth")
+
+
+def lora_scale_round_trip(tmp: Path) -> None:
+    """scale 2 is recorded in the file (key lora_scale, ignored by upstream's load_lora) and reloads exactly."""
+    from minimind_ref.lora import apply_lora, load_lora, save_lora
+
+    model = _adapted(scale=2.0)
+    save_lora(model, tmp / "a.pth")
+    assert float(torch.load(tmp / "a.pth", weights_only=True)["lora_scale"]) == 2.0
+    again = apply_lora(tiny_model(), rank=4, scale=2.0)
+    load_lora(again, tmp / "a.pth")
+    ids = _ids()
+    torch.testing.assert_close(again(ids).logits, model(ids).logits, rtol=0, atol=0)
+    save_lora(_adapted(scale=1.0), tmp / "b.pth")
+    assert "lora_scale" not in torch.load(tmp / "b.pth", weights_only=True), "scale 1 files stay upstream's format"
+
+
+def lora_run_saves_and_resumes(tmp: Path) -> None:
+    """The training loop's own resume file keeps the adapters (allow_lora=True), and the run resumes."""
+    from minimind_ref.lora import apply_lora, mark_only_lora_trainable
+    from minimind_ref.train import build_model, train
+
+    def adapted() -> mm.MiniMindForCausalLM:
+        torch.manual_seed(0)
+        model = apply_lora(build_model(_tiny_cfg(), _tiny_data().tokenizer.get_vocab_size()), rank=4)
+        mark_only_lora_trainable(model)
+        return model
+
+    run = tmp / "run"
+    cfg = _tiny_cfg(max_steps=4, out_dir=str(run), eval_every=0)
+    whole = train(cfg.replace(out_dir=None), model=adapted(), data=_tiny_data(), log=lambda s: None)
+    train(cfg, model=adapted(), data=_tiny_data(), stop_at=2, log=lambda s: None)
+    resumed = train(cfg.replace(resume="auto"), model=adapted(), data=_tiny_data(), log=lambda s: None)
+    assert resumed.history["loss"] == whole.history["loss"], (resumed.history["loss"], whole.history["loss"])
+
+
 CASES: List[Case] = [
     # ---- items 2-5: training settings, resume, divergence, batches without targets
     Case("TrainConfig: grad_clip=-1 (was gradient ascent)", _settings(grad_clip=-1), ValueError, "grad_clip=-1"),
@@ -1243,6 +1303,17 @@ ROUND2_CASES: List[Case] = [
          "ref_model is the policy itself", needs="tokenizers"),
     Case("train_grpo(model, ref_model=model) -> refused, the model not frozen", _policy_as_reference("grpo"), ValueError,
          "ref_model is the policy itself", needs="tokenizers"),
+    # ---- LoRA
+    Case("save_checkpoint: unmerged LoRA adapters (was a file load_checkpoint could not read)",
+         lambda tmp: mm.save_checkpoint(_adapted(), tmp / "c.pt"), ValueError, "unmerged lora adapters"),
+    Case("load_checkpoint: an older file with unmerged adapters -> the hint names them (was: 'fix hidden_size')",
+         lora_old_checkpoint, ValueError, "the file holds unmerged lora adapters"),
+    Case("train: a LoRA run saves its adapters in ckpt.pt and resumes", lora_run_saves_and_resumes, None),
+    Case("apply_lora: scale=0 (trained nothing, no word)", _call(lambda: mm.lora.apply_lora(tiny_model(), rank=4, scale=0)),
+         ValueError, "scale=0 switches the adapters off"),
+    Case("load_lora: a file saved with scale 1 into adapters of scale 2 (logits changed silently)", lora_other_scale,
+         ValueError, "was trained with scale 1.0"),
+    Case("save_lora/load_lora: scale 2 is recorded and reloads exactly", lora_scale_round_trip, None),
     # ---- DPO pairing
     Case("concat_pairs: 1 chosen row and 3 rejected rows (was paired wrongly)", dpo_one_chosen_three_rejected, ValueError,
          "one row per pair"),
