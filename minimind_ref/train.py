@@ -56,8 +56,9 @@ TOKENIZER_NAME = "tokenizer.json"
 # ---------------------------------------------------------------------- configuration
 CONFIG_DIR = Path(__file__).with_name("configs")
 # Options a resumed run may change; any other difference from the checkpoint's run is an error.
+# lr, min_lr and grad_clip may change: resuming with a lower learning rate is the way out of a divergence.
 RESUMABLE_CHANGES = frozenset({"eval_every", "eval_batches", "eval_problems", "log_every", "save_every", "out_dir",
-                               "resume", "device", "dtype", "progress", "deterministic"})
+                               "resume", "device", "dtype", "progress", "deterministic", "lr", "min_lr", "grad_clip"})
 
 
 def _is_int(v: Any) -> bool:
@@ -651,10 +652,15 @@ def train(
     ``print`` on the first process). Under torchrun (``WORLD_SIZE`` > 1) the process group is
     created here if needed.
 
-    Safety: resuming checks the checkpoint's settings, tokenizer and data fingerprint *before*
-    anything in ``out_dir`` is written; a non-finite loss or gradient raises before the update,
-    so no checkpoint ever holds diverged weights; checkpoints and run files are written to a
-    temporary name and renamed.
+    Safety: resuming checks the checkpoint's settings, tokenizer, data fingerprint and weight
+    digest *before* anything in ``out_dir`` is written (``lr``, ``min_lr`` and ``grad_clip`` may
+    change: resuming with a lower learning rate is the way out of a divergence). A non-finite loss
+    or gradient raises ``FloatingPointError`` before the update, naming the checkpoint kept. A
+    periodic checkpoint (``save_every``) goes to ``ckpt.pt.pending`` and replaces ``ckpt.pt`` only
+    once the next step's loss, computed on its weights, is finite, so a diverging update never
+    reaches ``ckpt.pt``; a next-token loss above 2 ln(vocab_size) is logged as a divergence
+    warning. The data's truncation counts and the number of skipped steps are logged when not 0,
+    and a run whose every step was skipped is a ``ValueError``. Every file is written atomically.
     """
     rank, world, local_rank = dist_info()
     device = resolve_device(cfg, local_rank, world)
@@ -735,6 +741,9 @@ def train(
         if hasattr(tokenizer, "save") and not (resume and os.path.exists(tok_path)):
             save_tokenizer(tokenizer, tok_path)  # atomic
         _write_json_atomic(os.path.join(cfg.out_dir, "train_config.json"), cfg.to_dict())
+        stale = os.path.join(cfg.out_dir, CHECKPOINT_NAME + ".pending")
+        if os.path.exists(stale):  # left by a run killed before the next step could vouch for it
+            os.remove(stale)
 
     raw_model = model
     if world > 1:
@@ -746,19 +755,62 @@ def train(
     end_step = cfg.max_steps if stop_at is None else min(stop_at, cfg.max_steps)
     n_train = len(data.train)
 
-    def checkpoint(step: int) -> Optional[str]:
+    ckpt_file = os.path.join(cfg.out_dir, CHECKPOINT_NAME) if cfg.out_dir else None
+    pending_file = ckpt_file + ".pending" if ckpt_file else None
+    kept_step = start_step if blob is not None else None  # the step ckpt.pt holds (None: no checkpoint yet)
+    pending_step: Optional[int] = None  # the step ckpt.pt.pending holds
+
+    def checkpoint(step: int, pending: bool = False) -> Optional[str]:
+        """Save the run at ``step`` (atomically). ``pending``: to ckpt.pt.pending, which becomes ckpt.pt
+        only after the next step's loss, computed on these weights, is finite (``promote``)."""
+        nonlocal kept_step, pending_step
         if not (cfg.out_dir and is_main):
             return None
-        path = os.path.join(cfg.out_dir, CHECKPOINT_NAME)
         extra = {"step": step, "optimizer": optimizer.state_dict(), "history": history,
                  "train_config": cfg.to_dict(), "rng": _rng_state(device), "data_fingerprint": fingerprint}
         for name, tensor in raw_model.state_dict().items():
             if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
                 raise FloatingPointError(f"not saving step {step}: weight {name} is not finite; the previous "
                                          f"checkpoint in {cfg.out_dir} is kept.")
-        save_checkpoint(raw_model, path + ".tmp", extra=extra, allow_lora=True)  # a LoRA run resumes with its adapters
-        os.replace(path + ".tmp", path)  # never leave a half-written checkpoint behind
-        return path
+        # a LoRA run resumes with its adapters (allow_lora)
+        save_checkpoint(raw_model, pending_file if pending else ckpt_file, extra=extra, allow_lora=True)
+        if pending:
+            pending_step = step
+            return None
+        kept_step, pending_step = step, None
+        if os.path.exists(pending_file):
+            os.remove(pending_file)
+        return ckpt_file
+
+    def promote() -> Optional[str]:
+        """The pending checkpoint's weights gave a finite loss: it becomes ckpt.pt."""
+        nonlocal kept_step, pending_step
+        if pending_step is None:
+            return ckpt_path
+        os.replace(pending_file, ckpt_file)
+        kept_step, pending_step = pending_step, None
+        return ckpt_file
+
+    def diverged(err: FloatingPointError, step: int) -> FloatingPointError:
+        """The loop's message for a non-finite loss or gradient: what was kept, and how to go on."""
+        if pending_step is not None:
+            os.remove(pending_file)  # its weights are the ones that just gave the non-finite value
+        what = str(err).split(";")[0]
+        if kept_step is not None and kept_step == step:
+            where = (f"The last checkpoint, {ckpt_file} (step {kept_step}), holds the weights that give this value (the "
+                     "run that saved it ended on a diverging update): start again from an earlier copy, or from "
+                     "scratch, with a lower learning rate.")
+        elif kept_step is not None:
+            where = (f"The last checkpoint, {ckpt_file}, holds step {kept_step}, whose weights still gave a finite loss "
+                     "(later saves were not kept). Resume it with a lower learning rate: train(cfg.replace(lr=..., "
+                     "resume='auto')), or --set resume=auto lr=... on the command line (lr, min_lr and grad_clip may "
+                     "change on resume).")
+        elif cfg.out_dir:
+            where = ("No checkpoint of this run is kept: the first one saved would already hold weights that give this "
+                     "value. Start the run again with a lower learning rate (or a smaller grad_clip).")
+        else:
+            where = "Start the run again with a lower learning rate (or a smaller grad_clip); set out_dir to keep checkpoints."
+        return FloatingPointError(f"{what} at step {step}; the weights were NOT updated. {where}")
 
     def run_eval(step: int) -> None:
         metrics = evaluate(raw_model, step)
@@ -784,6 +836,9 @@ def train(
     tokens_seen = 0
     tokens_per_s = 0.0
     ckpt_path = None
+    # next-token losses above 2 ln(vocab) (twice the loss of guessing uniformly) mean a diverging run
+    vocab = getattr(getattr(raw_model, "config", None), "vocab_size", None)
+    blowup = 2 * math.log(vocab) if objective is lm_objective and step_fn is None and isinstance(vocab, int) else None
     if start_step == 0 and cfg.eval_every and not history["eval_step"] and is_main:
         run_eval(0)
     for step in range(start_step, end_step):
@@ -795,17 +850,22 @@ def train(
         idx = data_mod.shard(data_mod.global_batch_indices(n_train, cfg.batch_size, step, cfg.seed), rank, world)
         batch = move_to(data.train.batch(idx), device)
         tic = time.perf_counter()
-        if step_fn is not None:
-            with (autocast() if autocast is not None else contextlib.nullcontext()):
-                got = step_fn(model, optimizer, batch, cfg.grad_clip)
-            metrics = dict(got) if isinstance(got, dict) else {"loss": got}
-            metrics = {k: torch.as_tensor(float(v)) for k, v in metrics.items()}
-            metrics.setdefault("grad_norm", torch.tensor(float("nan")))
-            _check_finite("the loss", metrics["loss"], f"at step {step}")
-        else:
-            metrics = objective_step(model, optimizer, batch, objective, cfg.grad_clip, autocast)
-            if world > 1 and float(metrics.get("skipped", 0.0)):
-                raise RuntimeError("a distributed step had no supervised token on one process.")
+        try:
+            if step_fn is not None:
+                with (autocast() if autocast is not None else contextlib.nullcontext()):
+                    got = step_fn(model, optimizer, batch, cfg.grad_clip)
+                metrics = dict(got) if isinstance(got, dict) else {"loss": got}
+                metrics = {k: torch.as_tensor(float(v)) for k, v in metrics.items()}
+                metrics.setdefault("grad_norm", torch.tensor(float("nan")))
+                _check_finite("the loss", metrics["loss"], f"at step {step}")
+            else:
+                metrics = objective_step(model, optimizer, batch, objective, cfg.grad_clip, autocast)
+                if world > 1 and float(metrics.get("skipped", 0.0)):
+                    raise RuntimeError("a distributed step had no supervised token on one process.")
+        except FloatingPointError as err:
+            raise diverged(err, step) from None
+        if not float(metrics.get("skipped", 0.0)):
+            ckpt_path = promote()  # this step's loss was computed on the pending checkpoint's weights
         names = sorted(k for k in metrics if k not in ("grad_norm", "skipped"))
         values = torch.stack([metrics[k].float().to(device) for k in names])
         if world > 1:  # the global mean, as one process with the whole batch would log it
@@ -829,6 +889,11 @@ def train(
         for k, v in logged.items():
             history.setdefault(k, [float("nan")] * (len(history["step"]) - 1)).append(v)
         loss_f = logged["loss"]
+        if blowup is not None and loss_f > blowup and is_main:
+            log(f"warning: the loss at step {step + 1} is {loss_f:.4g}, more than twice ln(vocab_size) = {blowup / 2:.2f} "
+                "(the loss of guessing uniformly): the run is diverging. Lower the learning rate (a run resumes with "
+                "another lr).")
+            blowup = None  # said once
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{loss_f:.3f}", tok_s=f"{tokens_per_s:,.0f}")
@@ -836,12 +901,14 @@ def train(
             log(f"step {step + 1}/{cfg.max_steps} | loss {loss_f:.4f} | lr {lr:.2e} | {tokens_per_s:,.0f} tok/s")
         if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.max_steps) and is_main:
             run_eval(step + 1)
-        if cfg.save_every and (step + 1) % cfg.save_every == 0:
-            ckpt_path = checkpoint(step + 1)
+        if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < end_step:
+            checkpoint(step + 1, pending=True)  # kept once the next step's loss is finite
     if bar is not None:
         bar.close()
     skipped = int(sum(history["skipped"][len(history["skipped"]) - (end_step - start_step):])) if end_step > start_step else 0
     if end_step > start_step and skipped == end_step - start_step:
+        if pending_step is not None:
+            os.remove(pending_file)
         raise ValueError(
             f"every one of the {skipped} steps was skipped: no batch held a supervised token (every label was -100), "
             "so the weights did not change. For chat data the prompts probably fill max_length (see the dataset's "

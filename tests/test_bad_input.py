@@ -23,6 +23,7 @@ import collections
 import functools
 import importlib.util
 import io
+import math
 import os
 import signal
 import subprocess
@@ -1095,6 +1096,51 @@ def lora_run_saves_and_resumes(tmp: Path) -> None:
     assert resumed.history["loss"] == whole.history["loss"], (resumed.history["loss"], whole.history["loss"])
 
 
+# ---------------------------------------------------------------------- divergence: what is kept, and the advice works
+def diverged_keeps_no_destroyed_checkpoint(tmp: Path) -> None:
+    """lr=1e9, save_every=1: step 1's weights (|w| ~ 1e9) were kept as ckpt.pt; now a save is kept only once the
+    next step's loss, computed on its weights, is finite."""
+    from minimind_ref.train import train
+
+    run = tmp / "run"
+    try:
+        train(_tiny_cfg(max_steps=6, lr=1e9, min_lr=0.0, warmup_steps=0, eval_every=0, save_every=1, grad_clip=None,
+                        out_dir=str(run)), data=_tiny_data(), log=lambda s: None)
+    finally:
+        assert not (run / "ckpt.pt").exists(), "a checkpoint of destroyed weights was kept"
+        assert not (run / "ckpt.pt.pending").exists(), "a pending checkpoint was left behind"
+
+
+def diverged_then_resume_lower_lr(tmp: Path) -> None:
+    """A run diverges after a good checkpoint: the error names it, and the advice (resume with a lower lr) works
+    (before: resume refused the changed lr)."""
+    from minimind_ref.train import train
+
+    run = tmp / "run"
+    cfg = _tiny_cfg(max_steps=6, eval_every=0, save_every=1, out_dir=str(run), warmup_steps=0, grad_clip=None)
+    quiet = lambda s: None  # noqa: E731
+    train(cfg, data=_tiny_data(), stop_at=2, log=quiet)
+    try:
+        train(cfg.replace(lr=1e9, min_lr=0.0, resume="auto"), data=_tiny_data(), log=quiet)
+    except FloatingPointError as err:
+        assert "holds step 2" in str(err) and "resume='auto'" in str(err), str(err)
+    else:
+        raise AssertionError("lr=1e9 should diverge")
+    assert torch.load(run / "ckpt.pt", weights_only=True)["extra"]["step"] == 2
+    done = train(cfg.replace(lr=1e-3, min_lr=1e-4, resume="auto"), data=_tiny_data(), log=quiet)
+    assert done.step == 6 and all(math.isfinite(v) and v < 10 for v in done.history["loss"]), done.history["loss"]
+
+
+def loss_blowup_warns(tmp: Path) -> None:
+    """lr=10: the loss goes from 5.9 to 1,172 and stays finite; the log now says the run is diverging."""
+    from minimind_ref.train import train
+
+    lines: List[str] = []
+    train(_tiny_cfg(max_steps=3, lr=10.0, min_lr=0.0, warmup_steps=0, eval_every=0, grad_clip=None), data=_tiny_data(),
+          log=lines.append)
+    assert sum("the run is diverging" in line for line in lines) == 1, lines
+
+
 CASES: List[Case] = [
     # ---- items 2-5: training settings, resume, divergence, batches without targets
     Case("TrainConfig: grad_clip=-1 (was gradient ascent)", _settings(grad_clip=-1), ValueError, "grad_clip=-1"),
@@ -1303,6 +1349,12 @@ ROUND2_CASES: List[Case] = [
          "ref_model is the policy itself", needs="tokenizers"),
     Case("train_grpo(model, ref_model=model) -> refused, the model not frozen", _policy_as_reference("grpo"), ValueError,
          "ref_model is the policy itself", needs="tokenizers"),
+    # ---- divergence: no checkpoint of destroyed weights, and the advice given works
+    Case("train: lr=1e9, save_every=1 -> no checkpoint of destroyed weights kept (was step 1, |w| 1e9)",
+         diverged_keeps_no_destroyed_checkpoint, FloatingPointError, "no checkpoint of this run is kept"),
+    Case("train: diverged after a good checkpoint -> named; resume with a lower lr works (was refused)",
+         diverged_then_resume_lower_lr, None),
+    Case("train: a finite loss blow-up (lr=10: 5.9 -> 1,172) -> a warning in the log", loss_blowup_warns, None),
     # ---- LoRA
     Case("save_checkpoint: unmerged LoRA adapters (was a file load_checkpoint could not read)",
          lambda tmp: mm.save_checkpoint(_adapted(), tmp / "c.pt"), ValueError, "unmerged lora adapters"),
