@@ -34,7 +34,7 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Tuple, Union
 import numpy as np
 import torch
 
-from .config import MiniMindConfig
+from .config import YARN_ROPE_SCALING, MiniMindConfig, validate_rope_scaling
 from .files import DIGEST_KEY, expand, save_torch, weights_digest
 from .model import MiniMindForCausalLM
 
@@ -85,9 +85,38 @@ def save_checkpoint(model: MiniMindForCausalLM, path: PathLike, extra: Optional[
             "(the run has diverged: lower the learning rate or check the data); the previous file is kept."
         )
     extra = _clean(extra or {}, "extra")
-    blob = {"format": FORMAT, "config": model.config.to_dict(), "state_dict": state_dict, "extra": extra,
+    blob = {"format": FORMAT, "config": _config_dict(model.config), "state_dict": state_dict, "extra": extra,
             DIGEST_KEY: weights_digest(state_dict)}
     _atomic_save(blob, path)
+
+
+def _derived_rope_scaling(config: MiniMindConfig) -> Any:
+    return dict(YARN_ROPE_SCALING) if config.inference_rope_scaling else None
+
+
+def _config_dict(config: MiniMindConfig) -> Dict[str, Any]:
+    """``config.to_dict()``, plus ``rope_scaling`` when it was set by hand (the constructor derives
+    it from ``inference_rope_scaling``, so ``to_dict`` leaves it out and a custom one was lost)."""
+    d = config.to_dict()
+    if config.rope_scaling != _derived_rope_scaling(config):
+        d["rope_scaling"] = dict(config.rope_scaling) if config.rope_scaling is not None else None
+    return d
+
+
+def _config_from_dict(d: Mapping[str, Any], overrides: Mapping[str, Any]) -> MiniMindConfig:
+    """The config a file recorded (``_config_dict``), with ``overrides``; a hand-set ``rope_scaling`` is restored."""
+    d = dict(d)
+    if "inference_rope_scaling" in overrides and "rope_scaling" not in overrides:
+        d.pop("rope_scaling", None)  # the caller chose the derived setting
+    d.update(overrides)
+    has_scaling = "rope_scaling" in d
+    scaling = d.pop("rope_scaling", None)
+    config = MiniMindConfig(**d)
+    if has_scaling and scaling != config.rope_scaling:
+        if scaling is not None:
+            validate_rope_scaling(scaling)
+        config.rope_scaling = scaling
+    return config
 
 
 def _unwrap(model: Any) -> Any:
@@ -402,7 +431,7 @@ def load_checkpoint(
             raise ValueError(f"{os.fspath(path)} is a damaged minimind_ref checkpoint: its 'state_dict' or 'config' is missing.")
         state_dict = blob["state_dict"]
         if config is None:
-            config = MiniMindConfig(**{**blob["config"], **config_overrides})
+            config = _config_from_dict(blob["config"], config_overrides)
         elif config_overrides:
             config = config.replace(**config_overrides)
     elif isinstance(blob, dict) and blob and all(isinstance(v, torch.Tensor) for v in blob.values()):

@@ -6,7 +6,9 @@
 Needs the optional extra ``pip install minimind-ref[hf]`` (``transformers``). The state-dict
 keys are identical, so conversion is a config translation plus ``load_state_dict(strict=True)``.
 Not convertible: MoE models (Llama has no experts) and YaRN-scaled RoPE (transformers' YaRN
-computes different frequencies and attention factor than MiniMind's).
+computes different frequencies and attention factor than MiniMind's). ``dropout`` travels as
+Llama's ``attention_dropout`` and ``flash_attn`` as the attention implementation (``sdpa`` /
+``eager``), so a round trip keeps both (Llama applies dropout to the attention weights only).
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ def to_hf_llama_config(config: MiniMindConfig) -> Any:
         attention_dropout=config.dropout,
         bos_token_id=config.bos_token_id,
         eos_token_id=config.eos_token_id,
+        # MiniMind's flash_attn switch is transformers' attention implementation (sdpa or eager)
+        attn_implementation="sdpa" if config.flash_attn else "eager",
     )
 
 
@@ -116,6 +120,8 @@ def from_hf_llama(hf_model: Any, **config_overrides: Any) -> MiniMindForCausalLM
         "num_key_value_heads": c.num_key_value_heads, "hidden_act": c.hidden_act,
         "max_position_embeddings": c.max_position_embeddings, "rms_norm_eps": c.rms_norm_eps,
         "rope_theta": c.rope_theta, "bos_token_id": c.bos_token_id, "eos_token_id": c.eos_token_id,
+        "dropout": getattr(c, "attention_dropout", 0.0) or 0.0,
+        "flash_attn": getattr(c, "_attn_implementation", None) != "eager",
         **config_overrides,
     })
     model = MiniMindForCausalLM(config)

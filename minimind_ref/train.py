@@ -278,7 +278,13 @@ def objective_step(
     clip the global gradient norm to ``max_grad_norm`` (None: no clipping) -> ``optimizer.step()``
     -> ``zero_grad``. A non-finite loss or gradient norm raises ``FloatingPointError`` *before*
     the update, so the weights (and any checkpoint saved later) stay finite. A batch whose
-    ``tokens`` metric is 0 is skipped: no update, ``skipped`` = 1 in the metrics."""
+    ``tokens`` metric is 0 is skipped: no update, ``skipped`` = 1 in the metrics.
+    ``max_grad_norm`` must be None or a positive number (a negative one would reverse the update)."""
+    if max_grad_norm is not None and (isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, (int, float))
+                                      or math.isnan(max_grad_norm) or max_grad_norm <= 0):
+        raise ValueError(f"max_grad_norm={max_grad_norm!r} is invalid: expected a positive number (the largest allowed "
+                         "gradient norm) or None for no clipping; 0 would zero every update and a negative value would "
+                         "reverse it (gradient ascent).")
     with (autocast() if autocast is not None else contextlib.nullcontext()):
         metrics = objective(model, batch)
     loss = metrics["loss"]

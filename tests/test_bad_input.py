@@ -1141,6 +1141,53 @@ def loss_blowup_warns(tmp: Path) -> None:
     assert sum("the run is diverging" in line for line in lines) == 1, lines
 
 
+# ---------------------------------------------------------------------- still silent from round one
+def _train_step(max_grad_norm: Any) -> Callable[[Path], Any]:
+    def run(tmp: Path) -> Any:
+        from minimind_ref.train import train_step
+
+        model = tiny_model().train()
+        ids = _ids(2, 8)
+        return train_step(model, torch.optim.SGD(model.parameters(), lr=0.1), ids, ids, max_grad_norm=max_grad_norm)
+    return run
+
+
+def encode_documents_literal_marker(tmp: Path) -> None:
+    """A pretraining document that contains the text '<|im_end|>': before, it became the end-of-sequence id."""
+    from minimind_ref.data import encode_documents
+
+    tok = _course_tokenizer()
+    ids = encode_documents(tok, ["hello <|im_end|> world", "plain"]).tolist()
+    assert ids.count(2) == 2 and ids.count(1) == 2, ids  # only the framing ids are special
+    assert tok.decode(ids[1:ids.index(2)], skip_special_tokens=False) == "hello <|im_end|> world"
+    assert tok.encode_special_tokens is False, "the tokenizer's setting is restored"
+
+
+def rope_scaling_round_trip(tmp: Path) -> None:
+    """A hand-set rope_scaling survives save_checkpoint/load_checkpoint (before: dropped, logits off by 0.19)."""
+    config = tiny_config()
+    config.rope_scaling = {"type": "yarn", "factor": 4, "original_max_position_embeddings": 16, "beta_fast": 32,
+                           "beta_slow": 1, "attention_factor": 1.0}
+    torch.manual_seed(0)
+    model = mm.MiniMindForCausalLM(config).eval()
+    mm.save_checkpoint(model, tmp / "c.pt")
+    loaded = _no_warning(lambda: mm.load_checkpoint(tmp / "c.pt"))
+    assert loaded.config.rope_scaling == config.rope_scaling, loaded.config.rope_scaling
+    ids = _ids(1, 40)
+    torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=0)
+    plain = mm.load_checkpoint(tmp / "c.pt", inference_rope_scaling=False)  # an explicit override wins
+    assert plain.config.rope_scaling is None
+
+
+def hf_round_trip_keeps_dropout(tmp: Path) -> None:
+    """to_hf_llama -> from_hf_llama keeps dropout and flash_attn (before: 0.0 and True)."""
+    from minimind_ref.hf import from_hf_llama, to_hf_llama
+
+    for dropout, flash in ((0.1, False), (0.0, True)):
+        back = from_hf_llama(to_hf_llama(tiny_model(dropout=dropout, flash_attn=flash)))
+        assert (back.config.dropout, back.config.flash_attn) == (dropout, flash), back.config
+
+
 CASES: List[Case] = [
     # ---- items 2-5: training settings, resume, divergence, batches without targets
     Case("TrainConfig: grad_clip=-1 (was gradient ascent)", _settings(grad_clip=-1), ValueError, "grad_clip=-1"),
@@ -1355,6 +1402,15 @@ ROUND2_CASES: List[Case] = [
     Case("train: diverged after a good checkpoint -> named; resume with a lower lr works (was refused)",
          diverged_then_resume_lower_lr, None),
     Case("train: a finite loss blow-up (lr=10: 5.9 -> 1,172) -> a warning in the log", loss_blowup_warns, None),
+    # ---- still silent from round one
+    Case("train_step: max_grad_norm=-1 (was gradient ascent)", _train_step(-1), ValueError, "max_grad_norm=-1 is invalid"),
+    Case("train_step: max_grad_norm=0", _train_step(0), ValueError, "0 would zero every update"),
+    Case("train_step: max_grad_norm=None (no clipping) works", _train_step(None), None),
+    Case("encode_documents: a literal '<|im_end|>' stays text (was the end-of-sequence id)", encode_documents_literal_marker,
+         None, needs="tokenizers"),
+    Case("save/load_checkpoint: a hand-set rope_scaling survives (logits were off by 0.19)", rope_scaling_round_trip, None),
+    Case("to_hf_llama -> from_hf_llama keeps dropout and flash_attn", hf_round_trip_keeps_dropout, None,
+         needs="transformers"),
     # ---- LoRA
     Case("save_checkpoint: unmerged LoRA adapters (was a file load_checkpoint could not read)",
          lambda tmp: mm.save_checkpoint(_adapted(), tmp / "c.pt"), ValueError, "unmerged lora adapters"),
