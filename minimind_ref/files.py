@@ -10,7 +10,8 @@ tokenizer, JSON and markdown reports) goes through ``atomic_write``:
 3. ``os.replace`` renames it over the target in one step, and the folder is ``fsync``-ed.
 
 A process killed at any moment therefore leaves either the previous file or the new one, never a
-mix (at worst a hidden ``.NAME.*.tmp`` stays behind). A failed write (a full disk, a read-only
+mix (a hidden ``.NAME.<pid>.*.tmp`` may stay behind; the next write of ``NAME`` removes it once
+its process is gone). A failed write (a full disk, a read-only
 folder) removes the temporary file and raises ``OSError`` naming the target and saying that the
 previous file is intact. Paths starting with ``~`` mean the home folder, as in a shell.
 
@@ -101,6 +102,28 @@ def atomic_write(path: PathLike, mode: str = "wb", encoding: str = "utf-8") -> I
             os.fsync(fd)
         finally:
             os.close(fd)
+    _remove_stale_temporaries(folder, os.path.basename(path))
+
+
+def _remove_stale_temporaries(folder: str, name: str) -> None:
+    """Remove ``.NAME.<pid>.*.tmp`` files left by killed writers (their process no longer exists)."""
+    prefix = f".{name}."
+    with contextlib.suppress(OSError):
+        for entry in os.listdir(folder):
+            if not (entry.startswith(prefix) and entry.endswith(".tmp")):
+                continue
+            pid = entry[len(prefix):].split(".")[0]
+            if not pid.isdigit() or int(pid) == os.getpid():
+                continue
+            try:
+                os.kill(int(pid), 0)
+                continue  # that process is alive (perhaps writing the same file): leave its file
+            except ProcessLookupError:
+                pass
+            except OSError:
+                continue  # alive but not ours (EPERM)
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(folder, entry))
 
 
 def write_text(path: PathLike, text: str) -> None:

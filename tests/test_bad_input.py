@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Callable, List, NamedTuple, Optional, Tuple
@@ -1188,6 +1189,138 @@ def hf_round_trip_keeps_dropout(tmp: Path) -> None:
         assert (back.config.dropout, back.config.flash_attn) == (dropout, flash), back.config
 
 
+# ---------------------------------------------------------------------- kills at random moments of every writer
+_WRITERS_CHILD = """
+import os, sys, time
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+from unittest import mock
+import test_bad_input as T
+import minimind_ref as mm
+import minimind_ref.stages as stages
+from minimind_ref.chat_data import save_jsonl
+from minimind_ref.lora import save_lora
+from minimind_ref.tokenizer import save_tokenizer
+from minimind_ref.train import train
+
+folder = Path({folder!r})
+v = T._writer_versions()
+quiet = lambda s: None
+
+def cycle(k):
+    mm.save_checkpoint(v["model"][k], folder / "ckpt.pt")
+    save_lora(v["lora"][k], folder / "adapter.pth")
+    stages.save_stage(v["model"][k], "sft", {{"evaluate_chat": {{"sum_accuracy": k}}}})
+    save_jsonl(v["records"][k], folder / "data.jsonl")
+    save_tokenizer(v["tokenizer"][k], folder / "tokenizer.json")
+    train(T._tiny_cfg(max_steps=3, save_every=1, eval_every=0, out_dir=str(folder / "run")), data=v["data"], log=quiet)
+
+with mock.patch.object(stages, "CHECKPOINT_DIR", folder):
+    cycle(0)
+    start = time.perf_counter()
+    cycle(1)
+    print("ready", time.perf_counter() - start, flush=True)
+    for line in sys.stdin:  # one worker per kill: forked from this warm process, it writes until it is killed
+        pid = os.fork()
+        if pid == 0:
+            for i in range(10**9):
+                cycle(i % 2)
+        print(pid, flush=True)
+        os.waitpid(pid, 0)
+        print("reaped", flush=True)
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def _writer_versions() -> dict:
+    """Two versions of everything the writers child saves (deterministic, so the parent can rebuild them)."""
+    return {"model": [tiny_model(seed=0), tiny_model(seed=1)], "lora": [_adapted(seed=0), _adapted(seed=1)],
+            "records": [_records(3000, "a"), _records(3000, "b")], "tokenizer": [_tokenizer(), _course_tokenizer()],
+            "data": _tiny_data()}
+
+
+def _one_of(value: Any, versions: List[Any], same: Callable[[Any, Any], bool], what: str) -> None:
+    assert any(same(value, v) for v in versions), f"{what} is neither the old nor the new version"
+
+
+def _check_writer_files(folder: Path) -> None:
+    import minimind_ref.stages as stages
+    from minimind_ref.chat_data import load_jsonl
+    from minimind_ref.lora import apply_lora, load_lora, lora_modules
+    from minimind_ref.tokenizer import load_tokenizer
+    from minimind_ref.train import _load_resume_blob
+
+    v = _writer_versions()
+    _one_of(mm.load_checkpoint(folder / "ckpt.pt"), v["model"], _same_weights, "ckpt.pt")
+    adapted = apply_lora(tiny_model(), rank=4)
+    load_lora(adapted, folder / "adapter.pth")
+    _one_of(adapted, v["lora"], lambda a, b: all(torch.equal(x.lora.B.weight, y.lora.B.weight) for (_, x), (_, y)
+                                                  in zip(lora_modules(a), lora_modules(b))), "adapter.pth")
+    with _stage_dir(folder):
+        stages.stage_metadata("sft")  # verifies the digests
+        stage = mm.load_checkpoint(stages.stage_path("sft"))
+    _one_of(stage, [m.half().float() for m in map(lambda m: __import__("copy").deepcopy(m), v["model"])], _same_weights,
+            "sft.pt")
+    _one_of(load_jsonl(folder / "data.jsonl"), v["records"], lambda a, b: a == b, "data.jsonl")
+    _one_of(load_tokenizer(folder / "tokenizer.json").to_str(), [t.to_str() for t in v["tokenizer"]], lambda a, b: a == b,
+            "tokenizer.json")
+    run = folder / "run"
+    if (run / "ckpt.pt").exists():
+        _load_resume_blob(str(run / "ckpt.pt"))  # digest and finite weights: a run could resume from it
+        import json
+
+        json.loads((run / "train_config.json").read_text(encoding="utf-8"))
+
+
+def every_writer_killed_at_random_moments(tmp: Path) -> None:
+    """A process saves a checkpoint, a LoRA file, a stage file, a JSONL file, a tokenizer and a training run
+    (save_every=1) over and over, alternating two versions, and is SIGKILLed at a random moment of that cycle; six
+    times. Every file must then be the old or the new version, whole and verified (the digests)."""
+    import random
+
+    rng = random.Random(30)
+    code = _WRITERS_CHILD.format(tests=str(Path(__file__).parent), folder=str(tmp))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # tiny models: one thread (and fork-safe workers)
+    factory = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = factory.stdout.readline()
+        assert line.startswith("ready"), f"the writer did not start: {line!r} {factory.stderr.read()[-800:]}"
+        cycle = float(line.split()[1])
+        for _ in range(6):
+            factory.stdin.write("go\n")
+            factory.stdin.flush()
+            worker = int(factory.stdout.readline())
+            time.sleep(rng.uniform(0.0, 2 * cycle))
+            os.kill(worker, signal.SIGKILL)
+            assert factory.stdout.readline().strip() == "reaped"
+            _check_writer_files(tmp)
+        factory.stdin.close()  # the factory leaves its loop and exits
+        assert factory.wait(timeout=60) == 0, factory.stderr.read()[-800:]
+        # the next save of each file removes what killed writers left (.NAME.<pid>.*.tmp, ckpt.pt.pending)
+        from minimind_ref.chat_data import save_jsonl
+        from minimind_ref.lora import save_lora
+        from minimind_ref.tokenizer import save_tokenizer
+        from minimind_ref.train import train
+
+        v = _writer_versions()
+        mm.save_checkpoint(v["model"][0], tmp / "ckpt.pt")
+        save_lora(v["lora"][0], tmp / "adapter.pth")
+        with _stage_dir(tmp):
+            __import__("minimind_ref.stages").stages.save_stage(v["model"][0], "sft", {})
+        save_jsonl(v["records"][0], tmp / "data.jsonl")
+        save_tokenizer(v["tokenizer"][0], tmp / "tokenizer.json")
+        train(_tiny_cfg(max_steps=1, eval_every=0, out_dir=str(tmp / "run")), data=v["data"], log=lambda s: None)
+        left = [p.name for p in [*tmp.iterdir(), *(tmp / "run").iterdir()] if p.name.endswith((".tmp", ".pending"))]
+        assert not left, f"left behind after the next saves: {left}"
+    finally:
+        if factory.poll() is None:
+            factory.kill()
+            factory.wait()
+        for stream in (factory.stdin, factory.stdout, factory.stderr):
+            stream.close()
+
+
 CASES: List[Case] = [
     # ---- items 2-5: training settings, resume, divergence, batches without targets
     Case("TrainConfig: grad_clip=-1 (was gradient ascent)", _settings(grad_clip=-1), ValueError, "grad_clip=-1"),
@@ -1338,6 +1471,8 @@ ROUND2_CASES: List[Case] = [
     Case("save_jsonl: killed half-way over a 20,000-record file -> the old file whole", jsonl_killed_half_way, None,
          slow=True),
     Case("save_checkpoint('~/x.pt') / save_jsonl('~/d.jsonl') write into the home folder", tilde_path_is_home, None),
+    Case("every writer (checkpoint, LoRA, stage, JSONL, tokenizer, train save_every=1) SIGKILLed at 6 random moments "
+         "-> old or new file, whole and verified", every_writer_killed_at_random_moments, None, slow=True, needs="tokenizers"),
     # ---- checkpoints and stage files carry a digest of their weights; one validation path for every loader
     Case("load_checkpoint: one flipped bit in a weight -> damaged (digest)", flipped_bit_checkpoint, ValueError, "is damaged"),
     Case("load_checkpoint: a tensor zeroed by hand (torch.load/torch.save) -> damaged", edited_by_hand_checkpoint,
