@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from .config import YARN_ROPE_SCALING, MiniMindConfig, validate_rope_scaling
-from .files import DIGEST_KEY, expand, save_torch, weights_digest
+from .files import DIGEST_KEY, META_DIGEST_KEY, expand, meta_digest, save_torch, weights_digest
 from .model import MiniMindForCausalLM
 
 FORMAT = "minimind_ref"
@@ -85,8 +85,9 @@ def save_checkpoint(model: MiniMindForCausalLM, path: PathLike, extra: Optional[
             "(the run has diverged: lower the learning rate or check the data); the previous file is kept."
         )
     extra = _clean(extra or {}, "extra")
-    blob = {"format": FORMAT, "config": _config_dict(model.config), "state_dict": state_dict, "extra": extra,
-            DIGEST_KEY: weights_digest(state_dict)}
+    config = _config_dict(model.config)
+    blob = {"format": FORMAT, "config": config, "state_dict": state_dict, "extra": extra,
+            DIGEST_KEY: weights_digest(state_dict), META_DIGEST_KEY: meta_digest({"config": config, "extra": extra})}
     _atomic_save(blob, path)
 
 
@@ -349,6 +350,19 @@ def check_weights(state_dict: Mapping[str, torch.Tensor], source: PathLike, chec
             )
 
 
+def check_metadata(blob: Mapping[str, Any], source: PathLike) -> None:
+    """A ``save_checkpoint`` file's config and ``extra`` must match the ``meta_sha256`` it recorded
+    (files without one pass): a changed number there (a flipped byte, a hand edit) would change
+    the model or the figures it reports without a word."""
+    recorded = blob.get(META_DIGEST_KEY)
+    if recorded is not None and recorded != meta_digest({"config": blob.get("config"), "extra": blob.get("extra")}):
+        raise ValueError(
+            f"{os.fspath(source)} is damaged: its config or metadata do not match the SHA-256 digest recorded when it "
+            "was saved (flipped bytes on the disk, an incomplete copy, or values edited by hand). Use another copy, or "
+            "save or rebuild it again."
+        )
+
+
 def tokenizer_size(tokenizer: Any) -> int:
     """How many ids ``tokenizer`` can produce (``get_vocab_size()`` or ``len()``)."""
     if hasattr(tokenizer, "get_vocab_size"):
@@ -390,9 +404,9 @@ def load_state_dict_strict(model: torch.nn.Module, state_dict: Mapping[str, torc
                 shown = ", ".join(items[:8]) + (f", ... ({len(items)} in all)" if len(items) > 8 else "")
                 lines.append(f"  {title}: {shown}")
         if any(".lora." in k for k in unexpected):
-            lines.append("  hint: the file holds unmerged LoRA adapters (saved before save_checkpoint refused them): "
-                         "build the model, apply_lora(model, rank) with the file's rank, then "
-                         "model.load_state_dict(torch.load(path)['state_dict']) and merge_lora(model).")
+            lines.append("  hint: the file holds unmerged LoRA adapters (a LoRA run's checkpoint, or a file saved before "
+                         "save_checkpoint refused them): apply_lora(model, rank) with the file's rank first; to resume "
+                         "the run, pass that model to train(); to keep the result, merge_lora(model) and save that.")
         elif any(".mlp.experts." in k for k in unexpected) or any(".mlp.experts." in k for k in missing):
             lines.append("  hint: one side is a MoE model; set use_moe to match the checkpoint.")
         else:
@@ -430,11 +444,15 @@ def load_checkpoint(
         if not isinstance(blob.get("state_dict"), dict) or not isinstance(blob.get("config"), dict):
             raise ValueError(f"{os.fspath(path)} is a damaged minimind_ref checkpoint: its 'state_dict' or 'config' is missing.")
         state_dict = blob["state_dict"]
+        check_metadata(blob, path)
         if config is None:
             config = _config_from_dict(blob["config"], config_overrides)
         elif config_overrides:
             config = config.replace(**config_overrides)
     elif isinstance(blob, dict) and blob and all(isinstance(v, torch.Tensor) for v in blob.values()):
+        if all(".lora." in k or k == "lora_scale" for k in blob):
+            raise ValueError(f"{os.fspath(path)} holds LoRA adapters only (a save_lora file), not a model: apply_lora("
+                             "model, rank) to the model they were trained on, then lora.load_lora(model, path).")
         state_dict = blob
         if config is None:
             config = infer_config(state_dict, **config_overrides)

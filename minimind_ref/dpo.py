@@ -38,7 +38,8 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from .sft import assistant_loss_mask, encode_chat, marker_ids, truncation_kind, truncation_note
+from .sft import (_check_max_length, assistant_loss_mask, encode_chat, has_reply, marker_ids, truncation_kind,
+                  truncation_note)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .train import RunData, TrainConfig, TrainResult
@@ -85,6 +86,8 @@ def sequence_log_probs(log_probs: torch.Tensor, mask: torch.Tensor, reduction: s
     if log_probs.shape != mask.shape or log_probs.dim() != 2:
         raise ValueError(f"log_probs and mask must both be [batch, seq]; got {tuple(log_probs.shape)} and "
                          f"{tuple(mask.shape)}.")
+    if not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError(f"mask must hold 0 and 1 only (1 where a token counts), got values {mask.unique().tolist()[:6]}.")
     total = (log_probs * mask).sum(dim=1)
     if reduction == "sum":
         return total
@@ -178,8 +181,7 @@ class DPODataset:
 
     def __init__(self, records: Sequence[Dict[str, Any]], tokenizer: Any, max_length: int = 256, pad_id: int = 0,
                  drop_truncated: bool = False) -> None:
-        if max_length < 2:
-            raise ValueError(f"max_length must be at least 2 (one input and the token it predicts), got {max_length}.")
+        _check_max_length(max_length)
         self.max_length, self.pad_id = max_length, pad_id
         self.pairs: List[Tuple[List[int], List[int], List[int], List[int]]] = []
         self.kinds: List[Optional[str]] = []
@@ -192,6 +194,10 @@ class DPODataset:
             if not isinstance(record, dict) or "chosen" not in record or "rejected" not in record:
                 raise ValueError(f"record {n} must have 'chosen' and 'rejected' conversations (upstream's DPO format): "
                                  f"{record!r:.100}")
+            for side in ("chosen", "rejected"):
+                if not isinstance(record[side], (list, tuple)) or not has_reply(record[side]):
+                    raise ValueError(f"record {n}: the {side} conversation has no assistant reply; each side of a "
+                                     "preference pair ends with the assistant's turn (upstream's DPO format).")
             if record["chosen"] == record["rejected"]:
                 same.append(n)
                 continue

@@ -138,6 +138,17 @@ def write_json(path: PathLike, obj: Any, indent: int = 2) -> None:
         json.dump(obj, f, indent=indent)
 
 
+def read_json(path: PathLike, what: str = "JSON file") -> Any:
+    """``json.load`` of ``path`` (UTF-8, a BOM is skipped); a file that is not valid JSON (a
+    truncated download, an edit gone wrong) is a ``ValueError`` naming it."""
+    path = expand(path)
+    try:
+        with open(path, encoding="utf-8-sig") as f:
+            return json.load(f)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not a valid {what}: {err} (truncated, or edited by hand?).") from None
+
+
 def save_torch(obj: Any, path: PathLike) -> None:
     """``torch.save(obj, path)``, atomically."""
     with atomic_write(path, "wb") as f:
@@ -146,6 +157,7 @@ def save_torch(obj: Any, path: PathLike) -> None:
 
 # ---------------------------------------------------------------------- digests
 DIGEST_KEY = "weights_sha256"
+META_DIGEST_KEY = "meta_sha256"
 
 
 def weights_digest(state_dict: Mapping[str, torch.Tensor]) -> str:
@@ -162,3 +174,38 @@ def weights_digest(state_dict: Mapping[str, torch.Tensor]) -> str:
         if t.numel():
             h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
+
+
+def meta_digest(value: Any) -> str:
+    """SHA-256 (hex) of a checkpoint's config and metadata: nested dicts, lists, tuples, sets,
+    numbers, strings and tensors, fed in a canonical order (dict keys sorted), with each value's
+    type, so any changed number, key or tensor changes it."""
+    h = hashlib.sha256()
+    _feed(h, value)
+    return h.hexdigest()
+
+
+def _feed(h: Any, value: Any) -> None:
+    kind = type(value).__name__
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu().contiguous()
+        h.update(f"<tensor {t.dtype} {tuple(t.shape)}>".encode())
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    elif isinstance(value, dict):
+        h.update(f"<{kind} {len(value)}>".encode())
+        for key in sorted(value, key=repr):
+            _feed(h, key)
+            _feed(h, value[key])
+    elif isinstance(value, (set, frozenset)):
+        h.update(f"<{kind} {len(value)}>".encode())
+        for item in sorted(value, key=repr):
+            _feed(h, item)
+    elif isinstance(value, (list, tuple)):
+        h.update(f"<{kind} {len(value)}>".encode())
+        for item in value:
+            _feed(h, item)
+    elif isinstance(value, float):
+        h.update(f"<float {value.hex()}>".encode())
+    else:  # None, bool, int, str, bytes, complex, torch.dtype, torch.device
+        h.update(f"<{kind} {value!r}>".encode())

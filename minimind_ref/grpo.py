@@ -194,7 +194,8 @@ class RLPromptDataset:
     def __init__(self, records: Sequence[Dict[str, Any]]) -> None:
         for i, record in enumerate(records):
             turns = record.get("conversations") if isinstance(record, dict) else None
-            if not turns or len(turns) < 2 or turns[-1].get("role") != "assistant":
+            if (not isinstance(turns, (list, tuple)) or len(turns) < 2 or not all(isinstance(t, dict) for t in turns)
+                    or turns[-1].get("role") != "assistant"):
                 raise ValueError(f"record {i} must be {{'conversations': [...prompt turns, "
                                  "{'role': 'assistant', 'content': reference answer}]}.")
         self.records = list(records)

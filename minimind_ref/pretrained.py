@@ -59,6 +59,8 @@ import torch
 
 from .checkpoint import _torch_load, check_tokenizer_fits, check_weights, infer_config, load_state_dict_strict
 from .config import YARN_ROPE_SCALING, MiniMindConfig
+from .files import read_json
+from .tokenizer import read_tokenizer_file
 from .model import MiniMindForCausalLM
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -362,7 +364,7 @@ def load_hf_dir(folder: PathLike, dtype: Optional[torch.dtype] = torch.float32,
         raise FileNotFoundError(
             f"{folder} has no config.json, so it is not a Hugging Face model folder (for a .pth file use load_pth)."
         )
-    raw = json.loads(cfg_path.read_text(encoding="utf-8"))
+    raw = read_json(cfg_path, "config.json")
     config = config_from_hf(raw)
     # Llama with tie_word_embeddings: transformers ties the head to the embedding (a stored
     # lm_head.weight is ignored). Otherwise a stored head must equal the embedding.
@@ -505,11 +507,11 @@ def load_tokenizer_dir(folder: PathLike) -> UpstreamTokenizer:
         raise FileNotFoundError(f"{folder} lacks {', '.join(missing)}: upstream's tokenizer is tokenizer.json + "
                                 "tokenizer_config.json (in every MiniMind2 model folder and in upstream's model/).")
     try:
-        from tokenizers import Tokenizer
+        import tokenizers  # noqa: F401
     except ImportError as err:
         raise ImportError("reading tokenizer.json needs the 'tokenizers' package: pip install tokenizers") from err
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    tokenizer = read_tokenizer_file(folder / "tokenizer.json")
+    config = read_json(folder / "tokenizer_config.json", "tokenizer_config.json")
     template = config.get("chat_template")
     if isinstance(template, list):  # transformers' legacy form for several named templates
         template = next((t["template"] for t in template if t.get("name") == "default"), None)

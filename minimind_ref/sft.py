@@ -164,6 +164,17 @@ def assistant_labels(input_ids: Sequence[int], bos_ids: Sequence[int], eos_ids: 
     return [t if m else -100 for t, m in zip(input_ids, mask)]
 
 
+def _check_max_length(max_length: Any) -> None:
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
+        raise ValueError(f"max_length must be a whole number >= 2 (one input and the token it predicts), "
+                         f"got {max_length!r}.")
+
+
+def has_reply(messages: Sequence[Message]) -> bool:
+    """Whether a conversation holds an assistant reply with some text (something SFT can learn)."""
+    return any(m.get("role") == "assistant" and m.get("content") for m in messages if isinstance(m, dict))
+
+
 # ---------------------------------------------------------------------- truncation
 TRUNCATION_KINDS = ("no_answer", "cut_answer")
 
@@ -218,7 +229,8 @@ class SFTDataset:
     Truncation is counted, never silent (upstream's is): ``self.truncation`` holds how many
     conversations lost their whole answer (``no_answer``) or the end of one with its
     ``<|im_end|>`` (``cut_answer``, see ``truncation_kind``), and a warning says so when any did;
-    ``drop_truncated=True`` leaves those conversations out. A dataset in which no token is
+    ``drop_truncated=True`` leaves those conversations out. Conversations without an assistant
+    reply are listed in ``self.no_reply``, with a warning. A dataset in which no token is
     supervised is a ``ValueError``.
     """
 
@@ -226,18 +238,20 @@ class SFTDataset:
                  loss_on: str = "assistant", pad_id: int = 0, drop_truncated: bool = False) -> None:
         if loss_on not in ("assistant", "all"):
             raise ValueError(f"loss_on must be 'assistant' or 'all', got {loss_on!r}.")
-        if max_length < 2:
-            raise ValueError(f"max_length must be at least 2, got {max_length}.")
+        _check_max_length(max_length)
         bos, eos = marker_ids(tokenizer)
         self.max_length, self.loss_on, self.pad_id = max_length, loss_on, pad_id
         self.examples: List[Tuple[List[int], List[int]]] = []
         self.truncation: Dict[str, int] = {"examples": 0, "no_answer": 0, "cut_answer": 0, "dropped": 0,
                                          "max_length": max_length}
         self.truncated: List[int] = []  # indices (in ``records``) of the conversations counted there
+        self.no_reply: List[int] = []  # indices of conversations without an assistant reply (nothing to learn)
         for n, record in enumerate(records):
             if not isinstance(record, dict) or "conversations" not in record:
                 raise ValueError(f"record {n} has no 'conversations' key (upstream's SFT format): {record!r:.100}")
             full = encode_chat(tokenizer, record["conversations"])
+            if loss_on == "assistant" and not has_reply(record["conversations"]):
+                self.no_reply.append(n)
             self.truncation["examples"] += 1
             kind = truncation_kind(full, max_length, bos, eos)
             if kind is not None:
@@ -252,6 +266,10 @@ class SFTDataset:
         if self.truncated:
             warnings.warn("SFTDataset: " + truncation_note(self.truncation, "conversations", max_length, drop_truncated),
                           stacklevel=2)
+        if self.no_reply and len(self.no_reply) < self.truncation["examples"]:
+            warnings.warn(f"SFTDataset: {len(self.no_reply)} of {self.truncation['examples']} conversations have no "
+                          f"assistant reply (first: record {self.no_reply[0]}), so no token of theirs is supervised; "
+                          "SFT records end with the assistant's turn.", stacklevel=2)
         if self.truncation["examples"] and not any(l != -100 for _, labels in self.examples for l in labels):
             raise ValueError(
                 f"no token of the {self.truncation['examples']} conversation(s) is supervised"

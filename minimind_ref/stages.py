@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from . import chat_data
-from .checkpoint import _torch_load, check_tokenizer_fits, check_weights
+from .checkpoint import _torch_load, check_metadata, check_tokenizer_fits, check_weights
 from .files import DIGEST_KEY, weights_digest
 from .sft import assistant_loss_mask, encode_chat, generate_replies, marker_ids
 
@@ -168,6 +168,7 @@ def stage_metadata(name: str) -> Dict[str, Any]:
     if not (isinstance(blob, dict) and isinstance(blob.get("state_dict"), dict) and isinstance(blob.get("extra", {}), dict)):
         raise ValueError(f"{path} is not a stage file (a save_checkpoint file with weights and extra).")
     check_weights(blob["state_dict"], path, digest=blob.get(DIGEST_KEY))
+    check_metadata(blob, path)
     extra = dict(blob.get("extra", {}))
     recorded = extra.get(DIGEST_KEY)
     if recorded is not None and recorded != weights_digest(blob["state_dict"]):
@@ -271,7 +272,12 @@ def recorded_rows(stages: Sequence[str] = STAGES) -> List[Dict[str, Any]]:
     rows = []
     for name in stages:
         if stage_path(name).is_file():
-            rows.append({"stage": name, "chapter": STAGE_INFO[name].chapter, **stage_metadata(name)["evaluate_chat"]})
+            figures = stage_metadata(name).get("evaluate_chat")
+            if not isinstance(figures, dict) or not set(METRICS) <= set(figures):
+                raise ValueError(f"{stage_path(name)} records no evaluate_chat figures (or not all of {', '.join(METRICS)}): "
+                                 "it was not made by `python -m minimind_ref.stages rebuild`. Run the report without "
+                                 "--recorded, or rebuild the stage.")
+            rows.append({"stage": name, "chapter": STAGE_INFO[name].chapter, **figures})
     return rows
 
 

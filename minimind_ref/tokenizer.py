@@ -165,4 +165,14 @@ def load_tokenizer(path: PathLike):
     path = os.path.expanduser(os.fspath(path))
     if not os.path.exists(path):
         raise FileNotFoundError(f"no tokenizer at {path!s}; train one with train_bpe_tokenizer and save_tokenizer.")
-    return tk.Tokenizer.from_file(str(path))
+    return read_tokenizer_file(path)
+
+
+def read_tokenizer_file(path: PathLike):
+    """``tokenizers.Tokenizer.from_file`` with a ``ValueError`` naming the file when it is not a
+    complete tokenizer.json (the library raises a bare ``Exception``)."""
+    tk = _require_tokenizers()
+    try:
+        return tk.Tokenizer.from_file(str(path))
+    except Exception as err:  # noqa: BLE001 - tokenizers raises plain Exception
+        raise ValueError(f"{path} is not a valid tokenizer.json ({err}): truncated, or another file?") from None

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from . import data as data_mod
-from .checkpoint import _torch_load, check_weights, load_state_dict_strict, save_checkpoint
+from .checkpoint import _torch_load, check_metadata, check_weights, load_state_dict_strict, save_checkpoint
 from .config import MiniMindConfig
 from .files import DIGEST_KEY
 from .model import MiniMindForCausalLM
@@ -591,8 +591,9 @@ def _load_resume_blob(path: str) -> Dict[str, Any]:
             and isinstance(blob.get("state_dict"), dict)):
         raise ValueError(f"cannot resume from {path}: it holds weights but no training state (optimizer, step); "
                          "load it with load_checkpoint and start a new run instead.")
-    try:  # the digest save_checkpoint recorded, and finite weights (the checks of every loader)
+    try:  # the digests save_checkpoint recorded, and finite weights (the checks of every loader)
         check_weights(blob["state_dict"], path, digest=blob.get(DIGEST_KEY))
+        check_metadata(blob, path)
     except ValueError as err:
         raise ValueError(f"cannot resume: {err}") from None
     return blob
@@ -668,6 +669,15 @@ def train(
     warning. The data's truncation counts and the number of skipped steps are logged when not 0,
     and a run whose every step was skipped is a ``ValueError``. Every file is written atomically.
     """
+    if stop_at is not None and (isinstance(stop_at, bool) or not isinstance(stop_at, int) or stop_at < 1):
+        raise ValueError(f"stop_at={stop_at!r} is invalid: expected a whole number >= 1 (the step to stop after), or None.")
+    expanded = {k: os.path.expanduser(v) for k, v in (("out_dir", cfg.out_dir), ("resume", cfg.resume))
+                if v not in (None, "auto") and v != os.path.expanduser(v)}
+    if expanded:  # '~' means the home folder, as in a shell
+        cfg = cfg.replace(**expanded)
+    if cfg.out_dir and os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
+        raise ValueError(f"out_dir={cfg.out_dir!r} is a file, not a folder: the run writes ckpt.pt, tokenizer.json and "
+                         "train_config.json into out_dir. Give a folder (it is created if needed).")
     rank, world, local_rank = dist_info()
     device = resolve_device(cfg, local_rank, world)
     if world > 1:
@@ -739,6 +749,9 @@ def train(
         if device.type == "cuda" and "cuda" in extra["rng"]:
             torch.cuda.set_rng_state(extra["rng"]["cuda"], device)
         log(f"resumed from {resume} at step {start_step}")
+        if stop_at is not None and stop_at <= start_step:
+            raise ValueError(f"stop_at={stop_at} is not after step {start_step}, where {resume} resumes the run: give a "
+                             "later step (or None to run to max_steps).")
 
     # ---- every check passed: now the run folder may be written
     if cfg.out_dir and is_main:

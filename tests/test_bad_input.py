@@ -23,6 +23,7 @@ import collections
 import functools
 import importlib.util
 import io
+import json
 import math
 import os
 import signal
@@ -40,7 +41,11 @@ import pytest
 import torch
 
 import minimind_ref as mm
-import minimind_ref.lora  # noqa: F401  (mm.lora in the rows)
+import minimind_ref.chat_data  # noqa: F401  (mm.chat_data, mm.dpo, mm.grpo, mm.lora, mm.sft in the rows)
+import minimind_ref.dpo  # noqa: F401
+import minimind_ref.grpo  # noqa: F401
+import minimind_ref.lora  # noqa: F401
+import minimind_ref.sft  # noqa: F401
 from minimind_ref.generation import next_token_logits, sample_next_token, top_k_filter
 from minimind_ref.rope import precompute_freqs_cis
 
@@ -899,6 +904,7 @@ def shipped_stages_verify(tmp: Path) -> None:
     for name in stages.available_stages():
         blob = torch.load(stages.stage_path(name), weights_only=True)
         assert isinstance(blob.get("weights_sha256"), str), f"{name}.pt has no digest"
+        assert isinstance(blob.get("meta_sha256"), str), f"{name}.pt has no digest of its config and metadata"
         assert blob["extra"].get("weights_sha256") == blob["weights_sha256"], f"{name}.pt: extra lacks the digest"
         stages.stage_metadata(name)
 
@@ -1321,6 +1327,125 @@ def every_writer_killed_at_random_moments(tmp: Path) -> None:
             stream.close()
 
 
+# ---------------------------------------------------------------------- our own probe (post-training and persistence)
+def _jsonl_file(tmp: Path, text: str) -> Path:
+    return _write(tmp, "x.jsonl", text.encode("utf-8"))
+
+
+def jsonl_bom_loads(tmp: Path) -> None:
+    from minimind_ref.chat_data import load_jsonl
+
+    assert load_jsonl(_jsonl_file(tmp, "\ufeff" + json.dumps(_records(1)[0]) + "\n")) == _records(1)
+
+
+def jsonl_unserializable_keeps_file(tmp: Path) -> None:
+    from minimind_ref.chat_data import load_jsonl, save_jsonl
+
+    path = tmp / "x.jsonl"
+    save_jsonl(_records(2), path)
+    try:
+        save_jsonl(_records(3) + [{"conversations": {1, 2}}], path)
+    finally:
+        assert load_jsonl(path) == _records(2), "the previous file must be intact"
+
+
+def tokenizer_truncated(tmp: Path) -> None:
+    from minimind_ref.tokenizer import load_tokenizer, save_tokenizer
+
+    save_tokenizer(_course_tokenizer(), tmp / "t.json")
+    data = (tmp / "t.json").read_bytes()
+    (tmp / "t.json").write_bytes(data[: len(data) // 2])
+    load_tokenizer(tmp / "t.json")
+
+
+def checkpoint_of_a_lora_file(tmp: Path) -> None:
+    from minimind_ref.lora import save_lora
+
+    save_lora(_adapted(), tmp / "a.pth")
+    mm.load_checkpoint(tmp / "a.pth")
+
+
+def config_edited_by_hand(tmp: Path) -> None:
+    """rope_theta 1e6 -> 1e7 in the stored config: loaded with other logits, no word (the weights digest passed)."""
+    path = _saved(tmp)
+    blob = torch.load(path, weights_only=True)
+    blob["config"]["rope_theta"] = 1e7
+    torch.save(blob, path)
+    mm.load_checkpoint(path)
+
+
+def stage_figures_edited_by_hand(tmp: Path) -> None:
+    import minimind_ref.stages as stages
+
+    path = _tiny_stage(tmp)
+    blob = torch.load(path, weights_only=True)
+    blob["extra"]["evaluate_chat"]["sum_accuracy"] = 0.99
+    torch.save(blob, path)
+    with _stage_dir(tmp):
+        stages.recorded_rows(["sft"])
+
+
+def stage_without_figures(tmp: Path) -> None:
+    import minimind_ref.stages as stages
+
+    with _stage_dir(tmp):
+        stages.save_stage(_model(), "sft", {})
+        stages.recorded_rows(["sft"])
+
+
+def hf_config_not_json(tmp: Path) -> None:
+    from minimind_ref.pretrained import load_hf_dir
+
+    _write(tmp, "config.json", b"{not json")
+    load_hf_dir(tmp)
+
+
+def sft_some_without_reply(tmp: Path) -> None:
+    from minimind_ref.sft import SFTDataset
+
+    user_only = {"conversations": [{"role": "user", "content": "hi"}]}
+    ds = _warned(lambda: SFTDataset([user_only] * 3 + [_chat("hi", "ok")], _course_tokenizer(), 256),
+                 "3 of 4 conversations have no assistant reply")
+    assert ds.no_reply == [0, 1, 2]
+
+
+def dpo_side_without_reply(tmp: Path) -> None:
+    from minimind_ref.dpo import DPODataset
+
+    pair = _pair("hi", "yes", "no")
+    pair["rejected"] = pair["rejected"][:1]
+    DPODataset([pair], _course_tokenizer(), 128)
+
+
+def train_out_dir_is_a_file(tmp: Path) -> None:
+    from minimind_ref.train import train
+
+    _write(tmp, "f", b"x")
+    train(_tiny_cfg(max_steps=1, eval_every=0, out_dir=str(tmp / "f")), data=_tiny_data(), log=lambda s: None)
+
+
+def train_stop_at_before_resume(tmp: Path) -> None:
+    from minimind_ref.train import train
+
+    run = tmp / "run"
+    train(_tiny_cfg(max_steps=4, out_dir=str(run), eval_every=0), data=_tiny_data(), stop_at=3, log=lambda s: None)
+    train(_tiny_cfg(max_steps=4, out_dir=str(run), eval_every=0, resume="auto"), data=_tiny_data(), stop_at=2,
+          log=lambda s: None)
+
+
+def train_out_dir_tilde(tmp: Path) -> None:
+    from minimind_ref.train import train
+
+    old = os.getcwd()
+    os.chdir(tmp)
+    try:
+        with mock.patch.dict(os.environ, {"HOME": str(tmp / "home")}):
+            train(_tiny_cfg(max_steps=1, eval_every=0, out_dir="~/run"), data=_tiny_data(), log=lambda s: None)
+    finally:
+        os.chdir(old)
+    assert (tmp / "home" / "run" / "ckpt.pt").is_file() and not (tmp / "~").exists()
+
+
 CASES: List[Case] = [
     # ---- items 2-5: training settings, resume, divergence, batches without targets
     Case("TrainConfig: grad_clip=-1 (was gradient ascent)", _settings(grad_clip=-1), ValueError, "grad_clip=-1"),
@@ -1546,6 +1671,41 @@ ROUND2_CASES: List[Case] = [
     Case("save/load_checkpoint: a hand-set rope_scaling survives (logits were off by 0.19)", rope_scaling_round_trip, None),
     Case("to_hf_llama -> from_hf_llama keeps dropout and flash_attn", hf_round_trip_keeps_dropout, None,
          needs="transformers"),
+    # ---- our own probe of the same kinds of input (post-training and persistence)
+    Case("load_jsonl: a JSON array on a line (records came back as lists)", lambda tmp: mm.chat_data.load_jsonl(
+        _jsonl_file(tmp, json.dumps(_records(1)) + "\n")), ValueError, "not an object"),
+    Case("load_jsonl: a file starting with a byte-order mark loads", jsonl_bom_loads, None),
+    Case("save_jsonl: a record that is not JSON -> names it, previous file intact", jsonl_unserializable_keeps_file,
+         TypeError, "record 3 cannot be written as json"),
+    Case("load_tokenizer: a truncated tokenizer.json (was a bare Exception)", tokenizer_truncated, ValueError,
+         "is not a valid tokenizer.json", needs="tokenizers"),
+    Case("load_checkpoint: a save_lora file", checkpoint_of_a_lora_file, ValueError, "holds lora adapters only"),
+    Case("load_checkpoint: the config edited by hand (rope_theta 1e6 -> 1e7, loaded silently)", config_edited_by_hand,
+         ValueError, "its config or metadata do not match"),
+    Case("report --recorded: a stage's figures edited by hand (reported silently)", stage_figures_edited_by_hand,
+         ValueError, "is damaged"),
+    Case("report --recorded: a stage file without figures (was KeyError 'evaluate_chat')", stage_without_figures,
+         ValueError, "records no evaluate_chat figures"),
+    Case("load_hf_dir: config.json that is not JSON (no file name)", hf_config_not_json, ValueError,
+         "is not a valid config.json"),
+    Case("SFTDataset: 3 of 4 conversations without an assistant reply -> warned", sft_some_without_reply, None,
+         needs="tokenizers"),
+    Case("SFTDataset: max_length=2.5 (was a slice TypeError)", lambda tmp: mm.sft.SFTDataset([_chat("hi", "ok")],
+         _course_tokenizer(), 2.5), ValueError, "max_length must be a whole number", needs="tokenizers"),
+    Case("DPODataset: max_length='256'", lambda tmp: mm.dpo.DPODataset([_pair("hi", "a", "b")], _course_tokenizer(),
+         "256"), ValueError, "max_length must be a whole number", needs="tokenizers"),
+    Case("DPODataset: a rejected side without an assistant reply (mask 0, silent)", dpo_side_without_reply, ValueError,
+         "the rejected conversation has no assistant reply", needs="tokenizers"),
+    Case("dpo_loss: a mask holding 2 (silently a weight)", _call(lambda: mm.dpo.dpo_loss(torch.zeros(2, 3), torch.zeros(2, 3),
+         torch.full((2, 3), 2.0), 0.1)), ValueError, "mask must hold 0 and 1 only"),
+    Case("RLPromptDataset: conversations that are a string (was AttributeError)", _call(lambda: mm.grpo.RLPromptDataset(
+         [{"conversations": "hello"}])), ValueError, "record 0 must be"),
+    Case("train: out_dir is a file (was FileExistsError)", train_out_dir_is_a_file, ValueError, "is a file, not a folder"),
+    Case("train: stop_at=-1 (returned 'step -1')", lambda tmp: __import__("minimind_ref.train").train.train(
+         _tiny_cfg(eval_every=0), data=_tiny_data(), stop_at=-1), ValueError, "stop_at=-1 is invalid"),
+    Case("train: stop_at before the resumed step (returned silently)", train_stop_at_before_resume, ValueError,
+         "stop_at=2 is not after step 3"),
+    Case("train: out_dir='~/run' is in the home folder", train_out_dir_tilde, None),
     # ---- LoRA
     Case("save_checkpoint: unmerged LoRA adapters (was a file load_checkpoint could not read)",
          lambda tmp: mm.save_checkpoint(_adapted(), tmp / "c.pt"), ValueError, "unmerged lora adapters"),

@@ -1,6 +1,6 @@
-"""Re-save the shipped stage files (minimind_ref/checkpoints/*.pt) so they carry the SHA-256 digest
-of their weights, without retraining: the weights, the config and the recorded metadata stay as
-they are (bit for bit), only the digest is added (issue 30).
+"""Re-save the shipped stage files (minimind_ref/checkpoints/*.pt) so they carry the SHA-256 digests
+of their weights and of their config and metadata, without retraining: the weights, the config
+and the recorded metadata stay as they are (bit for bit), only the digests are added (issue 30).
 
     .venv/bin/python tools/add_stage_digests.py          # re-save every stage that lacks a digest
     .venv/bin/python tools/add_stage_digests.py --check  # only report; exit 1 if one lacks it
@@ -17,7 +17,7 @@ import sys
 import torch
 
 from minimind_ref.checkpoint import load_checkpoint
-from minimind_ref.files import DIGEST_KEY, weights_digest
+from minimind_ref.files import DIGEST_KEY, META_DIGEST_KEY, weights_digest
 from minimind_ref.stages import available_stages, save_stage, stage_metadata, stage_path
 
 
@@ -41,8 +41,9 @@ def resave(name: str) -> str:
     old, new = before["state_dict"], after["state_dict"]
     if not same(old, new) or not same(after["config"], before["config"]):
         raise SystemExit(f"{path}: the re-saved weights or config differ from the original; restore it with git.")
-    extra = dict(after["extra"])
-    if extra.pop(DIGEST_KEY) != after[DIGEST_KEY] or not same(extra, before["extra"]):
+    extra, previous = dict(after["extra"]), dict(before["extra"])
+    previous.pop(DIGEST_KEY, None)
+    if extra.pop(DIGEST_KEY) != after[DIGEST_KEY] or not same(extra, previous):
         raise SystemExit(f"{path}: the re-saved metadata differs from the original; restore it with git.")
     stage_metadata(name)  # verifies the new digest
     return f"{name}: weights bit-identical ({len(old)} tensors), digest {weights_digest(old)[:16]}..."
@@ -55,7 +56,8 @@ def main(argv=None) -> int:
     missing = []
     for name in available_stages():
         blob = torch.load(stage_path(name), map_location="cpu", weights_only=True)
-        if isinstance(blob.get(DIGEST_KEY), str) and blob["extra"].get(DIGEST_KEY) == blob[DIGEST_KEY]:
+        if (isinstance(blob.get(DIGEST_KEY), str) and isinstance(blob.get(META_DIGEST_KEY), str)
+                and blob["extra"].get(DIGEST_KEY) == blob[DIGEST_KEY]):
             print(f"{name}: has its digest")
             continue
         missing.append(name)
