@@ -439,6 +439,9 @@ def load_checkpoint(
     """
     if config is not None and not isinstance(config, MiniMindConfig):
         raise TypeError(f"config must be a MiniMindConfig, got {type(config).__name__}.")
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating-point torch.dtype (torch.float32, torch.bfloat16, ...) or None, got "
+                        f"{dtype!r}: weights cast to it would lose their fractions.")
     blob = _torch_load(path, map_location)
     if isinstance(blob, dict) and blob.get("format") == FORMAT:
         if not isinstance(blob.get("state_dict"), dict) or not isinstance(blob.get("config"), dict):

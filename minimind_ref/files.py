@@ -77,7 +77,7 @@ def atomic_write(path: PathLike, mode: str = "wb", encoding: str = "utf-8") -> I
         raise ValueError(f"atomic_write writes a whole new file: mode must be 'wb' or 'w', got {mode!r}.")
     path = expand(path)
     if os.path.isdir(path):
-        raise IsADirectoryError(f"{path} is a folder; give a file name, e.g. {os.path.join(path, 'ckpt.pt')}.")
+        raise IsADirectoryError(f"{path} is a folder; give a file name (a path inside it, for instance) to write to.")
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")

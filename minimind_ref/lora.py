@@ -214,6 +214,9 @@ def load_lora(model: nn.Module, path: PathLike, check_finite: bool = True) -> No
         raise ValueError(f"{os.fspath(path)} has adapter {extra[0]!r}, which the model lacks ({len(extra)} such key(s)): "
                          "saved from another model; load it into the model it was trained on.")
     check_weights(state, path, check_finite)  # finite values, as every loader checks
+    if file_scale is not None and (file_scale.numel() != 1 or not bool(torch.isfinite(file_scale).all())):
+        raise ValueError(f"{os.fspath(path)}: its lora_scale entry must be one finite number, got shape "
+                         f"{tuple(file_scale.shape)}; a damaged or hand-made file?")
     saved = 1.0 if file_scale is None else float(file_scale)
     if _adapter_scale(model) != saved:
         raise ValueError(f"{os.fspath(path)} was trained with scale {saved} (upstream's files: 1.0), but the model's "

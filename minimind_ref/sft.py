@@ -171,8 +171,9 @@ def _check_max_length(max_length: Any) -> None:
 
 
 def has_reply(messages: Sequence[Message]) -> bool:
-    """Whether a conversation holds an assistant reply with some text (something SFT can learn)."""
-    return any(m.get("role") == "assistant" and m.get("content") for m in messages if isinstance(m, dict))
+    """Whether a conversation holds an assistant reply (something SFT can learn; an empty reply
+    still teaches its ``<|im_end|>``)."""
+    return any(m.get("role") == "assistant" for m in messages if isinstance(m, dict))
 
 
 # ---------------------------------------------------------------------- truncation

@@ -287,6 +287,9 @@ def objective_step(
                          "reverse it (gradient ascent).")
     with (autocast() if autocast is not None else contextlib.nullcontext()):
         metrics = objective(model, batch)
+    if not isinstance(metrics, dict) or not isinstance(metrics.get("loss"), torch.Tensor) or metrics["loss"].numel() != 1:
+        got = type(metrics).__name__ if not isinstance(metrics, dict) else f"a dict with keys {sorted(metrics)}"
+        raise TypeError(f"the objective must return a dict with 'loss' (a scalar tensor) and other metrics, got {got}.")
     loss = metrics["loss"]
     if "tokens" in metrics and int(metrics["tokens"]) == 0:
         optimizer.zero_grad(set_to_none=True)
@@ -294,6 +297,9 @@ def objective_step(
         out.update(grad_norm=torch.tensor(0.0), skipped=torch.tensor(1.0))
         return out
     _check_finite("the loss", loss.detach(), "before the update")
+    if not loss.requires_grad:
+        raise ValueError("the objective's loss carries no gradient (computed under torch.no_grad() or detached?), so "
+                         "the optimizer could not learn from it; return the loss as computed from the model's outputs.")
     loss.backward()
     params = [p for p in model.parameters() if p.grad is not None]
     grad_norm = torch.nn.utils.clip_grad_norm_(params, math.inf if max_grad_norm is None else max_grad_norm)
@@ -576,7 +582,13 @@ def _resume_path(cfg: TrainConfig) -> Optional[str]:
             raise ValueError("resume='auto' looks for ckpt.pt in out_dir, but out_dir is not set; set out_dir to the "
                              "run's folder, or give resume the path of a checkpoint.")
         candidate = os.path.join(cfg.out_dir, CHECKPOINT_NAME)
-        return candidate if os.path.exists(candidate) else None
+        if os.path.exists(candidate):
+            return candidate
+        # a run killed after its first periodic save, before the next step could vouch for it
+        return candidate + ".pending" if os.path.exists(candidate + ".pending") else None
+    if os.path.isdir(cfg.resume):
+        raise IsADirectoryError(f"resume={cfg.resume!r} is a folder: give the checkpoint file in it (e.g. "
+                                f"{os.path.join(cfg.resume, CHECKPOINT_NAME)}), or resume='auto' with out_dir set to it.")
     if not os.path.isfile(cfg.resume):
         raise FileNotFoundError(f"resume={cfg.resume!r}: no such checkpoint file.")
     return cfg.resume
@@ -722,6 +734,9 @@ def train(
         else:
             data = build_data(cfg, tokenizer)
     tokenizer = data.tokenizer
+    if not len(data.train):
+        raise ValueError("the training dataset is empty (0 examples): nothing to train on. Check the data you built "
+                         "(n_train, the records, drop_truncated).")
     fingerprint = data_fingerprint(data.train)
     if blob is not None:
         saved = blob["extra"].get("data_fingerprint")
@@ -761,8 +776,8 @@ def train(
             save_tokenizer(tokenizer, tok_path)  # atomic
         _write_json_atomic(os.path.join(cfg.out_dir, "train_config.json"), cfg.to_dict())
         stale = os.path.join(cfg.out_dir, CHECKPOINT_NAME + ".pending")
-        if os.path.exists(stale):  # left by a run killed before the next step could vouch for it
-            os.remove(stale)
+        if os.path.exists(stale) and not (resume and os.path.abspath(resume) == os.path.abspath(stale)):
+            os.remove(stale)  # left by a run killed before the next step could vouch for it
 
     raw_model = model
     if world > 1:
@@ -778,6 +793,8 @@ def train(
     pending_file = ckpt_file + ".pending" if ckpt_file else None
     kept_step = start_step if blob is not None else None  # the step ckpt.pt holds (None: no checkpoint yet)
     pending_step: Optional[int] = None  # the step ckpt.pt.pending holds
+    if resume and pending_file and os.path.abspath(resume) == os.path.abspath(pending_file):
+        kept_step, pending_step = None, start_step  # resumed from an unvouched save: kept once a step's loss is finite
 
     def checkpoint(step: int, pending: bool = False) -> Optional[str]:
         """Save the run at ``step`` (atomically). ``pending``: to ckpt.pt.pending, which becomes ckpt.pt
@@ -958,6 +975,8 @@ def config_from_args(argv: Optional[Sequence[str]] = None) -> Tuple[TrainConfig,
     p.add_argument("--stop-at", type=int, default=None, help="stop after this step (the schedule still plans max_steps)")
     p.add_argument("--history", default=None, help="write the loss history (JSON) to this file")
     args = p.parse_args(argv)
+    if args.history and os.path.isdir(os.path.expanduser(args.history)):
+        p.error(f"--history {args.history} is a folder; give a file name, e.g. {os.path.join(args.history, 'history.json')}")
     try:
         d = TrainConfig().to_dict()
         if args.config:

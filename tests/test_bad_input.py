@@ -1084,6 +1084,16 @@ def lora_scale_round_trip(tmp: Path) -> None:
     assert "lora_scale" not in torch.load(tmp / "b.pth", weights_only=True), "scale 1 files stay upstream's format"
 
 
+def _lora_scale_entry(tmp: Path, value: torch.Tensor) -> None:
+    from minimind_ref.lora import apply_lora, load_lora, save_lora
+
+    save_lora(_adapted(), tmp / "a.pth")
+    blob = torch.load(tmp / "a.pth", weights_only=True)
+    blob["lora_scale"] = value
+    torch.save(blob, tmp / "a.pth")
+    load_lora(apply_lora(tiny_model(), rank=4), tmp / "a.pth")
+
+
 def lora_run_saves_and_resumes(tmp: Path) -> None:
     """The training loop's own resume file keeps the adapters (allow_lora=True), and the run resumes."""
     from minimind_ref.lora import apply_lora, mark_only_lora_trainable
@@ -1446,6 +1456,57 @@ def train_out_dir_tilde(tmp: Path) -> None:
     assert (tmp / "home" / "run" / "ckpt.pt").is_file() and not (tmp / "~").exists()
 
 
+# ---------------------------------------------------------------------- our own probe, round two
+def resume_from_pending(tmp: Path) -> None:
+    """Killed right after the first periodic save (only ckpt.pt.pending exists): the run resumes from it (before this
+    fix it started again from step 0 without a word)."""
+    from minimind_ref.train import train
+
+    run = tmp / "run"
+    cfg = _tiny_cfg(max_steps=4, save_every=2, eval_every=0, out_dir=str(run))
+    whole = train(cfg.replace(out_dir=None, save_every=0), data=_tiny_data(), log=lambda s: None)
+    train(cfg, data=_tiny_data(), stop_at=2, log=lambda s: None)
+    os.replace(run / "ckpt.pt", run / "ckpt.pt.pending")
+    lines: List[str] = []
+    resumed = train(cfg.replace(resume="auto"), data=_tiny_data(), log=lines.append)
+    assert any("resumed from" in line and "at step 2" in line for line in lines), lines
+    assert resumed.history["loss"] == whole.history["loss"]
+    assert sorted(os.listdir(run)) == ["ckpt.pt", "tokenizer.json", "train_config.json"], os.listdir(run)
+
+
+def _objective(fn: Callable[..., Any]) -> Callable[[Path], Any]:
+    def run(tmp: Path) -> Any:
+        from minimind_ref.train import train
+
+        return train(_tiny_cfg(max_steps=1, eval_every=0), data=_tiny_data(), objective=fn, log=lambda s: None)
+    return run
+
+
+def train_cli_history_folder(tmp: Path) -> None:
+    """--history naming a folder: a usage error before training (was an error after the whole run)."""
+    from minimind_ref.train import config_from_args
+
+    err = io.StringIO()
+    with mock.patch("sys.stderr", err):
+        try:
+            config_from_args(["--config", "tiny_test", "--history", str(tmp)])
+        except SystemExit as exit_info:
+            assert exit_info.code == 2 and "is a folder" in err.getvalue(), (exit_info.code, err.getvalue())
+            return
+    raise AssertionError("no usage error")
+
+
+def train_empty_dataset(tmp: Path) -> None:
+    from minimind_ref.train import RunData, train
+
+    class Empty:
+        def __len__(self) -> int:
+            return 0
+
+    train(_tiny_cfg(max_steps=1, eval_every=0), model=tiny_model(vocab_size=300), data=RunData(_tiny_data().tokenizer,
+          Empty()), log=lambda s: None)
+
+
 CASES: List[Case] = [
     # ---- items 2-5: training settings, resume, divergence, batches without targets
     Case("TrainConfig: grad_clip=-1 (was gradient ascent)", _settings(grad_clip=-1), ValueError, "grad_clip=-1"),
@@ -1706,6 +1767,21 @@ ROUND2_CASES: List[Case] = [
     Case("train: stop_at before the resumed step (returned silently)", train_stop_at_before_resume, ValueError,
          "stop_at=2 is not after step 3"),
     Case("train: out_dir='~/run' is in the home folder", train_out_dir_tilde, None),
+    Case("train: only ckpt.pt.pending left by a kill -> resumes from it (was: from step 0)", resume_from_pending, None),
+    Case("train CLI: --history <a folder> -> usage error before training", train_cli_history_folder, None),
+    Case("train: an empty training dataset (was ZeroDivisionError)", train_empty_dataset, ValueError,
+         "the training dataset is empty"),
+    Case("train: an objective returning a float", _objective(lambda m, b: 1.0), TypeError, "must return a dict with 'loss'"),
+    Case("train: an objective without 'loss' (was KeyError)", _objective(lambda m, b: {"value": m(b[0], labels=b[1]).loss}),
+         TypeError, "must return a dict with 'loss'"),
+    Case("train: an objective's loss without gradient (was a torch RuntimeError)",
+         _objective(lambda m, b: {"loss": m(b[0], labels=b[1]).loss.detach()}), ValueError, "carries no gradient"),
+    Case("train: resume=<a folder> (was 'no such checkpoint file')", lambda tmp: __import__("minimind_ref.train").train.train(
+         _tiny_cfg(resume=str(tmp)), data=_tiny_data()), IsADirectoryError, "give the checkpoint file in it"),
+    Case("load_checkpoint: dtype=torch.int64 (weights truncated to integers silently)", lambda tmp: mm.load_checkpoint(
+         _saved(tmp), dtype=torch.int64), TypeError, "floating-point torch.dtype"),
+    Case("load_lora: a lora_scale entry of 3 numbers", lambda tmp: _lora_scale_entry(tmp, torch.ones(3)), ValueError,
+         "its lora_scale entry must be one finite number"),
     # ---- LoRA
     Case("save_checkpoint: unmerged LoRA adapters (was a file load_checkpoint could not read)",
          lambda tmp: mm.save_checkpoint(_adapted(), tmp / "c.pt"), ValueError, "unmerged lora adapters"),
