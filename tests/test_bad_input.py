@@ -13,8 +13,30 @@ means a wrong result).
   the fragment, or one that tells the user to turn weights-only loading off);
 * ``silent``: no exception where one was expected, or a wrong result.
 
-Run ``python tests/test_bad_input.py`` for the counts (``PYTHONPATH=<other checkout>`` to count
-another version of minimind_ref).
+Run ``python tests/test_bad_input.py`` for the counts. To count another version of minimind_ref,
+run the file with an interpreter that imports that version, from a folder outside this checkout
+(``PYTHONPATH`` does not do it: the editable install of ``.venv`` wins): e.g. a venv whose
+``site-packages`` holds a ``.pth`` listing the other checkout, then ``.venv``'s site-packages.
+
+Issue 30 (``ROUND2_CASES``) added the rows of an independent probe and of our own; on the 73 rows it
+first added, the code before it gave 1 clear error, 3 handled, 47 silent and 22 cryptic. The design
+choices behind those rows:
+
+* every file is written atomically (``minimind_ref.files.atomic_write``); a kill leaves the old or
+  the new file, a full disk an ``OSError`` naming the file; stale temporaries go at the next write;
+* checkpoints and stage files record ``weights_sha256`` and ``meta_sha256`` (config and extra);
+  every loader checks them; files without them (older, upstream's) load as before; the shipped
+  stage files were re-saved with them, bit-identical otherwise (``tools/add_stage_digests.py``);
+* truncation is counted, not refused: a warning with the counts, ``dataset.truncation``, a line in
+  the training log, and ``drop_truncated=True``; a dataset or a run with nothing supervised is an
+  error;
+* chosen == rejected, and a side without an assistant reply, are errors (no preference to learn);
+* the policy passed as its own reference is refused before anything changes (no silent copy);
+* a periodic checkpoint is kept only once the next step's loss on its weights is finite; ``lr``,
+  ``min_lr`` and ``grad_clip`` may change on resume (the advice a divergence gives);
+* LoRA: adapters are not saved by ``save_checkpoint`` (merge or ``save_lora``; the loop's resume
+  files keep them with ``allow_lora=True``); a scale other than 1 is recorded as ``lora_scale``
+  (upstream's ``load_lora`` ignores the key) and must match on load; ``scale=0`` is refused.
 """
 
 from __future__ import annotations
