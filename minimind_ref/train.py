@@ -831,7 +831,7 @@ def train(
         """The loop's message for a non-finite loss or gradient: what was kept, and how to go on."""
         if pending_step is not None:
             os.remove(pending_file)  # its weights are the ones that just gave the non-finite value
-        what = str(err).split(";")[0]
+        what = str(err).split(";")[0].replace(f" at step {step}", "")
         if kept_step is not None and kept_step == step:
             where = (f"The last checkpoint, {ckpt_file} (step {kept_step}), holds the weights that give this value (the "
                      "run that saved it ended on a diverging update): start again from an earlier copy, or from "
