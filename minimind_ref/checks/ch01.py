@@ -318,9 +318,23 @@ def _norm_param_configs() -> List[Tuple[str, MiniMindConfig]]:
 
 
 def _norm_param_mistakes(c: MiniMindConfig) -> Dict[str, int]:
+    """Mistake -> the count it gives; mistakes that give the same count here are named together."""
     h, layers, d = c.hidden_size, c.num_hidden_layers, c.head_dim
     blocks = (2 * layers + 1) * h
     qk = 2 * layers * d
+    merged: Dict[int, List[str]] = {}
+    for description, value in _norm_param_candidates(c, h, layers, d, blocks, qk).items():
+        merged.setdefault(value, []).append(description)
+    named: Dict[str, int] = {}
+    for value, names in merged.items():
+        text = names[0]
+        for other in names[1:]:
+            text = f"{text}, or {other}"
+        named[text] = value
+    return named
+
+
+def _norm_param_candidates(c: MiniMindConfig, h: int, layers: int, d: int, blocks: int, qk: int) -> Dict[str, int]:
     return {
         "the two norms of each block and the final norm, without QK-norm's q_norm and k_norm gains": blocks,
         "QK-norm counted although this config has qk_norm=False": blocks + 2 * layers * d,
