@@ -44,6 +44,24 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     )
 
 
+def qk_logit_bound(q_gain: torch.Tensor, k_gain: torch.Tensor) -> float:
+    """The largest ``|q . k| / sqrt(head_dim)`` a layer with QK-norm can produce, from its two gains.
+
+    ``q_gain`` and ``k_gain`` are the ``[head_dim]`` weights of ``q_norm`` and ``k_norm``. RMSNorm
+    scales each head vector ``u`` to a mean square ``ms / (ms + eps) < 1``, so ``|u|^2 < head_dim``;
+    the gain multiplies coordinate ``i`` by ``g_i``, so ``|g * u| < max|g| sqrt(head_dim)``; RoPE
+    rotates pairs of coordinates and keeps the length. Cauchy-Schwarz then gives
+    ``|q . k| / sqrt(d) < sqrt(d) max|g_q| max|g_k|`` for any input scale and any two positions.
+    The bound is approached (large inputs, all of a vector on one coordinate) when the largest gains
+    sit in the same rotation pair, ``i`` and ``i + d/2``, or at the same index.
+    """
+    if q_gain.dim() != 1 or q_gain.shape != k_gain.shape:
+        raise ValueError(f"qk_logit_bound expects two gains of shape [head_dim], got {tuple(q_gain.shape)} and "
+                         f"{tuple(k_gain.shape)} (the weights of Attention.q_norm and Attention.k_norm).")
+    head_dim = q_gain.shape[0]
+    return math.sqrt(head_dim) * q_gain.abs().max().item() * k_gain.abs().max().item()
+
+
 class Attention(nn.Module):
     """Causal multi-head attention with ``n_kv_heads`` shared key/value heads.
 

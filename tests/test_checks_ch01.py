@@ -25,6 +25,7 @@ CHECKS: Dict[str, Callable] = {
     "layer_norm": ch01.check_layer_norm,
     "rms_norm_safe": ch01.check_fp16_safe_rms_norm,
     "count_rmsnorm": ch01.check_norm_count,
+    "rmsnorm_parameters": ch01.check_norm_parameters,
 }
 
 
@@ -404,3 +405,33 @@ def test_norm_count_accepts_a_tensor_scalar_and_named_modules():
 def test_check_errors_are_exercise_errors():
     with pytest.raises(ExerciseError):
         ch01.check_rms_norm(rms_no_eps)
+
+
+# --------------------------------------------------------------------------- 1.5 norm parameters from the config
+def _blocks(c):
+    return (2 * c.num_hidden_layers + 1) * c.hidden_size
+
+
+NORM_PARAM_MISTAKES = [
+    (lambda c: _blocks(c), "without QK-norm's q_norm and k_norm gains"),
+    (lambda c: _blocks(c) + 2 * c.num_hidden_layers * c.head_dim, "QK-norm counted although this config has qk_norm=False"),
+    (lambda c: _blocks(c) + (c.num_hidden_layers * (c.num_attention_heads + c.num_key_value_heads) * c.head_dim
+                            if c.qk_norm else 0), "one QK-norm gain per head"),
+    (lambda c: _blocks(c) + (2 * c.num_hidden_layers * c.hidden_size if c.qk_norm else 0), "QK-norm gains of hidden_size values"),
+    (lambda c: _blocks(c) + (c.num_hidden_layers * c.head_dim if c.qk_norm else 0), "only q_norm counted"),
+    (lambda c: 2 * c.num_hidden_layers * c.hidden_size + (2 * c.num_hidden_layers * c.head_dim if c.qk_norm else 0),
+     "the final norm (model.norm) left out"),
+    (lambda c: (c.num_hidden_layers + 1) * c.hidden_size + (2 * c.num_hidden_layers * c.head_dim if c.qk_norm else 0),
+     "one norm per block plus the final one"),
+    (lambda c: 33, "expected 14592, got 33"),  # the module count of Exercise 1.4, not the parameters
+    (lambda c: float(_blocks(c)), "expected an int, got float"),
+]
+
+
+@pytest.mark.parametrize("fn, message", NORM_PARAM_MISTAKES, ids=[m[:40] for _, m in NORM_PARAM_MISTAKES])
+def test_norm_parameters_rejects(fn, message):
+    with pytest.raises(ExerciseError) as err:
+        ch01.check_norm_parameters(fn)
+    text = str(err.value)
+    assert message in text, text
+    assert text.startswith("[Exercise 1.5") and "hint:" in text

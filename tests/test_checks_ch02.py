@@ -336,3 +336,88 @@ def test_reference_yarn_frequencies_build_the_reference_tables(end, scaling):
     cos, sin = rope.precompute_freqs_cis(64, end, 1e6, scaling)
     assert torch.equal(cos, torch.cat([torch.cos(angles)] * 2, -1))
     assert torch.equal(sin, torch.cat([torch.sin(angles)] * 2, -1))
+
+
+# --------------------------------------------------------------------------- 2.5 an interleaved checkpoint
+def _perm(d):
+    return torch.cat([torch.arange(0, d, 2), torch.arange(1, d, 2)])
+
+
+def to_half_split(weights, head_dim, *, per_head=True, inverse=False, names=("q", "k"), gains=True, extra=()):
+    """The conversion; the keyword arguments switch in one typical mistake each."""
+    order = torch.argsort(_perm(head_dim)) if inverse else _perm(head_dim)
+    out = dict(weights)
+    for n in names:
+        w = weights[f"{n}_proj.weight"]
+        if per_head:
+            out[f"{n}_proj.weight"] = w.view(-1, head_dim, w.shape[-1])[:, order].reshape(w.shape)
+        else:
+            out[f"{n}_proj.weight"] = w[_perm(w.shape[0])]
+    if gains:
+        for n in ("q", "k"):
+            if f"{n}_norm.weight" in weights:
+                out[f"{n}_norm.weight"] = weights[f"{n}_norm.weight"][order]
+    for n in extra:
+        w = weights[f"{n}_proj.weight"]
+        out[f"{n}_proj.weight"] = w.view(-1, head_dim, w.shape[-1])[:, order].reshape(w.shape)
+    return out
+
+
+def to_half_split_index_copy(weights, head_dim):  # another correct way: build the row index once
+    rows = lambda w: torch.cat([j * head_dim + _perm(head_dim) for j in range(w.shape[0] // head_dim)])  # noqa: E731
+    out = {k: v.clone() for k, v in weights.items()}
+    for n in ("q_proj.weight", "k_proj.weight"):
+        out[n] = weights[n][rows(weights[n])]
+    for n in ("q_norm.weight", "k_norm.weight"):
+        if n in weights:
+            out[n] = weights[n][_perm(head_dim)]
+    return out
+
+
+def to_half_split_in_place(weights, head_dim):
+    converted = to_half_split(weights, head_dim)
+    weights["q_proj.weight"].copy_(converted["q_proj.weight"])
+    return converted
+
+
+def to_half_split_k_with_q_heads(weights, head_dim):  # the KV heads reshaped as if there were as many as query heads
+    out = to_half_split(weights, head_dim)
+    w = weights["k_proj.weight"]
+    n_q = weights["q_proj.weight"].shape[0] // head_dim
+    out["k_proj.weight"] = w.reshape(n_q, -1, w.shape[-1])[:, _perm(w.shape[0] // n_q)].reshape(w.shape)
+    return out
+
+
+def test_to_half_split_references_pass(capsys):
+    ch02.check_to_half_split(to_half_split)
+    ch02.check_to_half_split(to_half_split_index_copy)
+    assert capsys.readouterr().out.count("✓ Exercise 2.5") == 2
+
+
+def test_to_half_split_stub_fails():
+    with pytest.raises(AssertionError, match="not implemented yet"):
+        ch02.check_to_half_split(stub)
+
+
+HALF_SPLIT_WRONG = [
+    (lambda w, d: dict(w), "this looks like the weights returned unchanged"),
+    (lambda w, d: to_half_split(w, d, per_head=False), "this looks like the rows permuted over the whole projection"),
+    (lambda w, d: to_half_split(w, d, inverse=True), "this looks like the inverse permutation"),
+    (lambda w, d: to_half_split(w, d, names=("q",)), "this looks like only q_proj converted"),
+    (lambda w, d: to_half_split(w, d, names=("k",)), "this looks like only k_proj converted"),
+    (lambda w, d: to_half_split(w, d, gains=False), "this looks like q_norm and k_norm left as they were"),
+    (lambda w, d: to_half_split(w, d, extra=("v",)), "this looks like v_proj permuted as well"),
+    (to_half_split_in_place, "changed its input (argument 1) in place"),
+    (lambda w, d: [to_half_split(w, d)], "expected a dict of weights"),
+    (lambda w, d: {k: v for k, v in to_half_split(w, d).items() if "norm" not in k}, "the same keys and shapes"),
+    (to_half_split_k_with_q_heads, "this looks like k_proj cut into as many heads as q_proj"),
+]
+
+
+@pytest.mark.parametrize("wrong, message", HALF_SPLIT_WRONG, ids=[m[:40] for _, m in HALF_SPLIT_WRONG])
+def test_to_half_split_mistakes_are_named(wrong, message):
+    with pytest.raises(AssertionError) as err:
+        ch02.check_to_half_split(wrong)
+    text = str(err.value)
+    assert message in text, text
+    assert text.startswith("[Exercise 2.5") and "hint:" in text

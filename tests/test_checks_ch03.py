@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from minimind_ref import apply_rotary_pos_emb
+from minimind_ref import apply_rotary_pos_emb, precompute_freqs_cis
 from minimind_ref import repeat_kv as ref_repeat_kv
 from minimind_ref.checks import ch03
 
@@ -316,3 +316,198 @@ def test_overflow_message_names_the_fix():
 def test_padding_with_minus_inf_is_reported_as_nan():
     with pytest.raises(AssertionError, match="NaN"):
         ch03.check_gqa_attention(make_gqa(pad_value=float("-inf")))
+
+
+# ------------------------------------------------------------------ 3.6 QK-norm in the attention forward
+from torch import nn  # noqa: E402
+
+from minimind_ref import RMSNorm  # noqa: E402
+
+
+class _PerHeadNorm(nn.Module):
+    """RMSNorm over head_dim with one gain per head (the planted mistake: a [heads, head_dim] weight)."""
+
+    def __init__(self, heads, dim, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(heads, dim))
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+def make_qk_attention(*, where="before", axis="head_dim", norm_q=True, norm_k=True, swap=False, gain="shared",
+                      module=None):
+    """A from-scratch QK-norm attention class; the keyword arguments switch in one typical mistake each.
+
+    where: "before" / "after" RoPE / "none"; axis: "head_dim", "heads" (dim 2), "hidden" (all heads of a token
+    together, with a [hidden] gain); gain: "shared" (one [head_dim] gain), "per_head", "none" (no gain);
+    module: "layernorm" for nn.LayerNorm(head_dim)."""
+
+    class QKNormAttention(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.n_heads, self.n_kv_heads = config.num_attention_heads, config.num_key_value_heads
+            self.n_rep, self.head_dim = self.n_heads // self.n_kv_heads, config.head_dim
+            h, d, eps = config.hidden_size, config.head_dim, config.rms_norm_eps
+            self.q_proj = nn.Linear(h, self.n_heads * d, bias=False)
+            self.k_proj = nn.Linear(h, self.n_kv_heads * d, bias=False)
+            self.v_proj = nn.Linear(h, self.n_kv_heads * d, bias=False)
+            self.o_proj = nn.Linear(self.n_heads * d, h, bias=False)
+            if module == "layernorm":
+                self.q_norm, self.k_norm = nn.LayerNorm(d, eps=eps), nn.LayerNorm(d, eps=eps)
+            elif gain == "per_head":
+                self.q_norm, self.k_norm = _PerHeadNorm(self.n_heads, d, eps), _PerHeadNorm(self.n_kv_heads, d, eps)
+            elif gain == "none":
+                self.q_norm = nn.RMSNorm(d, eps=eps, elementwise_affine=False)
+                self.k_norm = nn.RMSNorm(d, eps=eps, elementwise_affine=False)
+            elif axis == "hidden_gain":
+                self.q_norm, self.k_norm = RMSNorm(h, eps=eps), RMSNorm(h, eps=eps)
+            else:
+                self.q_norm, self.k_norm = RMSNorm(d, eps=eps), RMSNorm(d, eps=eps)
+
+        def _norm(self, norm, x):
+            if axis == "heads":
+                return norm.weight * (x * torch.rsqrt(x.pow(2).mean(-2, keepdim=True) + norm.eps))
+            if axis == "hidden":
+                flat = x.flatten(-2)
+                return norm.weight * (flat * torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + norm.eps)).view_as(x)
+            return norm(x)
+
+        def normalize(self, q, k):
+            qn, kn = (self.k_norm, self.q_norm) if swap else (self.q_norm, self.k_norm)
+            return (self._norm(qn, q) if norm_q else q), (self._norm(kn, k) if norm_k else k)
+
+        def forward(self, x, cos, sin, attention_mask=None, past_key_value=None):
+            b, s, _ = x.shape
+            q = self.q_proj(x).view(b, s, self.n_heads, self.head_dim)
+            k = self.k_proj(x).view(b, s, self.n_kv_heads, self.head_dim)
+            v = self.v_proj(x).view(b, s, self.n_kv_heads, self.head_dim)
+            if where == "before":
+                q, k = self.normalize(q, k)
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)
+            if where == "after":
+                q, k = self.normalize(q, k)
+            if past_key_value is not None:
+                k = torch.cat([past_key_value[0], k], dim=1)
+                v = torch.cat([past_key_value[1], v], dim=1)
+            t = k.shape[1]
+            mask = causal_ref(s, t)
+            if attention_mask is not None:
+                mask = mask + (1.0 - attention_mask[:, None, None, :]) * -1e9
+            out = sdpa_ref(q.transpose(1, 2), ref_repeat_kv(k, self.n_rep).transpose(1, 2),
+                           ref_repeat_kv(v, self.n_rep).transpose(1, 2), mask)
+            return self.o_proj(out.transpose(1, 2).reshape(b, s, -1)), (k, v)
+
+    return QKNormAttention
+
+
+class _QKNormAttentionHidden(make_qk_attention()):
+    """The planted mistake "a norm over the hidden vector": RMSNorm(hidden_size) on q_proj(x) before the view."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.q_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.k_norm = RMSNorm(config.num_key_value_heads * config.head_dim, eps=config.rms_norm_eps)
+
+
+def _ref_bound(q, k):
+    return math.sqrt(q.shape[0]) * q.abs().max().item() * k.abs().max().item()
+
+
+def test_qk_references_pass(capsys):
+    from minimind_ref.attention import qk_logit_bound
+    ch03.check_qk_norm_attention(make_qk_attention())
+    ch03.check_qk_logit_bound(_ref_bound)
+    ch03.check_qk_logit_bound(qk_logit_bound)
+    ch03.check_qk_logit_bound(lambda q, k: q.shape[0] ** 0.5 * q.abs().max() * k.abs().max())  # a 0-d tensor
+    out = capsys.readouterr().out
+    assert out.count("✓") == 4, out
+
+
+@pytest.mark.parametrize("check", [ch03.check_qk_norm_attention, ch03.check_qk_logit_bound])
+def test_qk_stubs_fail(check):
+    with pytest.raises(AssertionError, match="not implemented"):
+        check(stub)
+
+
+class _StubInit(nn.Module):
+    def __init__(self, config):
+        raise NotImplementedError("Exercise 3.6: create the two norms")
+
+
+QK_WRONG = [
+    (make_qk_attention(where="after"), "this looks like the norms applied after RoPE"),
+    (make_qk_attention(where="none"), "this looks like no QK-norm at all"),
+    (make_qk_attention(norm_k=False), "this looks like only the queries normalized"),
+    (make_qk_attention(norm_q=False), "this looks like only the keys normalized"),
+    (make_qk_attention(swap=True), "this looks like q_norm and k_norm swapped"),
+    (make_qk_attention(axis="heads"), "this looks like the RMS taken over the heads axis"),
+    (make_qk_attention(axis="hidden"), "this looks like the RMS taken over all heads of a token together"),
+    (_QKNormAttentionHidden, "this looks like a norm over the hidden size"),
+    (make_qk_attention(gain="per_head"), "this looks like one gain per head"),
+    (make_qk_attention(gain="none"), "this looks like q_norm without a learned gain"),
+    (make_qk_attention(module="layernorm"), "this looks like LayerNorm instead of RMSNorm"),
+    (_StubInit, "not implemented"),
+]
+
+
+@pytest.mark.parametrize("wrong, message", QK_WRONG, ids=[m[:40] for _, m in QK_WRONG])
+def test_qk_norm_mistakes_are_named(wrong, message):
+    with pytest.raises(AssertionError) as err:
+        ch03.check_qk_norm_attention(wrong)
+    text = str(err.value)
+    assert message in text, text
+    if "not implemented" not in message:
+        assert text.startswith("[Exercise 3.6") and "hint:" in text
+
+
+BOUND_WRONG = [
+    (lambda q, k: q.shape[0] * q.abs().max().item() * k.abs().max().item(), "the division by sqrt(head_dim) forgotten"),
+    (lambda q, k: q.abs().max().item() * k.abs().max().item(), "this looks like max|g_q| max|g_k| (the length"),
+    (lambda q, k: q.abs().max().item() * k.abs().max().item() / q.shape[0] ** 0.5, "max|g_q| max|g_k| / sqrt(d)"),
+    (lambda q, k: q.shape[0] ** 0.5, "this looks like sqrt(d) without the gains"),
+    (lambda q, k: q.shape[0] ** 0.5 * (q * k).abs().max().item(), "that holds at equal positions only"),
+    (lambda q, k: q.norm().item() * k.norm().item() / q.shape[0] ** 0.5, "the norms of the gains"),
+    (lambda q, k: q.shape[0] ** 0.5 * q.abs().mean().item() * k.abs().mean().item(), "mean|g_q| mean|g_k|"),
+    (lambda q, k: q.shape[0] ** 0.5 * q.max().item() * k.max().item(), "without absolute values"),
+    (lambda q, k: [1.0], "expected a number (float)"),
+]
+
+
+@pytest.mark.parametrize("wrong, message", BOUND_WRONG, ids=[m[:40] for _, m in BOUND_WRONG])
+def test_bound_mistakes_are_named(wrong, message):
+    with pytest.raises(AssertionError) as err:
+        ch03.check_qk_logit_bound(wrong)
+    text = str(err.value)
+    assert message in text, text
+    assert text.startswith("[Exercise 3.7") and "hint:" in text
+
+
+def test_qk_logit_bound_is_reached_and_never_exceeded():
+    """minimind_ref.attention.qk_logit_bound: no input and positions exceed it, and inputs that put a whole
+    head vector on the coordinates of the largest gains come within 1e-3 of it (the check's claim)."""
+    from minimind_ref.attention import qk_logit_bound
+    from minimind_ref.norm import RMSNorm as Norm
+
+    d = 16
+    g = torch.Generator().manual_seed(0)
+    qn, kn = Norm(d, eps=1e-6), Norm(d, eps=1e-6)
+    with torch.no_grad():
+        qn.weight.copy_(torch.rand(d, generator=g) + 0.1)
+        kn.weight.copy_(torch.rand(d, generator=g) + 0.1)
+        qn.weight[3], kn.weight[3 + d // 2] = 2.0, -1.5  # the largest gains, in one rotation pair
+    bound = qk_logit_bound(qn.weight.detach(), kn.weight.detach())
+    cos, sin = precompute_freqs_cis(d, 4096)
+    with torch.no_grad():
+        x = torch.randn(1, 4096, 1, d, generator=g) * 100
+        q, k = apply_rotary_pos_emb(qn(x), kn(x), cos, sin)
+        scores = (q[0, :, 0] @ k[0, :, 0].T) / math.sqrt(d)
+        assert scores.abs().max() < bound
+        e = torch.zeros(1, 4096, 1, d)
+        e[..., 3] = 1e3
+        f = torch.zeros(1, 4096, 1, d)
+        f[..., 3 + d // 2] = 1e3
+        q, k = apply_rotary_pos_emb(qn(e), kn(f), cos, sin)
+        reached = ((q[0, :, 0] @ k[0, :, 0].T) / math.sqrt(d)).abs().max().item()
+    assert bound * (1 - 1e-3) < reached <= bound * (1 + 1e-6)

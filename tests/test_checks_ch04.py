@@ -30,6 +30,22 @@ def intermediate_size(hidden):
     return 64 * math.ceil(int(8 * hidden / 3) / 64)
 
 
+def minimind3_ffn(hidden, layers):
+    width = math.ceil(hidden * math.pi / 64) * 64
+    return width, 3 * hidden * width * layers
+
+
+def _pi_ffn(width_rule, params_rule=lambda h, m, layers: 3 * h * m * layers):
+    """A 4.5 answer built from a width rule and a parameter count (each may hold a planted mistake)."""
+    def answer(hidden, layers):
+        m = width_rule(hidden)
+        return m, params_rule(hidden, m, layers)
+    return answer
+
+
+_PI = lambda h: math.ceil(h * math.pi / 64) * 64  # noqa: E731
+
+
 def stub(*args, **kwargs):
     raise NotImplementedError("Exercise 4.x: implement me")
 
@@ -44,6 +60,8 @@ def stub(*args, **kwargs):
     (ch04.check_intermediate_size, intermediate_size),
     (ch04.check_intermediate_size, default_intermediate_size),
     (ch04.check_intermediate_size, lambda h: -(-(8 * h // 3) // 64) * 64),
+    (ch04.check_minimind3_ffn, minimind3_ffn),
+    (ch04.check_minimind3_ffn, lambda h, n: (int(-(-h * math.pi // 64)) * 64, 3 * h * n * int(-(-h * math.pi // 64)) * 64)),
 ])
 def test_reference_passes(check, fn, capsys):
     check(fn)
@@ -52,7 +70,7 @@ def test_reference_passes(check, fn, capsys):
 
 # ----------------------------------------------------------------------------- stubs fail
 @pytest.mark.parametrize("check", [ch04.check_silu, ch04.check_silu_grad, ch04.check_swiglu_ffn,
-                                   ch04.check_intermediate_size])
+                                   ch04.check_intermediate_size, ch04.check_minimind3_ffn])
 def test_stub_fails(check):
     with pytest.raises(AssertionError, match="not implemented"):
         check(stub)
@@ -134,6 +152,28 @@ WRONG = [
     (ch04.check_intermediate_size, lambda h: 4 * h, "this looks like 4h"),
     (ch04.check_intermediate_size, lambda h: 256 * math.ceil(int(8 * h / 3) / 256), "this looks like rounding up to a multiple of 256"),
     (ch04.check_intermediate_size, lambda h: 64 * (int(8 * h / 3) // 64 + 1), "plus one more 64"),
+    # minimind-3's width and FFN parameters (4.5): the width rule, then the count
+    (ch04.check_minimind3_ffn, _pi_ffn(lambda h: math.floor(h * math.pi / 64) * 64), "this looks like rounding h * pi down"),
+    (ch04.check_minimind3_ffn, _pi_ffn(lambda h: 64 * (int(h * math.pi) // 64)), "this looks like rounding h * pi down"),
+    (ch04.check_minimind3_ffn, _pi_ffn(lambda h: round(h * math.pi / 64) * 64), "this looks like rounding h * pi to the nearest"),
+    (ch04.check_minimind3_ffn, _pi_ffn(intermediate_size), "this looks like MiniMind2's 8/3 rule"),
+    (ch04.check_minimind3_ffn, _pi_ffn(lambda h: math.ceil(int(math.pi) * h / 64) * 64), "this looks like pi taken as 3"),
+    (ch04.check_minimind3_ffn, _pi_ffn(lambda h: math.ceil(h * int(math.pi) / 64) * 64), "an int() around pi"),
+    (ch04.check_minimind3_ffn, _pi_ffn(lambda h: math.ceil(h * math.pi)), "this looks like h * pi rounded up to a whole number"),
+    (ch04.check_minimind3_ffn, _pi_ffn(lambda h: int(h * math.pi)), "this looks like h * pi truncated"),
+    (ch04.check_minimind3_ffn, _pi_ffn(lambda h: math.ceil(h * 3.14 / 64) * 64), "this looks like pi approximated as 3.14"),
+    (ch04.check_minimind3_ffn, _pi_ffn(lambda h: math.ceil(h * 22 / 7 / 64) * 64), "this looks like pi approximated as 22/7"),
+    (ch04.check_minimind3_ffn, _pi_ffn(lambda h: math.ceil(h * math.pi / 64) * 64.0), "intermediate_size must be an int"),
+    (ch04.check_minimind3_ffn, _pi_ffn(_PI, lambda h, m, n: 2 * h * m * n), "this looks like two matrices per layer"),
+    (ch04.check_minimind3_ffn, _pi_ffn(_PI, lambda h, m, n: 3 * h * m), "this looks like one layer's FFN only"),
+    (ch04.check_minimind3_ffn, _pi_ffn(_PI, lambda h, m, n: h * m * n), "this looks like one matrix per layer"),
+    (ch04.check_minimind3_ffn, _pi_ffn(_PI, lambda h, m, n: (3 * h * m + 2 * m + h) * n), "this looks like a bias on every matrix"),
+    # at hidden 768, 8h/3 = 2048 exactly, so 8 h^2 per layer is the 8/3 width's count: that is the name it gets
+    (ch04.check_minimind3_ffn, _pi_ffn(_PI, lambda h, m, n: 8 * h * h * n), "this looks like the parameters of MiniMind2's 8/3"),
+    (ch04.check_minimind3_ffn, _pi_ffn(_PI, lambda h, m, n: 3 * h * intermediate_size(h) * n),
+     "this looks like the parameters of MiniMind2's 8/3 width"),
+    (ch04.check_minimind3_ffn, _pi_ffn(_PI, lambda h, m, n: 3.0 * h * m * n), "ffn_parameters must be an int"),
+    (ch04.check_minimind3_ffn, lambda h, n: _PI(h), "expected a pair (intermediate_size, ffn_parameters)"),
 ]
 
 

@@ -10,6 +10,8 @@ then a hint about it, and the line that says how to see a worked solution (``sho
 * ``check_fp16_safe_rms_norm(fn)``   ``fn(x, weight, eps=1e-5)``: MiniMind's exact recipe, including
   the fp32 upcast and its dtype contract, on fp16 activations whose squares overflow fp16
 * ``check_norm_count(fn)``           ``fn(model) -> int``: how many RMSNorm modules a MiniMind has
+* ``check_norm_parameters(fn)``      ``fn(config) -> int``: how many RMSNorm gain parameters a model built
+  from ``config`` has (QK-norm's included), derived without building it
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ __all__ = [
     "check_layer_norm",
     "check_fp16_safe_rms_norm",
     "check_norm_count",
+    "check_norm_parameters",
     "reference_rms_norm",
     "count_rmsnorm_modules",
 ]
@@ -295,3 +298,78 @@ def check_norm_count(fn: Callable[[torch.nn.Module], Any]) -> str:
                     mistakes=mistakes)
         results.append(f"{short}: {got}")
     return "; ".join(results)
+
+
+# --------------------------------------------------------------------------- normalization parameters from a config
+def _norm_param_configs() -> List[Tuple[str, MiniMindConfig]]:
+    from ..config import minimind2, minimind3, minimind3_moe
+
+    return [
+        ("minimind-3 (hidden 768, 8 layers, head_dim 96, QK-norm)", minimind3()),
+        ("MiniMind2-Small (hidden 512, 8 layers, no QK-norm)", minimind2_small()),
+        ("MiniMind2 (hidden 768, 16 layers)", minimind2()),
+        ("minimind-3-moe", minimind3_moe()),
+        ("minimind-3 with head_dim=64 (12 query heads, 4 KV heads)",
+         minimind3(num_attention_heads=12, num_key_value_heads=4, head_dim=64)),
+        ("a 5-layer MiniMind2 with qk_norm=True (hidden 256, 4 heads)",
+         MiniMindConfig(hidden_size=256, num_hidden_layers=5, num_attention_heads=4, qk_norm=True)),
+        ("a 3-layer minimind-3 with qk_norm=False", minimind3(num_hidden_layers=3, qk_norm=False)),
+    ]
+
+
+def _norm_param_mistakes(c: MiniMindConfig) -> Dict[str, int]:
+    """Mistake -> the count it gives; mistakes that give the same count here are named together."""
+    h, layers, d = c.hidden_size, c.num_hidden_layers, c.head_dim
+    blocks = (2 * layers + 1) * h
+    qk = 2 * layers * d
+    merged: Dict[int, List[str]] = {}
+    for description, value in _norm_param_candidates(c, h, layers, d, blocks, qk).items():
+        merged.setdefault(value, []).append(description)
+    named: Dict[str, int] = {}
+    for value, names in merged.items():
+        text = names[0]
+        for other in names[1:]:
+            text = f"{text}, or {other}"
+        named[text] = value
+    return named
+
+
+def _norm_param_candidates(c: MiniMindConfig, h: int, layers: int, d: int, blocks: int, qk: int) -> Dict[str, int]:
+    return {
+        "the two norms of each block and the final norm, without QK-norm's q_norm and k_norm gains": blocks,
+        "QK-norm counted although this config has qk_norm=False": blocks + 2 * layers * d,
+        "one QK-norm gain per head (QK-norm has one gain of head_dim values for all query heads, one for all key "
+        "heads)": blocks + layers * (c.num_attention_heads + c.num_key_value_heads) * d,
+        "QK-norm gains of hidden_size values (they have head_dim values: the norm runs over one head)":
+            blocks + 2 * layers * h,
+        "only q_norm counted (k_norm has a gain too)": blocks + layers * d,
+        "the final norm (model.norm) left out": 2 * layers * h + (qk if c.qk_norm else 0),
+        "one norm per block plus the final one": (layers + 1) * h + (qk if c.qk_norm else 0),
+    }
+
+
+solution("1.5", "(2 * L + 1) * hidden_size, plus 2 * L * head_dim when config.qk_norm (L = num_hidden_layers)")
+
+
+@check("Exercise 1.5 rmsnorm_parameters")
+def check_norm_parameters(fn: Callable[[MiniMindConfig], Any]) -> str:
+    """``fn(config) -> int``: the number of RMSNorm gain parameters a model built from ``config`` has,
+    derived from the config alone; the check counts them in the model (built on the meta device)."""
+    from ..params import parameter_breakdown
+
+    name = "Exercise 1.5 rmsnorm_parameters"
+    hint = ("list every RMSNorm the model has, where it sits and over how many values it normalizes (its gain has "
+            "that many parameters); config.qk_norm says whether attention has its own two, config.head_dim how wide "
+            "they are.")
+    results = []
+    for label, config in _norm_param_configs():
+        got = call(fn, config, name=name, case=label, hint="the argument is a MiniMindConfig; read its fields.")
+        if isinstance(got, torch.Tensor) and got.numel() == 1 and not got.is_floating_point():
+            got = int(got.item())
+        if isinstance(got, bool) or not isinstance(got, int):
+            fail(name, f"expected an int, got {type(got).__name__}: {got!r:.80} (on {label})",
+                 "return a whole number of parameters (int(...) converts other numbers).")
+        check_equal(got, parameter_breakdown(config)["norms"], name=name, case=label, hint=hint,
+                    mistakes=_norm_param_mistakes(config))
+        results.append(got)
+    return f"minimind-3: {results[0]:,} norm parameters; MiniMind2-Small: {results[1]:,}; {len(results)} configs"

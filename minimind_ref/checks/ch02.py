@@ -8,6 +8,8 @@ mistake computed on the same input, that mistake; then a hint about it, and the 
 * ``check_precompute_freqs_cis(fn)``     ``fn(dim, end, rope_base) -> (cos, sin)``, no scaling
 * ``check_apply_rotary_pos_emb(fn)``     ``fn(q, k, cos, sin) -> (q_rot, k_rot)``
 * ``check_yarn_frequencies(fn)``         ``fn(dim, end, rope_base, rope_scaling) -> freqs [dim // 2]``
+* ``check_to_half_split(fn)``            ``fn(weights, head_dim) -> weights``: an interleaved-layout
+  attention layer converted to MiniMind's half-split RoPE (MiniMind2, and minimind-3 with QK-norm)
 """
 
 from __future__ import annotations
@@ -17,14 +19,16 @@ from typing import Any, Callable, Dict, Optional
 import torch
 
 from .. import rope
+from ..attention import Attention
 from ..config import YARN_ROPE_SCALING
-from .core import call, check, check_close, expect_pair, seeded, solution
+from .core import call, check, check_close, expect_pair, fail, seeded, solution
 
 __all__ = [
     "check_rotate_half",
     "check_precompute_freqs_cis",
     "check_apply_rotary_pos_emb",
     "check_yarn_frequencies",
+    "check_to_half_split",
     "reference_yarn_frequencies",
 ]
 
@@ -272,3 +276,158 @@ def check_yarn_frequencies(fn: Callable[..., Any]) -> str:
         check_close(got, expected, name=name, case=case, mistakes=_yarn_mistakes(dim, end, base, scaling),
                     hint="the frequencies are float32, like the tables built from them." if wrong_dtype else hint)
     return f"{len(_YARN_CASES)} cases (scaling on, off at end <= original_max, other settings) match minimind_ref"
+
+
+# --------------------------------------------------------------------------- 2.5 an interleaved checkpoint
+def _layout_config(qk_norm: bool, head_dim: int):
+    from ..config import MiniMindConfig
+
+    if qk_norm:  # minimind-3: QK-norm, a free head_dim, 4 query heads : 2 KV heads
+        return MiniMindConfig(generation="minimind-3", hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                              head_dim=head_dim, num_hidden_layers=1, vocab_size=32, max_position_embeddings=64)
+    return MiniMindConfig(hidden_size=4 * head_dim, num_attention_heads=4, num_key_value_heads=2,
+                          num_hidden_layers=1, vocab_size=32, max_position_embeddings=64)
+
+
+def _rope_interleaved(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
+    """The paper's RoPE: pair (x[2i], x[2i+1]) rotated by position * theta_i. ``x`` [b, s, heads, d]."""
+    freqs = rope.rope_frequencies(x.shape[-1], base)
+    angles = torch.outer(positions.float(), freqs)[None, :, None, :]  # [1, s, 1, d/2]
+    even, odd = x[..., 0::2], x[..., 1::2]
+    rotated = (even * angles.cos() - odd * angles.sin(), odd * angles.cos() + even * angles.sin())
+    return torch.stack(rotated, dim=-1).flatten(-2)
+
+
+def _interleaved_attention(weights: Dict[str, torch.Tensor], cfg, x: torch.Tensor) -> torch.Tensor:
+    """The output of the interleaved-layout layer these weights come from (causal, GQA, no cache)."""
+    import math
+
+    b, s, _ = x.shape
+    d, h, kv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+    q = (x @ weights["q_proj.weight"].T).view(b, s, h, d)
+    k = (x @ weights["k_proj.weight"].T).view(b, s, kv, d)
+    v = (x @ weights["v_proj.weight"].T).view(b, s, kv, d)
+    if "q_norm.weight" in weights:
+        eps = cfg.rms_norm_eps
+        q = weights["q_norm.weight"] * (q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + eps))
+        k = weights["k_norm.weight"] * (k * torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + eps))
+    positions = torch.arange(s)
+    q, k = _rope_interleaved(q, positions, cfg.rope_theta), _rope_interleaved(k, positions, cfg.rope_theta)
+    k, v = (t.repeat_interleave(h // kv, dim=2) for t in (k, v))
+    scores = q.transpose(1, 2) @ k.permute(0, 2, 3, 1) / math.sqrt(d)
+    scores = scores + torch.full((s, s), float("-inf")).triu(1)
+    out = torch.softmax(scores, -1) @ v.transpose(1, 2)
+    return out.transpose(1, 2).reshape(b, s, h * d) @ weights["o_proj.weight"].T
+
+
+def _run_half_split(weights: Dict[str, torch.Tensor], cfg, x: torch.Tensor) -> torch.Tensor:
+    """``minimind_ref.Attention`` (half-split RoPE) loaded strictly with ``weights``, on ``x``."""
+    with torch.device("meta"):
+        attn = Attention(cfg)
+    attn = attn.to_empty(device="cpu")
+    attn.load_state_dict(weights, strict=True)
+    cos, sin = rope.precompute_freqs_cis(cfg.head_dim, x.shape[1], cfg.rope_theta)
+    with torch.no_grad():
+        return attn.eval()(x, (cos, sin))[0]
+
+
+def _reorder(weights: Dict[str, torch.Tensor], d: int, *, perm: str = "per_head", names=("q", "k"),
+             gains: str = "permuted", extra=(), k_as_q: bool = False) -> Dict[str, torch.Tensor]:
+    """The conversion with one typical mistake switched in (the defaults are the right answer)."""
+    half = torch.cat([torch.arange(0, d, 2), torch.arange(1, d, 2)])
+    order = half if perm != "inverse" else torch.argsort(half)
+    out = dict(weights)
+    for n in names:
+        w = weights[f"{n}_proj.weight"]
+        if perm == "whole_matrix":
+            rows = w.shape[0]
+            out[f"{n}_proj.weight"] = w[torch.cat([torch.arange(0, rows, 2), torch.arange(1, rows, 2)])]
+        else:
+            out[f"{n}_proj.weight"] = w.view(-1, d, w.shape[-1])[:, order].reshape(w.shape)
+    for n in ("q", "k"):
+        if f"{n}_norm.weight" in weights and gains != "kept":
+            out[f"{n}_norm.weight"] = weights[f"{n}_norm.weight"][order]
+    if k_as_q:  # k_proj cut into as many row groups as q_proj has heads
+        w, n_q = weights["k_proj.weight"], weights["q_proj.weight"].shape[0] // d
+        part = w.shape[0] // n_q
+        out["k_proj.weight"] = w.reshape(n_q, part, w.shape[-1])[:, torch.cat(
+            [torch.arange(0, part, 2), torch.arange(1, part, 2)])].reshape(w.shape)
+    for n in extra:  # tensors that must not change
+        w = weights[f"{n}_proj.weight"]
+        out[f"{n}_proj.weight"] = w.view(-1, d, w.shape[-1])[:, order].reshape(w.shape) if n == "v" else w[:, torch.cat(
+            [torch.arange(j * d, (j + 1) * d)[order] for j in range(w.shape[1] // d)])]
+    return out
+
+
+_LAYOUT_MISTAKES = {
+    "the weights returned unchanged (the interleaved pairs then meet the half-split rotation)": None,
+    "the rows permuted over the whole projection at once (all heads are stacked in q_proj and k_proj: each head "
+    "needs its own permutation)": dict(perm="whole_matrix"),
+    "the inverse permutation (to go from interleaved to half-split, row j of a head takes row perm[j])":
+        dict(perm="inverse"),
+    "only q_proj converted (the keys are rotated too)": dict(names=("q",)),
+    "only k_proj converted (the queries are rotated too)": dict(names=("k",)),
+    "q_norm and k_norm left as they were (their gains multiply the same dimensions the rows of q_proj and "
+    "k_proj produce, so they move with them)": dict(gains="kept"),
+    "v_proj permuted as well (values are not rotated: permuting them changes what o_proj reads)":
+        dict(extra=("v",)),
+    "o_proj's columns permuted (o_proj reads the values, which RoPE never touches)": dict(extra=("o",)),
+    "k_proj cut into as many heads as q_proj (it holds num_key_value_heads heads of head_dim rows each)":
+        dict(k_as_q=True),
+}
+
+
+def _layout_mistakes(weights, cfg, x) -> Dict[str, Callable[[], torch.Tensor]]:
+    def thunk(kwargs):
+        def compute() -> torch.Tensor:
+            converted = dict(weights) if kwargs is None else _reorder(weights, cfg.head_dim, **kwargs)
+            return _run_half_split(converted, cfg, x)
+        return compute
+    return {description: thunk(kwargs) for description, kwargs in _LAYOUT_MISTAKES.items()}
+
+
+solution("2.5", "perm = torch.cat([torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)]); out = dict(weights); "
+                "for q_proj and k_proj: out[name] = w.view(-1, head_dim, w.shape[1])[:, perm].reshape(w.shape); for "
+                "q_norm and k_norm (if present): out[name] = weights[name][perm]; v_proj and o_proj unchanged")
+
+
+@check("Exercise 2.5 to_half_split")
+def check_to_half_split(fn: Callable[..., Any]) -> str:
+    """``fn(weights, head_dim) -> dict``: an interleaved-layout layer's weights (the keys of
+    ``minimind_ref.Attention``'s state dict) converted so that ``minimind_ref.Attention`` (half-split
+    RoPE) loaded with them computes what the interleaved layer computed; with and without QK-norm."""
+    name = "Exercise 2.5 to_half_split"
+    hint = ("section 6 permutes the rows of one head's W_q and W_k; a layer stacks its heads in q_proj and k_proj, "
+            "and a minimind-3 layer also multiplies every query and key dimension by its own gain before RoPE. "
+            "Go through the six tensors and decide for each whether RoPE's pairing touches it.")
+    g = seeded(205)
+    for qk_norm, head_dim in [(False, 16), (True, 24), (True, 8)]:
+        cfg = _layout_config(qk_norm, head_dim)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(2050 + head_dim)
+            weights = {k: v.detach().clone() for k, v in Attention(cfg).state_dict().items()}
+        if qk_norm:
+            weights["q_norm.weight"] = torch.rand(head_dim, generator=g) * 1.5 + 0.25
+            weights["k_norm.weight"] = torch.rand(head_dim, generator=g) * 1.5 + 0.25
+        x = torch.randn(2, 7, cfg.hidden_size, generator=g)
+        kind = (f"a minimind-3 layer with QK-norm, head_dim {head_dim}" if qk_norm
+                else f"a MiniMind2 layer, head_dim {head_dim}") + f", {cfg.num_attention_heads} query : " \
+            f"{cfg.num_key_value_heads} KV heads"
+        got = call(fn, weights, head_dim, name=name, case=kind, check_inputs=True,
+                   hint="weights maps state-dict keys ('q_proj.weight', ...) to tensors; return a new dict.")
+        if not isinstance(got, dict):
+            fail(name, f"expected a dict of weights, got {type(got).__name__} (on {kind})", "return a new dict.")
+        if set(got) != set(weights) or any(tuple(got[k].shape) != tuple(weights[k].shape) for k in weights):
+            fail(name, f"the converted dict must have the same keys and shapes as the input (on {kind}); got keys "
+                 f"{sorted(got)} with shapes {[tuple(got[k].shape) for k in sorted(got)]}"[:400],
+                 "convert tensors in place of themselves: same key, same shape.")
+        with torch.no_grad():
+            expected = _interleaved_attention(weights, cfg, x)
+        try:
+            out = _run_half_split(got, cfg, x)
+        except Exception as err:  # wrong dtypes and the like
+            fail(name, f"minimind_ref.Attention could not run with your weights: {type(err).__name__}: {err} "
+                 f"(on {kind})"[:400], hint)
+        check_close(out, expected, name=name, case=f"{kind}, the layer's output", hint=hint, rtol=1e-4, atol=1e-5,
+                    mistakes=_layout_mistakes(weights, cfg, x))
+    return "MiniMind2 and minimind-3 layers (QK-norm gains included) compute what the interleaved layer computed"

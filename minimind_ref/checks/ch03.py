@@ -12,6 +12,8 @@ and the line that says how to see a worked solution last.
     ch03.check_causal_mask(causal_mask)
     ch03.check_repeat_kv(repeat_kv)
     ch03.check_gqa_attention(gqa_attention)
+    ch03.check_qk_norm_attention(QKNormAttention)
+    ch03.check_qk_logit_bound(qk_logit_bound)
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ __all__ = [
     "check_causal_mask",
     "check_repeat_kv",
     "check_gqa_attention",
+    "check_qk_norm_attention",
+    "check_qk_logit_bound",
 ]
 
 
@@ -364,3 +368,265 @@ def check_gqa_attention(fn: Callable[..., tuple]) -> str:
         mask[1, :2] = 0
         _compare_gqa(fn, attn, x_new, cos, sin, mask, past, f"{kind}, cache + padding mask", cache_hint + " " + pad_hint)
     return "MHA, GQA and MQA; prefill, padding and KV-cache cases equal minimind_ref.Attention"
+
+
+# ----------------------------------------------------------------------------- 3.6 QK-norm in the forward
+def _qk_config(head_dim: Optional[int]) -> MiniMindConfig:
+    """A small minimind-3 layer: 4 query heads, 2 KV heads, QK-norm (eps 1e-6); head_dim may differ from
+    hidden_size / heads, as minimind-3 allows."""
+    return MiniMindConfig(generation="minimind-3", hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                          head_dim=head_dim, num_hidden_layers=1, vocab_size=32, max_position_embeddings=64)
+
+
+def _qk_reference(cfg: MiniMindConfig, seed: int) -> Attention:
+    """``minimind_ref.Attention`` with QK-norm and gains that are neither 1 nor equal across dimensions
+    (a norm placed after RoPE, or a gain per head, gives other numbers only then)."""
+    g = seeded(seed)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        attn = Attention(cfg)
+    with torch.no_grad():
+        attn.q_norm.weight.copy_(torch.rand(cfg.head_dim, generator=g) * 1.5 + 0.25)
+        attn.k_norm.weight.copy_(torch.rand(cfg.head_dim, generator=g) * 1.5 + 0.25)
+    return attn.eval()
+
+
+def _norm_over(x: torch.Tensor, gain: torch.Tensor, eps: float, axis: str) -> torch.Tensor:
+    """RMS-normalize ``x`` [b, s, heads, head_dim] over one axis, then apply the [head_dim] gain."""
+    if axis == "head_dim":
+        return gain * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+    if axis == "heads":
+        return gain * (x * torch.rsqrt(x.pow(2).mean(-2, keepdim=True) + eps))
+    flat = x.flatten(-2)  # "hidden": all heads of the token together
+    return gain * (flat * torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + eps)).view_as(x)
+
+
+def _qk_variant(attn: Attention, x, cos, sin, mask, past, *, where: str = "before", axis: str = "head_dim",
+                norm_q: bool = True, norm_k: bool = True, swap: bool = False) -> Tuple[torch.Tensor, Tuple]:
+    """The QK-norm forward with one typical mistake switched in (the defaults are the right answer)."""
+    b, s, _ = x.shape
+    q = attn.q_proj(x).view(b, s, attn.n_heads, attn.head_dim)
+    k = attn.k_proj(x).view(b, s, attn.n_kv_heads, attn.head_dim)
+    v = attn.v_proj(x).view(b, s, attn.n_kv_heads, attn.head_dim)
+    gq, gk = attn.q_norm.weight, attn.k_norm.weight
+    if swap:
+        gq, gk = gk, gq
+    eps = attn.q_norm.eps
+
+    def normalize(q, k):
+        return (_norm_over(q, gq, eps, axis) if norm_q else q), (_norm_over(k, gk, eps, axis) if norm_k else k)
+
+    if where == "before":
+        q, k = normalize(q, k)
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    if where == "after":
+        q, k = normalize(q, k)
+    if past is not None:
+        k = torch.cat([past[0], k], dim=1)
+        v = torch.cat([past[1], v], dim=1)
+    t = k.shape[1]
+    scores = q.transpose(1, 2) @ _ref_repeat_kv(k, attn.n_rep).transpose(1, 2).transpose(-2, -1)
+    scores = scores / math.sqrt(attn.head_dim) + torch.full((s, t), float("-inf")).triu(t - s + 1)
+    if mask is not None:
+        scores = scores + (1.0 - mask[:, None, None, :]) * -1e9
+    out = torch.softmax(scores, dim=-1) @ _ref_repeat_kv(v, attn.n_rep).transpose(1, 2)
+    return attn.o_proj(out.transpose(1, 2).reshape(b, s, -1)), (k, v)
+
+
+_QK_MISTAKES = {
+    "the norms applied after RoPE (QK-norm comes before the rotation: it normalizes the projection's output)":
+        dict(where="after"),
+    "no QK-norm at all (q and k go from the projections straight to RoPE)": dict(where="none"),
+    "only the queries normalized (the keys need k_norm too)": dict(norm_k=False),
+    "only the keys normalized (the queries need q_norm too)": dict(norm_q=False),
+    "q_norm and k_norm swapped (q_norm's gain on the keys, k_norm's on the queries)": dict(swap=True),
+    "the RMS taken over the heads axis (dim 2) instead of over each head's head_dim values": dict(axis="heads"),
+    "the RMS taken over all heads of a token together (the whole projection) instead of over each head":
+        dict(axis="hidden"),
+}
+
+
+def _qk_output_mistakes(attn, x, cos, sin, mask, past, which: int) -> Dict[str, Callable[[], torch.Tensor]]:
+    def thunk(kwargs):
+        def compute() -> torch.Tensor:
+            with torch.no_grad():
+                out, (k, v) = _qk_variant(attn, x, cos, sin, mask, past, **kwargs)
+            return (out, k, v)[which]
+        return compute
+    return {description: thunk(kwargs) for description, kwargs in _QK_MISTAKES.items()}
+
+
+def _qk_structure(layer: Any, ref: Attention, cfg: MiniMindConfig, name: str) -> None:
+    """Compare the learner's parameters with ``ref``'s, naming the structural mistakes, then load ``ref``'s."""
+    hint = ("each norm is one RMSNorm over head_dim (config.head_dim values, eps=config.rms_norm_eps) with a learned gain "
+            "of that size, shared by every head: q_norm for the queries, k_norm for the keys.")
+    if not isinstance(layer, torch.nn.Module):
+        fail(name, f"QKNormAttention(config) must build an nn.Module, got {type(layer).__name__}", hint)
+    got = {k: tuple(v.shape) for k, v in layer.state_dict().items()}
+    d, heads, kv, hidden = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size
+    for key, n in (("q_norm.weight", heads), ("k_norm.weight", kv)):
+        module = key.split(".")[0]
+        if key not in got:
+            if not isinstance(getattr(layer, module, None), torch.nn.Module):
+                fail(name, f"the layer has no {module} module (no parameter {key}) (on head_dim={d})", hint)
+            fail(name, f"this looks like {module} without a learned gain: the state dict has no {key} (a norm "
+                 f"built with elementwise_affine=False, or a bare function) (on head_dim={d})", hint)
+        shape = got[key]
+        if shape == (d,):
+            continue
+        if shape == (hidden,) and hidden == n * d:
+            what = (f"a norm over the hidden size, or one gain per head ({module}.weight has shape [{hidden}] = "
+                    f"[hidden_size] = [heads x head_dim]; QK-norm normalizes each head over its head_dim = {d} values, "
+                    "with one gain shared by all heads)")
+        elif shape in ((n, d), (n * d,)):
+            what = f"one gain per head ({module}.weight has shape {list(shape)}; one gain of head_dim values is shared by all heads)"
+        elif shape == (hidden,):
+            what = (f"a norm over the hidden size ({module}.weight has shape [{hidden}] = [hidden_size]; QK-norm "
+                    f"normalizes each head, over head_dim = {d})")
+        else:
+            what = f"{module}.weight of shape {list(shape)}"
+        fail(name, f"this looks like {what}: expected shape [{d}] (on head_dim={d})", hint)
+    extra = sorted(set(got) - set(ref.state_dict()))
+    if any(k.startswith(("q_norm.", "k_norm.")) and k.endswith("bias") for k in extra):
+        fail(name, f"this looks like LayerNorm instead of RMSNorm: the norms have a bias ({', '.join(extra)})", hint)
+    try:
+        layer.load_state_dict(ref.state_dict(), strict=True)
+    except Exception as err:  # missing or unexpected keys, other shapes: say which
+        fail(name, f"the layer's parameters are not those of minimind_ref.Attention(qk_norm=True): "
+             f"{str(err).splitlines()[0]:.300} (on head_dim={d})",
+             "keep q_proj, k_proj, v_proj, o_proj as given and add exactly q_norm and k_norm.")
+    layer.eval()
+
+
+solution("3.6", "in __init__: self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps) and the same for k_norm; in "
+                "forward, after the view into heads and before RoPE: q, k = self.q_norm(q), self.k_norm(k)")
+
+
+@check("Exercise 3.6 QKNormAttention")
+def check_qk_norm_attention(cls: Callable[..., Any]) -> str:
+    """``cls(config)`` must build a layer with ``minimind_ref.Attention(qk_norm=True)``'s parameters
+    (``q_norm.weight`` and ``k_norm.weight`` of ``[head_dim]``), and ``layer(x, cos, sin,
+    attention_mask=None, past_key_value=None) -> (out, (k, v))`` must equal the reference for
+    prefill, padding and a KV cache, with gains that are not all equal."""
+    name = "Exercise 3.6 QKNormAttention"
+    hint = ("minimind-3 normalizes every query head and every key head on its own (over its head_dim values), right "
+            "after splitting the projections into heads and before RoPE rotates them; the values are not normalized.")
+    crash = ("QKNormAttention(config) builds the layer; layer(x, cos, sin, attention_mask, past_key_value) returns "
+             "(out, (k, v)); x is [b, s, hidden], q and k are [b, s, heads, head_dim] after the view.")
+    g = seeded(306)
+    b, p = 2, 5
+    for head_dim in (None, 24):
+        cfg = _qk_config(head_dim)
+        d = cfg.head_dim
+        ref = _qk_reference(cfg, seed=3060 + d)
+        with torch.random.fork_rng(devices=[]):
+            layer = call(cls, cfg, name=name, case=f"QKNormAttention(config) with head_dim={d}", hint=crash)
+        _qk_structure(layer, ref, cfg, name)
+        cos_all, sin_all = precompute_freqs_cis(d, 32)
+        scenarios = [("full prefill", torch.randn(b, 6, 64, generator=g), None, None)]
+        if head_dim is None:
+            padded = torch.ones(b, 6)
+            padded[0, :2] = 0
+            scenarios.append(("left-padded batch", torch.randn(b, 6, 64, generator=g), padded, None))
+            with torch.no_grad():
+                _, past = ref(torch.randn(b, p, 64, generator=g), (cos_all[:p], sin_all[:p]), use_cache=True)
+            scenarios += [("cache of 5 + 1 new token", torch.randn(b, 1, 64, generator=g), None, past),
+                          ("cache of 5 + 3 new tokens", torch.randn(b, 3, 64, generator=g), None, past)]
+        for label, x, mask, past in scenarios:
+            start = 0 if past is None else past[0].shape[1]
+            cos, sin = cos_all[start:start + x.shape[1]], sin_all[start:start + x.shape[1]]
+            case = f"head_dim={d}, {label}"
+            with torch.no_grad():
+                expected, present = ref(x, (cos, sin), past, use_cache=True, attention_mask=mask)
+                got = call(layer, x, cos, sin, mask, past, name=name, case=case, hint=crash, check_inputs=True)
+            if not (isinstance(got, (tuple, list)) and len(got) == 2 and isinstance(got[1], (tuple, list))
+                    and len(got[1]) == 2):
+                fail(name, f"expected (output, (k, v)), got {type(got).__name__} (on {case})", "return out, (k, v).")
+            out, (k, v) = got
+            check_close(out, expected, name=name, case=f"{case}, the output", hint=hint,
+                        mistakes=_qk_output_mistakes(ref, x, cos, sin, mask, past, 0))
+            check_close(k, present[0], name=name, case=f"{case}, the cached keys",
+                        hint="the cache holds the keys as attention uses them: normalized, then rotated.",
+                        mistakes=_qk_output_mistakes(ref, x, cos, sin, mask, past, 1))
+            check_close(v, present[1], name=name, case=f"{case}, the cached values",
+                        hint="the values are not normalized: only queries and keys are.")
+    return "q_norm and k_norm over head_dim, before RoPE; prefill, padding and KV cache equal minimind_ref.Attention"
+
+
+# ----------------------------------------------------------------------------- 3.7 the logit bound
+def _bound_gains(seed: int) -> list:
+    """Gain pairs whose largest entries sit in one RoPE pair (the same index, or i and i + d/2), where
+    the bound is reached; signs and sizes vary."""
+    g = seeded(seed)
+    cases = []
+    for d, same_index, q_peak, k_peak in [(16, True, 2.0, 1.5), (96, False, 3.0, 0.5), (8, True, -1.75, 2.5),
+                                           (64, False, 1.25, -3.0)]:
+        q = torch.rand(d, generator=g) * 0.9 + 0.05
+        k = torch.rand(d, generator=g) * 0.9 + 0.05
+        i = int(torch.randint(0, d // 2, (1,), generator=g))
+        q[i] = q_peak
+        k[i if same_index else i + d // 2] = k_peak
+        cases.append((f"head_dim {d}, largest gains {q_peak:g} (q, index {i}) and {k_peak:g} (k, index "
+                      f"{i if same_index else i + d // 2})", q, k))
+    ones = torch.ones(96)
+    cases.append(("head_dim 96, every gain 1 (as at initialization)", ones, ones.clone()))
+    return cases
+
+
+def _bound_mistakes(q: torch.Tensor, k: torch.Tensor) -> Dict[str, float]:
+    d = q.shape[0]
+    qm, km = q.abs().max().item(), k.abs().max().item()
+    return {
+        "max|g_q| max|g_k| d: the division by sqrt(head_dim) forgotten": qm * km * d,
+        "max|g_q| max|g_k| (the length of a normalized head vector is about sqrt(head_dim), not 1)": qm * km,
+        "max|g_q| max|g_k| / sqrt(d) (the length of a normalized head vector is about sqrt(head_dim), not 1)":
+            qm * km / math.sqrt(d),
+        "sqrt(d) without the gains (the gains scale the normalized vectors)": math.sqrt(d),
+        "sqrt(d) max|g_q * g_k| (that holds at equal positions only: RoPE rotates each pair, so q's largest "
+        "coordinate can meet k's largest at another offset)": math.sqrt(d) * (q * k).abs().max().item(),
+        "|g_q| |g_k| / sqrt(d), the norms of the gains (a normalized vector can put all its length on one "
+        "coordinate: what counts is the largest gain)": q.norm().item() * k.norm().item() / math.sqrt(d),
+        "sqrt(d) mean|g_q| mean|g_k| (the largest gains count, not the mean)":
+            math.sqrt(d) * q.abs().mean().item() * k.abs().mean().item(),
+        "sqrt(d) max(g_q) max(g_k) without absolute values (a negative gain of large size counts too)":
+            math.sqrt(d) * q.max().item() * k.max().item(),
+    }
+
+
+solution("3.7", "return math.sqrt(d) * q_gain.abs().max().item() * k_gain.abs().max().item() with d = q_gain.shape[0]: "
+                "|RMSNorm(x)| < sqrt(d) before the gain, the gain stretches it by at most max|g|, RoPE keeps lengths, "
+                "and Cauchy-Schwarz bounds the dot product")
+
+
+@check("Exercise 3.7 qk_logit_bound")
+def check_qk_logit_bound(fn: Callable[..., Any]) -> str:
+    """``fn(q_gain, k_gain) -> float``: the largest ``|q . k| / sqrt(head_dim)`` QK-norm allows, which
+    ``minimind_ref.attention.qk_logit_bound`` derives; checked on gains where that bound is reached
+    (their largest entries in one RoPE pair), so it is the only right answer there."""
+    from ..attention import qk_logit_bound as reference
+
+    name = "Exercise 3.7 qk_logit_bound"
+    hint = ("follow the length of one head vector: after the RMS normalization (before the gain) its squared "
+            "length is at most head_dim; the gain stretches coordinates one by one; RoPE rotates pairs; then bound "
+            "the dot product of two vectors by their lengths, and divide by sqrt(head_dim) as attention does.")
+    values = []
+    for label, q, k in _bound_gains(307):
+        got = call(fn, q.clone(), k.clone(), name=name, case=label, check_inputs=True,
+                   hint="q_gain and k_gain are 1-D tensors of head_dim values (q_norm.weight and k_norm.weight).")
+        if isinstance(got, torch.Tensor) and got.numel() == 1:
+            got = got.item()
+        if isinstance(got, bool) or not isinstance(got, (int, float)):
+            fail(name, f"expected a number (float), got {type(got).__name__}: {got!r:.80} (on {label})",
+                 "return a Python float (tensor.item() turns a one-element tensor into one).")
+        expected = reference(q, k)
+        if not math.isclose(got, expected, rel_tol=1e-5):
+            seen = next((m for m, value in _bound_mistakes(q, k).items() if math.isclose(got, value, rel_tol=1e-5)
+                         and not math.isclose(value, expected, rel_tol=1e-5)), None)
+            low = got < expected
+            fail(name, (f"this looks like {seen}. " if seen else "")
+                 + f"expected {expected:.6g}, got {got:.6g} (on {label}): "
+                 + ("for these gains some input, at some two positions, gives a larger |logit| than your bound"
+                    if low else "yours is larger than the largest |logit| QK-norm allows: a bound, but not the least one"),
+                 hint)
+        values.append(got)
+    return f"the bound is sqrt(head_dim) times the largest gains; every gain 1 at head_dim 96 gives {values[-1]:.2f}"

@@ -11,6 +11,7 @@ and the line that says how to see a worked solution last.
     ch04.check_silu_grad(silu_grad)
     ch04.check_swiglu_ffn(swiglu_ffn)
     ch04.check_intermediate_size(intermediate_size)
+    ch04.check_minimind3_ffn(minimind3_ffn)
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ..config import MiniMindConfig, default_intermediate_size
 from ..ffn import FeedForward
 from .core import call, check, check_close, check_equal, fail, seeded, solution
 
-__all__ = ["check_silu", "check_silu_grad", "check_swiglu_ffn", "check_intermediate_size"]
+__all__ = ["check_silu", "check_silu_grad", "check_swiglu_ffn", "check_intermediate_size", "check_minimind3_ffn"]
 
 
 def _inputs(seed: int):
@@ -220,3 +221,90 @@ def check_intermediate_size(fn: Callable[[int], int]) -> str:
         check_equal(got, default_intermediate_size(h), name=name, case=case, hint=hint,
                     mistakes=_size_mistakes(h))
     return f"matches the 8/3-rounded-up-to-64 rule for {len(sizes)} widths (512 -> 1408, 640 -> 1728, 768 -> 2048)"
+
+
+# ----------------------------------------------------------------------------- 4.5 minimind-3's width
+def _pi_width_mistakes(h: int) -> Dict[str, int]:
+    return {
+        "pi approximated as 3.14 (use math.pi)": math.ceil(h * 3.14 / 64) * 64,
+        "pi approximated as 22/7 (use math.pi)": math.ceil(h * 22 / 7 / 64) * 64,
+        "rounding h * pi to the nearest multiple of 64 instead of up": round(h * math.pi / 64) * 64,
+        "rounding h * pi down to a multiple of 64 (math.floor, or //) instead of up": math.floor(h * math.pi / 64) * 64,
+        "MiniMind2's 8/3 rule (64 * ceil(int(8h/3) / 64)) instead of minimind-3's pi": default_intermediate_size(h),
+        "pi taken as 3 (an int() around pi, or around something before the multiplication by h)":
+            math.ceil(3 * h / 64) * 64,
+        "h * pi rounded up to a whole number but not to a multiple of 64": math.ceil(h * math.pi),
+        "h * pi truncated to a whole number, not rounded up to a multiple of 64": int(h * math.pi),
+        "rounding up to a multiple of 256 instead of 64": math.ceil(h * math.pi / 256) * 256,
+    }
+
+
+def _ffn_param_mistakes(h: int, m: int, layers: int) -> Dict[str, int]:
+    return {
+        "two matrices per layer (2 * h * m): a SwiGLU FFN has three, gate_proj, up_proj and down_proj": 2 * h * m * layers,
+        "one layer's FFN only (a dense model has one FFN in each of its num_hidden_layers blocks)": 3 * h * m,
+        "one matrix per layer (h * m)": h * m * layers,
+        "the parameters of MiniMind2's 8/3 width": 3 * h * default_intermediate_size(h) * layers,
+        "a bias on every matrix (MiniMind's FFN projections have bias=False)": (3 * h * m + 2 * m + h) * layers,
+        "8 h^2 per layer (the 4x ReLU FFN that MiniMind2's 8/3 rule matches, not the pi width)": 8 * h * h * layers,
+    }
+
+
+def _ffn_config(h: int, layers: int) -> MiniMindConfig:
+    # head_dim is a free field in minimind-3, so any width builds (the FFN does not depend on the heads)
+    return MiniMindConfig(generation="minimind-3", hidden_size=h, num_hidden_layers=layers, num_attention_heads=8,
+                          num_key_value_heads=4, head_dim=16, vocab_size=64, max_position_embeddings=64)
+
+
+solution("4.5", "width = math.ceil(hidden_size * math.pi / 64) * 64; "
+                "return width, 3 * hidden_size * width * num_hidden_layers")
+
+
+@check("Exercise 4.5 minimind3_ffn")
+def check_minimind3_ffn(fn: Callable[[int, int], tuple]) -> str:
+    """``fn(hidden_size, num_hidden_layers) -> (intermediate_size, ffn_parameters)`` for a dense
+    minimind-3 model: the width ``minimind_ref.config.minimind3_intermediate_size`` gives and the
+    FFN parameters counted in the model such a config builds (``minimind_ref.parameter_breakdown``
+    for the published and a few other sizes; one ``FeedForward`` per block for a sweep of widths)."""
+    from ..config import minimind3_intermediate_size
+    from ..params import parameter_breakdown
+
+    name = "Exercise 4.5 minimind3_ffn"
+    width_hint = ("minimind-3 multiplies the width by pi first (a float), then rounds UP to the next multiple of 64; "
+                  "a product that already is a multiple of 64 would stay as it is.")
+    param_hint = ("count the weights of one FFN from its matrices (how many, of which shape, with or without bias), "
+                  "then say how many FFNs a dense model of num_hidden_layers blocks has.")
+    models = [(768, 8), (512, 8), (640, 8), (1024, 16), (256, 4), (96, 2), (100, 3), (1080, 2)]
+    sweep = [(h, 1) for h in list(range(64, 2049, 64)) + [774, 1528] if h not in (256, 512, 640, 768, 1024)]
+    results = {}
+    for h, layers in models + sweep:
+        case = f"hidden_size={h}, num_hidden_layers={layers}"
+        got = call(fn, h, layers, name=name, case=case, hint="both arguments are Python ints; return a pair of ints.")
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            fail(name, f"expected a pair (intermediate_size, ffn_parameters), got {type(got).__name__}: {got!r:.80} "
+                 f"(on {case})", "end with `return width, parameters`.")
+        values = []
+        for what, value in zip(("intermediate_size", "ffn_parameters"), got):
+            try:
+                if isinstance(value, bool):
+                    raise TypeError
+                values.append(operator.index(value))
+            except TypeError:
+                fail(name, f"{what} must be an int, got {type(value).__name__} {value!r} (on {case})",
+                     "math.ceil returns an int; wrap a float result in int(...).")
+        width, params = values
+        expected_width = minimind3_intermediate_size(h)
+        check_equal(width, expected_width, name=f"{name} (intermediate_size)", case=case, hint=width_hint,
+                    mistakes=_pi_width_mistakes(h))
+        config = _ffn_config(h, layers)
+        if (h, layers) in models:  # the whole model, counted
+            expected_params = parameter_breakdown(config)["ffn"]
+        else:  # one block's FFN, counted, times the blocks
+            with torch.device("meta"):
+                expected_params = sum(p.numel() for p in FeedForward(config).parameters()) * layers
+        check_equal(params, expected_params, name=f"{name} (ffn_parameters)", case=case, hint=param_hint,
+                    mistakes=_ffn_param_mistakes(h, expected_width, layers))
+        results[(h, layers)] = (width, params)
+    width, params = results[(768, 8)]
+    return (f"minimind-3 (hidden 768, 8 layers): width {width}, {params:,} FFN parameters; "
+            f"{len(results)} configurations match minimind_ref")
