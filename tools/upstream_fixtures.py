@@ -2,6 +2,8 @@
 
     python tools/upstream_fixtures.py --upstream /path/to/minimind   # a checkout of jingyaogong/minimind at d65ef2c
     # writes tests/data/upstream_reference_minimind3.pt
+    python tools/upstream_fixtures.py --upstream /path/to/minimind --example
+    # writes minimind_ref/reference_outputs/upstream_minimind3.pt (package data, chapter 05)
 
 It imports upstream's ``model/model_minimind.py`` from the checkout (it needs ``transformers``:
 the project's ``.venv`` has 4.57.6), builds small models of upstream's own ``MiniMindForCausalLM``
@@ -9,6 +11,15 @@ for a few configurations, gives every parameter random values (norm gains includ
 gain would show), runs them and stores weights, inputs and outputs. ``tests/test_upstream_parity_minimind3.py``
 loads the same weights into ``minimind_ref`` with ``strict=True`` and compares every output at 1e-5.
 Upstream's code itself is not part of this repository.
+
+``--example`` writes the small file that ships with the package instead (``EXAMPLE_OUT``, read by
+``minimind_ref.checkpoint.upstream_reference_outputs``): two tiny models with minimind-3's layout
+(``EXAMPLE_CASES``: 8 query heads sharing 4 KV heads, QK-norm, the pi width rule; one dense, one
+with 4 experts, top-1), their weights stored in fp16 (the model ran on the fp16-rounded values, so
+the file loses nothing), a batch of token ids, upstream's logits in eval mode, and the parameter
+counts upstream's code gives its two published configurations (``MiniMindConfig()`` and
+``MiniMindConfig(use_moe=True)``, counted on the meta device). Chapter 05 loads the weights into
+``minimind_ref`` with ``strict=True`` and compares the logits.
 """
 
 from __future__ import annotations
@@ -21,7 +32,9 @@ from typing import Any, Dict
 
 import torch
 
-OUT = Path(__file__).resolve().parents[1] / "tests" / "data" / "upstream_reference_minimind3.pt"
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "tests" / "data" / "upstream_reference_minimind3.pt"
+EXAMPLE_OUT = ROOT / "minimind_ref" / "reference_outputs" / "upstream_minimind3.pt"
 
 #: name -> keyword arguments of upstream's d65ef2c ``MiniMindConfig`` (its own names).
 _SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=61,
@@ -35,6 +48,15 @@ CASES: Dict[str, Dict[str, Any]] = {
     "moe_top2_unnormalized": dict(_SMALL, use_moe=True, num_experts_per_tok=2, norm_topk_prob=False,
                                   moe_intermediate_size=48, num_experts=5),
     "moe_default_coef": dict(_SMALL, hidden_size=16, num_attention_heads=2, num_key_value_heads=1, use_moe=True),
+}
+
+
+#: The package example: minimind-3's head layout and width rule at a tiny size (upstream's keyword names).
+_TINY3 = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4, vocab_size=64,
+              max_position_embeddings=64)
+EXAMPLE_CASES: Dict[str, Dict[str, Any]] = {
+    "minimind-3": dict(_TINY3),
+    "minimind-3-moe": dict(_TINY3, use_moe=True, moe_intermediate_size=64),
 }
 
 
@@ -104,19 +126,58 @@ def run_case(upstream, kwargs: Dict[str, Any], seed: int) -> Dict[str, Any]:
     return out
 
 
+def run_example(upstream, kwargs: Dict[str, Any], seed: int) -> Dict[str, Any]:
+    """A package example: fp16-rounded random weights, a batch of ids, upstream's eval logits (fp32)."""
+    g = torch.Generator().manual_seed(seed)
+    model = upstream.MiniMindForCausalLM(upstream.MiniMindConfig(**kwargs))
+    randomize(model, g)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.half().float())  # the stored fp16 values are exactly the ones the model ran on
+    ids = torch.randint(0, kwargs["vocab_size"], (2, 10), generator=g)
+    model.eval()
+    with torch.no_grad():
+        logits = model(ids).logits
+    state = {k: v.detach().half().clone() for k, v in model.state_dict().items()}
+    return {"config": dict(kwargs), "state_dict": state, "input_ids": ids, "logits": logits}
+
+
+def published_counts(upstream) -> Dict[str, int]:
+    """Parameters of upstream's two default configurations, tied weights once, built on the meta device."""
+    counts = {}
+    for name, kwargs in (("minimind-3", {}), ("minimind-3-moe", {"use_moe": True})):
+        with torch.device("meta"):
+            model = upstream.MiniMindForCausalLM(upstream.MiniMindConfig(**kwargs))
+        counts[name] = sum(p.numel() for p in model.parameters())
+    return counts
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--upstream", required=True, type=Path, help="a checkout of jingyaogong/minimind at d65ef2c")
-    p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--out", type=Path, default=None, help=f"default {OUT} ({EXAMPLE_OUT} with --example)")
+    p.add_argument("--example", action="store_true", help="write the package example (chapter 05) instead")
     args = p.parse_args(argv)
     upstream = load_upstream(args.upstream)
     import transformers
 
+    if args.example:
+        out = args.out or EXAMPLE_OUT
+        cases = {name: run_example(upstream, kwargs, seed) for seed, (name, kwargs) in enumerate(EXAMPLE_CASES.items())}
+        note = (f"Made by tools/upstream_fixtures.py --example with upstream minimind-3 (model/model_minimind.py, "
+                f"d65ef2c), transformers {transformers.__version__}, torch {torch.__version__}, CPU: weights fp16, "
+                f"logits fp32 (eval mode), parameter counts of MiniMindConfig() and MiniMindConfig(use_moe=True).")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"cases": cases, "parameter_counts": published_counts(upstream), "note": note}, out)
+        print(f"wrote {out} ({len(cases)} cases): {note}")
+        return 0
+
     cases = {name: run_case(upstream, kwargs, seed) for seed, (name, kwargs) in enumerate(CASES.items())}
     note = (f"Outputs of upstream minimind-3 (model/model_minimind.py, d65ef2c) with transformers "
             f"{transformers.__version__}, torch {torch.__version__} on CPU, fp32; made by tools/upstream_fixtures.py.")
-    torch.save({"cases": cases, "note": note}, args.out)
-    print(f"wrote {args.out} ({len(cases)} cases): {note}")
+    out = args.out or OUT
+    torch.save({"cases": cases, "note": note}, out)
+    print(f"wrote {out} ({len(cases)} cases): {note}")
     return 0
 
 
