@@ -391,7 +391,8 @@ def upstream_reference_outputs(name: str = "upstream_minimind3") -> Dict[str, An
     ``"upstream_minimind3"`` (made from upstream's ``model/model_minimind.py`` at d65ef2c): ``cases``
     maps ``"minimind-3"`` (dense) and ``"minimind-3-moe"`` to ``{"config": upstream's keyword
     arguments, "state_dict": fp16 weights with upstream's keys, "input_ids": [2, 10], "logits":
-    upstream's fp32 eval logits [2, 10, vocab]}`` (tiny models with minimind-3's head layout and
+    upstream's fp32 eval logits [2, 10, vocab], "greedy_ids" / "greedy_penalty_ids": [2, 18], the ids
+    plus 8 tokens from upstream's own greedy ``generate``, repetition penalty 1.0 / 1.3}`` (tiny models with minimind-3's head layout and
     width rule); ``parameter_counts`` holds what upstream's code counts for its two default
     configurations; ``note`` says how the file was made. Read with ``weights_only=True``."""
     if not isinstance(name, str) or not name.isidentifier():

@@ -132,6 +132,11 @@ def test_shipped_example_matches_upstream():
         model.load_state_dict({k: v.float() for k, v in case["state_dict"].items()}, strict=True)
         with torch.no_grad():
             torch.testing.assert_close(model(case["input_ids"]).logits, case["logits"], **TOL)
+        # upstream's own greedy generate loop: the same tokens (the penalty changes them, so it is exercised)
+        for key, penalty in (("greedy_ids", 1.0), ("greedy_penalty_ids", 1.3)):
+            out = mm.generate(model, case["input_ids"], max_new_tokens=8, do_sample=False, repetition_penalty=penalty)
+            assert torch.equal(out, case[key]), (name, key)
+        assert not torch.equal(case["greedy_ids"], case["greedy_penalty_ids"])
 
 
 @pytest.mark.parametrize("name", ["nope", "../tests/data/upstream_reference", 3])
