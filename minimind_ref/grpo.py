@@ -39,6 +39,8 @@ prompt per batch the two are the same computation.
 
 from __future__ import annotations
 
+import math
+import numbers
 import re
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
@@ -57,6 +59,25 @@ THINK_PATTERNS = (r"^<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>$",
 THINK_TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 
 
+def _check_beta(beta: Any) -> None:
+    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta < 0:
+        raise ValueError(f"beta must be a number >= 0 and finite (the KL penalty's weight; upstream uses 0.02), got {beta!r}.")
+
+
+def _checked_reward(value: Any, reply: str, reward_fn: Callable[..., Any]) -> float:
+    """``value`` (what ``reward_fn`` returned for ``reply``) as a float, or a clear error."""
+    name = getattr(reward_fn, "__name__", type(reward_fn).__name__)
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if not isinstance(value, numbers.Real):  # bool counts (True = 1.0)
+        raise TypeError(f"the reward function {name} returned {value!r} ({type(value).__name__}) for the reply {reply!r:.60}; "
+                        "it must return a number (e.g. 1.0 for a right answer, 0.0 otherwise).")
+    if not math.isfinite(value):
+        raise ValueError(f"the reward function {name} returned {value!r} for the reply {reply!r:.60}; rewards must be "
+                         "finite numbers (a NaN or inf reward makes every advantage NaN).")
+    return float(value)
+
+
 # ---------------------------------------------------------------------- upstream's computations
 def group_advantages(rewards: torch.Tensor, num_generations: int, eps: float = 1e-4, clamp: float = 10.0,
                      normalize_batch: bool = True) -> torch.Tensor:
@@ -69,6 +90,9 @@ def group_advantages(rewards: torch.Tensor, num_generations: int, eps: float = 1
         raise ValueError(f"rewards must be 1-D [batch * num_generations], got shape {tuple(rewards.shape)}.")
     if not isinstance(num_generations, int) or num_generations < 2:
         raise ValueError(f"num_generations must be an int >= 2 (a group needs a spread), got {num_generations!r}.")
+    if not bool(torch.isfinite(rewards.float()).all()):
+        raise ValueError(f"rewards must be finite numbers; got {rewards.tolist()[:8]}: the reward function returned NaN "
+                         "or inf.")
     if rewards.numel() % num_generations:
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of num_generations={num_generations}; "
                          "pass the rewards of whole groups, in sampling order.")
@@ -130,8 +154,7 @@ def grpo_loss(per_token_logps: torch.Tensor, ref_per_token_logps: torch.Tensor, 
     batch at once, so long completions weigh more. A row with an empty mask contributes 0."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}.")
-    if not (isinstance(beta, (int, float)) and beta >= 0):
-        raise ValueError(f"beta must be a number >= 0 (the KL penalty's weight), got {beta!r}.")
+    _check_beta(beta)
     if per_token_logps.shape != ref_per_token_logps.shape or per_token_logps.shape != completion_mask.shape:
         raise ValueError("per_token_logps, ref_per_token_logps and completion_mask must have the same shape "
                          f"[rows, completion_length]; got {tuple(per_token_logps.shape)}, "
@@ -171,7 +194,8 @@ class RLPromptDataset:
     def __init__(self, records: Sequence[Dict[str, Any]]) -> None:
         for i, record in enumerate(records):
             turns = record.get("conversations") if isinstance(record, dict) else None
-            if not turns or len(turns) < 2 or turns[-1].get("role") != "assistant":
+            if (not isinstance(turns, (list, tuple)) or len(turns) < 2 or not all(isinstance(t, dict) for t in turns)
+                    or turns[-1].get("role") != "assistant"):
                 raise ValueError(f"record {i} must be {{'conversations': [...prompt turns, "
                                  "{'role': 'assistant', 'content': reference answer}]}.")
         self.records = list(records)
@@ -230,10 +254,18 @@ class GRPOObjective:
                  reduction: str = "sequence", seed: int = 0) -> None:
         if reduction not in REDUCTIONS:
             raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}.")
+        _check_beta(beta)
         if ref_model is None and beta != 0:
             raise ValueError(f"beta={beta} needs a reference model for the KL term; pass ref_model or set beta=0.")
-        if not isinstance(num_generations, int) or num_generations < 2:
+        if isinstance(num_generations, bool) or not isinstance(num_generations, int) or num_generations < 2:
             raise ValueError(f"num_generations must be an int >= 2, got {num_generations!r}.")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an int >= 1 (the longest completion sampled), got {max_new_tokens!r}.")
+        if (isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature)
+                or temperature <= 0):
+            raise ValueError(f"temperature must be a finite number > 0 (upstream samples at 0.8), got {temperature!r}.")
+        if not callable(reward_fn):
+            raise TypeError(f"reward_fn must be a function (reply, answer) -> float, got {type(reward_fn).__name__}.")
         if ref_model is not None:
             ref_model.eval()
             ref_model.requires_grad_(False)
@@ -252,6 +284,9 @@ class GRPOObjective:
         return self.generator
 
     def __call__(self, model: torch.nn.Module, batch: Sequence[Dict[str, Any]]) -> Dict[str, torch.Tensor]:
+        from .dpo import check_reference
+
+        check_reference(model, self.ref_model)
         device = next(model.parameters()).device
         generator = self._generator_for(device)
         groups, rewards, texts = [], [], []
@@ -261,7 +296,8 @@ class GRPOObjective:
                                         self.temperature, generator)
             groups.append(sample)
             texts.extend(sample["texts"])
-            rewards.extend(self.reward_fn(t, turns[-1]["content"]) for t in sample["texts"])
+            rewards.extend(_checked_reward(self.reward_fn(t, turns[-1]["content"]), t, self.reward_fn)
+                           for t in sample["texts"])
         reward_t = torch.tensor(rewards, dtype=torch.float32, device=device)
         advantages = group_advantages(reward_t, self.num_generations, normalize_batch=self.normalize_batch)
         width = max(g["completion_ids"].size(1) for g in groups)
@@ -351,9 +387,10 @@ def train_grpo(model: torch.nn.Module, tokenizer: Any, cfg: "Optional[TrainConfi
     module is used as given; ``None`` drops the KL term (``beta`` must be 0). Every
     ``cfg.eval_every`` steps the default evaluation logs ``heldout_accuracy`` on ``n_heldout``
     held-out prompts (``history["eval_accuracy"]``, ``eval_stop_rate``, ``eval_length``)."""
-    from .dpo import freeze_reference
+    from .dpo import check_reference, freeze_reference
     from .train import TrainConfig, train
 
+    check_reference(model, ref_model)
     cfg = cfg if cfg is not None else TrainConfig.from_json(GRPO_CONFIG)
     if isinstance(ref_model, str):
         if ref_model != "copy":
