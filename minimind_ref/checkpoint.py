@@ -29,6 +29,7 @@ import collections
 import os
 import pickle
 import re
+from pathlib import Path
 from typing import Any, Dict, Iterable, Mapping, Optional, Tuple, Union
 
 import numpy as np
@@ -522,3 +523,27 @@ def load_checkpoint(
     model = MiniMindForCausalLM(config)
     load_state_dict_strict(model, state_dict)
     return model.to(map_location).eval()
+
+
+# ---------------------------------------------------------------------- upstream's outputs, shipped
+#: Outputs of upstream's own code that ship with the package (``tools/upstream_fixtures.py --example``).
+REFERENCE_OUTPUTS_DIR = Path(__file__).with_name("reference_outputs")
+
+
+def upstream_reference_outputs(name: str = "upstream_minimind3") -> Dict[str, Any]:
+    """A small file made by running upstream's own code, shipped as package data.
+
+    ``"upstream_minimind3"`` (made from upstream's ``model/model_minimind.py`` at d65ef2c): ``cases``
+    maps ``"minimind-3"`` (dense) and ``"minimind-3-moe"`` to ``{"config": upstream's keyword
+    arguments, "state_dict": fp16 weights with upstream's keys, "input_ids": [2, 10], "logits":
+    upstream's fp32 eval logits [2, 10, vocab], "greedy_ids" / "greedy_penalty_ids": [2, 18], the ids
+    plus 8 tokens from upstream's own greedy ``generate``, repetition penalty 1.0 / 1.3}`` (tiny models with minimind-3's head layout and
+    width rule); ``parameter_counts`` holds what upstream's code counts for its two default
+    configurations; ``note`` says how the file was made. Read with ``weights_only=True``."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"name must be the name of a shipped file (e.g. 'upstream_minimind3'), got {name!r}.")
+    path = REFERENCE_OUTPUTS_DIR / f"{name}.pt"
+    if not path.is_file():
+        shipped = sorted(p.stem for p in REFERENCE_OUTPUTS_DIR.glob("*.pt"))
+        raise ValueError(f"no shipped reference outputs named {name!r}; available: {shipped}.")
+    return _torch_load(path, "cpu")

@@ -3,6 +3,8 @@ message that names it (the solution only on request)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -35,6 +37,14 @@ def shifted_cross_entropy(logits, labels):
     return F.cross_entropy(logits[:, :-1].reshape(-1, V), labels[:, 1:].reshape(-1), ignore_index=-100)
 
 
+def minimind3_parameters(hidden_size, num_hidden_layers, use_moe=False, vocab_size=6400):
+    h, L = hidden_size, num_hidden_layers
+    d = h // 8
+    width = math.ceil(h * math.pi / 64) * 64
+    ffn = 4 * 3 * h * width + 4 * h if use_moe else 3 * h * width
+    return L * (2 * h * 8 * d + 2 * h * 4 * d + 2 * d + 2 * h + ffn) + vocab_size * h + h
+
+
 def stub(*args, **kwargs):
     raise NotImplementedError("Exercise 5.x: implement me")
 
@@ -46,6 +56,7 @@ def stub(*args, **kwargs):
     (ch05.check_count_parameters, count_dense_parameters),
     (ch05.check_tie_weights, tie_weights),
     (ch05.check_shifted_cross_entropy, shifted_cross_entropy),
+    (ch05.check_minimind3_parameters, minimind3_parameters),
 ])
 def test_reference_passes(check, fn, capsys):
     check(fn)
@@ -55,7 +66,7 @@ def test_reference_passes(check, fn, capsys):
 
 # ----------------------------------------------------------------------------- stubs fail
 @pytest.mark.parametrize("check", [ch05.check_block_forward, ch05.check_count_parameters, ch05.check_tie_weights,
-                                   ch05.check_shifted_cross_entropy])
+                                   ch05.check_shifted_cross_entropy, ch05.check_minimind3_parameters])
 def test_stub_fails(check):
     with pytest.raises(AssertionError, match="not implemented"):
         check(stub)
@@ -336,3 +347,58 @@ def only_labels_shifted(logits, labels):
 ])
 def test_loss_mistakes_are_named(fn, fragment):
     assert_names(ch05.check_shifted_cross_entropy, fn, fragment, label=ch05.LOSS)
+
+
+# ----------------------------------------------------------------------------- 5.5 minimind-3's count
+def _m3_plus(delta):
+    """minimind-3's count plus ``delta(h, L, V, d, width, use_moe)``."""
+    def fn(hidden_size, num_hidden_layers, use_moe=False, vocab_size=6400):
+        h, L, V = hidden_size, num_hidden_layers, vocab_size
+        width = math.ceil(h * math.pi / 64) * 64
+        return minimind3_parameters(h, L, use_moe, V) + delta(h, L, V, h // 8, width, use_moe)
+    return fn
+
+
+def m3_minimind2_layout(hidden_size, num_hidden_layers, use_moe=False, vocab_size=6400):
+    h, d = hidden_size, hidden_size // 8
+    return minimind3_parameters(h, num_hidden_layers, use_moe, vocab_size) - num_hidden_layers * 2 * h * 2 * d
+
+
+def m3_eight_thirds(hidden_size, num_hidden_layers, use_moe=False, vocab_size=6400):
+    h, L = hidden_size, num_hidden_layers
+    d, width = h // 8, 64 * math.ceil(int(8 * h / 3) / 64)
+    ffn = 4 * 3 * h * width + 4 * h if use_moe else 3 * h * width
+    return L * (2 * h * 8 * d + 2 * h * 4 * d + 2 * d + 2 * h + ffn) + vocab_size * h + h
+
+
+def m3_the_published_number(hidden_size, num_hidden_layers, use_moe=False, vocab_size=6400):
+    return 198_416_640 if use_moe else 63_912_192
+
+
+@pytest.mark.parametrize("fn, fragment", [
+    (m3_minimind2_layout, "MiniMind2's 2 KV heads"),
+    (m3_eight_thirds, "MiniMind2's 8/3 width rule"),
+    (_m3_plus(lambda h, L, V, d, w, moe: -L * 2 * d), "the QK-norm gains left out"),
+    (_m3_plus(lambda h, L, V, d, w, moe: L * 10 * d), "QK-norm gains counted per head"),
+    (_m3_plus(lambda h, L, V, d, w, moe: L * 2 * (h - d)), "QK-norm gains of hidden_size values"),
+    (_m3_plus(lambda h, L, V, d, w, moe: V * h), "the tied matrix counted twice"),
+    (_m3_plus(lambda h, L, V, d, w, moe: -V * h), "the embedding matrix left out"),
+    (_m3_plus(lambda h, L, V, d, w, moe: -2 * L * h), "the block norms left out"),
+    (_m3_plus(lambda h, L, V, d, w, moe: -h), "the final norm left out"),
+    (_m3_plus(lambda h, L, V, d, w, moe: L * 3 * h * w if moe else 0), "a shared expert added"),
+    (_m3_plus(lambda h, L, V, d, w, moe: -L * 4 * h if moe else 0), "the router left out"),
+    (_m3_plus(lambda h, L, V, d, w, moe: -L * 9 * h * w if moe else 0), "only the expert a token uses counted"),
+    (m3_the_published_number, "a difference of"),
+    (_m3_plus(lambda h, L, V, d, w, moe: 0.5), "expected an int"),
+    (lambda hidden_size, num_hidden_layers: 0, "your function raised TypeError"),
+])
+def test_count3_mistakes_are_named(fn, fragment):
+    assert_names(ch05.check_minimind3_parameters, fn, fragment, label="Exercise 5.5 minimind3_parameters")
+
+
+def test_count3_reference_matches_upstreams_code():
+    """63,912,192 and 198,416,640: upstream's own count of its default configurations (the shipped file)."""
+    from minimind_ref.checkpoint import upstream_reference_outputs
+    counts = upstream_reference_outputs()["parameter_counts"]
+    assert minimind3_parameters(768, 8) == counts["minimind-3"] == 63_912_192
+    assert minimind3_parameters(768, 8, use_moe=True) == counts["minimind-3-moe"] == 198_416_640

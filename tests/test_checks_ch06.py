@@ -4,9 +4,12 @@ for a solution."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
+from minimind_ref import count_parameters
 from minimind_ref.checks import ch06
 from minimind_ref.generation import apply_repetition_penalty as ref_repetition_penalty
 from minimind_ref.generation import top_p_filter as ref_top_p_filter
@@ -58,6 +61,24 @@ def repetition_loop(logits, previous_ids, penalty):
     return out
 
 
+def longest_context_ref(config, memory_bytes, bytes_per_value=2, batch=1):
+    weights = count_parameters(config) * bytes_per_value
+    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * bytes_per_value * batch
+    return max(0, (memory_bytes - weights) // per_token)
+
+
+def longest_context_loop(config, memory_bytes, bytes_per_value=2, batch=1):
+    """Count tokens up from 0 in big strides, then small ones: the same number another way."""
+    free = memory_bytes - count_parameters(config) * bytes_per_value
+    per_layer_token = 2 * config.num_key_value_heads * config.head_dim * bytes_per_value
+    per_token = per_layer_token * config.num_hidden_layers * batch
+    n = 0
+    for stride in (10 ** 6, 10 ** 4, 10 ** 2, 1):
+        while (n + stride) * per_token <= free:
+            n += stride
+    return n
+
+
 def stub(*args, **kwargs):
     raise NotImplementedError("Exercise 6.x: implement me")
 
@@ -73,6 +94,8 @@ def stub(*args, **kwargs):
         (ch06.check_repetition_penalty, repetition_ref),
         (ch06.check_repetition_penalty, repetition_loop),
         (ch06.check_repetition_penalty, ref_repetition_penalty),
+        (ch06.check_longest_context, longest_context_ref),
+        (ch06.check_longest_context, longest_context_loop),
     ],
 )
 def test_reference_passes(check, answer, capsys):
@@ -93,7 +116,8 @@ def test_checks_leave_the_global_rng_alone():
 # ------------------------------------------------------------------ stubs fail
 @pytest.mark.parametrize(
     "check",
-    [ch06.check_update_cache, ch06.check_rope_for_new_tokens, ch06.check_top_p_filter, ch06.check_repetition_penalty],
+    [ch06.check_update_cache, ch06.check_rope_for_new_tokens, ch06.check_top_p_filter, ch06.check_repetition_penalty,
+     ch06.check_longest_context],
 )
 def test_stub_fails(check):
     with pytest.raises(AssertionError, match="not implemented"):
@@ -359,3 +383,41 @@ def repetition_in_place_loop(logits, previous_ids, penalty):
 ])
 def test_penalty_mistakes_are_named(fn, fragment):
     assert_names(ch06.check_repetition_penalty, fn, fragment, label=ch06.PENALTY)
+
+
+# ------------------------------------------------------------------ 6.5 wrong context lengths
+def _ctx(per_token=None, weights=None, rounding=lambda a, d: a // d, clamp=True):
+    """longest_context with one ingredient replaced: per_token(cfg, b, batch), weights(cfg, b)."""
+    def fn(config, memory_bytes, bytes_per_value=2, batch=1):
+        b = bytes_per_value
+        w = count_parameters(config) * b if weights is None else weights(config, b)
+        pt = (2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * b * batch
+              if per_token is None else per_token(config, b, batch))
+        n = rounding(memory_bytes - w, pt)
+        return max(0, n) if clamp else n
+    return fn
+
+
+@pytest.mark.parametrize("fn, fragment", [
+    (_ctx(per_token=lambda c, b, n: c.num_hidden_layers * c.num_key_value_heads * c.head_dim * b * n), "keys only"),
+    (_ctx(per_token=lambda c, b, n: 2 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * b * n),
+     "num_attention_heads used for the cache"),
+    (_ctx(per_token=lambda c, b, n: 2 * c.num_hidden_layers * 2 * c.head_dim * b * n), "MiniMind2's 2 KV heads"),
+    (_ctx(per_token=lambda c, b, n: 2 * c.num_hidden_layers * c.num_key_value_heads
+          * (c.hidden_size // c.num_attention_heads) * b * n), "hidden_size // num_attention_heads used as head_dim"),
+    (_ctx(per_token=lambda c, b, n: 2 * c.num_key_value_heads * c.head_dim * b * n), "one layer's cache"),
+    (_ctx(weights=lambda c, b: 0), "the weights left out"),
+    (_ctx(per_token=lambda c, b, n: 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * b), "the batch left out"),
+    (_ctx(rounding=lambda a, d: math.ceil(a / d)), "rounded up"),
+    (_ctx(weights=lambda c, b: count_parameters(c) * 4), "the weights counted at 4 bytes"),
+    (_ctx(weights=lambda c, b: (count_parameters(c) + c.vocab_size * c.hidden_size) * b), "counted twice"),
+    (_ctx(clamp=False), "a negative length"),
+    (lambda config, memory_bytes, bytes_per_value=2, batch=1: float(longest_context_ref(config, memory_bytes,
+                                                                                        bytes_per_value, batch)),
+     "expected an int"),
+    (lambda config, memory_bytes, bytes_per_value=2, batch=1: longest_context_ref(config, memory_bytes) + 1,
+     "expected"),
+    (lambda config, memory_bytes: 0, "your function raised TypeError"),
+])
+def test_context_mistakes_are_named(fn, fragment):
+    assert_names(ch06.check_longest_context, fn, fragment, label="Exercise 6.5 longest_context")

@@ -384,3 +384,206 @@ def test_learner_exception_is_reported_with_the_case():
         raise RuntimeError("boom")
 
     assert_names(ch07.check_dispatch, broken, "RuntimeError: boom", "(on n_experts=", label=ch07.DISPATCH)
+
+
+# ----------------------------------------------------------------- 7.5 minimind-3's MoE layer
+from torch import nn  # noqa: E402
+
+from minimind_ref import FeedForward  # noqa: E402
+from minimind_ref.moe import seq_aux_loss  # noqa: E402
+
+
+class MiniMind3MoE(nn.Module):
+    """The notebook's solution: minimind-3's router, dispatch and router loss."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.gate = nn.Linear(config.hidden_size, config.n_routed_experts, bias=False)
+        self.experts = nn.ModuleList(FeedForward(config, config.expert_intermediate_size)
+                                     for _ in range(config.n_routed_experts))
+        self.aux_loss = 0.0
+
+    def route(self, flat):
+        cfg = self.config
+        scores = F.softmax(self.gate(flat), dim=-1)
+        weight, idx = torch.topk(scores, cfg.num_experts_per_tok, dim=-1)
+        if cfg.norm_topk_prob:
+            weight = weight / (weight.sum(dim=-1, keepdim=True) + 1e-20)
+        return scores, weight, idx
+
+    def mix(self, flat, weight, idx):
+        y = torch.zeros_like(flat)
+        for i, expert in enumerate(self.experts):
+            chosen = idx == i
+            rows = chosen.any(dim=-1).nonzero().flatten()
+            if rows.numel():
+                y = y.index_add(0, rows, expert(flat[rows]) * weight[chosen].view(-1, 1))
+            elif self.training:
+                y = y + 0 * sum(p.sum() for p in expert.parameters())
+        return y
+
+    def loss(self, scores, idx, batch):
+        cfg = self.config
+        load = F.one_hot(idx, cfg.n_routed_experts).float().mean(0)
+        return (load * scores.mean(0)).sum() * cfg.n_routed_experts * cfg.aux_loss_alpha
+
+    def forward(self, x):
+        b, s, d = x.shape
+        flat = x.reshape(-1, d)
+        scores, weight, idx = self.route(flat)
+        y = self.mix(flat, weight, idx)
+        self.aux_loss = (self.loss(scores, idx, b) if self.training and self.config.aux_loss_alpha > 0
+                         else scores.new_zeros(()))
+        return y.view(b, s, d)
+
+
+class SharedExpertLeftIn(MiniMind3MoE):
+    def __init__(self, config):
+        super().__init__(config)
+        self.shared_experts = nn.ModuleList([FeedForward(config, config.expert_intermediate_size)])
+
+    def forward(self, x):
+        return super().forward(x) + self.shared_experts[0](x)
+
+
+class AlwaysTopTwo(MiniMind3MoE):
+    def route(self, flat):
+        scores = F.softmax(self.gate(flat), dim=-1)
+        weight, idx = torch.topk(scores, 2, dim=-1)
+        return scores, weight / weight.sum(dim=-1, keepdim=True), idx
+
+
+class MiniMind2Renormalization(MiniMind3MoE):
+    def route(self, flat):
+        cfg = self.config
+        scores = F.softmax(self.gate(flat), dim=-1)
+        weight, idx = torch.topk(scores, cfg.num_experts_per_tok, dim=-1)
+        if cfg.num_experts_per_tok > 1 and cfg.norm_topk_prob:
+            weight = weight / (weight.sum(dim=-1, keepdim=True) + 1e-20)
+        return scores, weight, idx
+
+
+class WeightsIgnored(MiniMind3MoE):
+    def route(self, flat):
+        scores, weight, idx = super().route(flat)
+        return scores, torch.ones_like(weight), idx
+
+
+class SequenceLevelLoss(MiniMind3MoE):
+    def loss(self, scores, idx, batch):
+        return seq_aux_loss(scores, idx, batch, self.config.n_routed_experts, self.config.aux_loss_alpha)
+
+
+class SlotLoss(MiniMind3MoE):
+    def loss(self, scores, idx, batch):
+        return global_aux_loss(scores, idx, self.config.n_routed_experts, self.config.aux_loss_alpha)
+
+
+class NoTimesExperts(MiniMind3MoE):
+    def loss(self, scores, idx, batch):
+        return super().loss(scores, idx, batch) / self.config.n_routed_experts
+
+
+class NoCoefficient(MiniMind3MoE):
+    def loss(self, scores, idx, batch):
+        return super().loss(scores, idx, batch) / self.config.aux_loss_alpha
+
+
+class UnusedExpertOutOfGraph(MiniMind3MoE):
+    def mix(self, flat, weight, idx):
+        y = torch.zeros_like(flat)
+        for i, expert in enumerate(self.experts):
+            chosen = idx == i
+            rows = chosen.any(dim=-1).nonzero().flatten()
+            if rows.numel():
+                y = y.index_add(0, rows, expert(flat[rows]) * weight[chosen].view(-1, 1))
+        return y
+
+
+class LossInEvalToo(MiniMind3MoE):
+    def forward(self, x):
+        y = super().forward(x)
+        flat = x.reshape(-1, x.shape[-1])
+        scores, _, idx = self.route(flat)
+        self.aux_loss = self.loss(scores, idx, x.shape[0])
+        return y
+
+
+class NoAuxLoss(MiniMind3MoE):
+    def forward(self, x):
+        y = super().forward(x)
+        self.aux_loss = None
+        return y
+
+
+class OwnNames(MiniMind3MoE):
+    def __init__(self, config):
+        super().__init__(config)
+        self.router = self.gate
+        del self.gate
+
+    def route(self, flat):
+        self.gate = self.router
+        return super().route(flat)
+
+
+def test_minimind3_reference_passes(capsys):
+    ch07.check_minimind3_moe(MiniMind3MoE)
+    ch07.check_balanced_router_loss(lambda num_experts, top_k, coef: coef * top_k)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line[:15] for line in lines] == ["✓ Exercise 7.5 ", "✓ Exercise 7.6 "], lines
+
+
+def test_minimind3_package_layer_passes(capsys):
+    """minimind_ref's own layer (moe_variant='minimind-3') passes the check it is compared with."""
+    from minimind_ref import MOEFeedForward
+    ch07.check_minimind3_moe(MOEFeedForward)
+    assert capsys.readouterr().out.startswith("✓ Exercise 7.5")
+
+
+@pytest.mark.parametrize("check", [ch07.check_minimind3_moe, ch07.check_balanced_router_loss])
+def test_minimind3_stubs_fail(check):
+    with pytest.raises(AssertionError, match="not implemented yet"):
+        check(stub)
+
+
+@pytest.mark.parametrize("wrong, fragment", [
+    (SharedExpertLeftIn, "the shared expert left in"),
+    (AlwaysTopTwo, "top-2 where top-1 is asked"),
+    (MiniMind2Renormalization, "the top-1 weight left unnormalized"),
+    (WeightsIgnored, "every chosen expert counted with weight 1"),
+    (SequenceLevelLoss, "MiniMind2's per-sequence loss"),
+    (SlotLoss, "MiniMind2's global loss over routing slots"),
+    (NoTimesExperts, "the factor num_experts left out"),
+    (NoCoefficient, "the coefficient router_aux_loss_coef"),
+    (UnusedExpertOutOfGraph, "received no gradient in training"),
+    (LossInEvalToo, "in eval mode self.aux_loss must be 0"),
+    (NoAuxLoss, "self.aux_loss must be a tensor"),
+    (OwnNames, "do not have upstream's names"),
+    (lambda config: "not a module", "must build an nn.Module"),
+])
+def test_minimind3_moe_mistakes_are_named(wrong, fragment):
+    assert_names(ch07.check_minimind3_moe, wrong, fragment, label=ch07.MOE3)
+
+
+def test_minimind3_moe_check_leaves_the_global_rng_alone():
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    ch07.check_minimind3_moe(MiniMind3MoE)
+    assert torch.equal(torch.rand(3), expected)
+
+
+# ----------------------------------------------------------------- 7.6 the balanced value
+@pytest.mark.parametrize("wrong, fragment", [
+    (lambda num_experts, top_k, coef: coef, "the value of MiniMind2's losses at balance"),
+    (lambda num_experts, top_k, coef: coef * top_k / num_experts, "the factor num_experts left out"),
+    (lambda num_experts, top_k, coef: coef * top_k * num_experts, "one factor num_experts too many"),
+    (lambda num_experts, top_k, coef: coef * top_k * top_k, "top_k counted twice"),
+    (lambda num_experts, top_k, coef: top_k, "the coefficient left out"),
+    (lambda num_experts, top_k, coef: coef * (top_k + 1), "expected"),
+    (lambda num_experts, top_k, coef: "5e-4", "expected a number"),
+])
+def test_balanced_router_loss_mistakes_are_named(wrong, fragment):
+    assert_names(ch07.check_balanced_router_loss, wrong, fragment, label=ch07.BALANCED)

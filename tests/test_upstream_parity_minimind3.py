@@ -114,3 +114,34 @@ def test_minimind3_defaults_are_d65ef2cs():
     assert m.expert_intermediate_size == 2432
     over = mm.preset("minimind-3-moe", num_experts_per_tok=2, norm_topk_prob=False, num_experts=8)
     assert (over.num_experts_per_tok, over.norm_topk_prob, over.n_routed_experts) == (2, False, 8)
+
+
+def test_shipped_example_matches_upstream():
+    """The package's own copy of upstream outputs (chapter 05 loads it outside the repository)."""
+    from minimind_ref.checkpoint import upstream_reference_outputs
+
+    example = upstream_reference_outputs("upstream_minimind3")
+    assert set(example["cases"]) == {"minimind-3", "minimind-3-moe"}
+    for name, count in example["parameter_counts"].items():
+        assert mm.count_parameters(mm.preset(name)) == count
+    for name, case in example["cases"].items():
+        cfg = mm.MiniMindConfig(generation="minimind-3", **case["config"])
+        assert cfg.num_key_value_heads == 4 and cfg.qk_norm and cfg.use_moe == (name == "minimind-3-moe")
+        assert all(v.dtype == torch.float16 for v in case["state_dict"].values())
+        model = mm.MiniMindForCausalLM(cfg).eval()
+        model.load_state_dict({k: v.float() for k, v in case["state_dict"].items()}, strict=True)
+        with torch.no_grad():
+            torch.testing.assert_close(model(case["input_ids"]).logits, case["logits"], **TOL)
+        # upstream's own greedy generate loop: the same tokens (the penalty changes them, so it is exercised)
+        for key, penalty in (("greedy_ids", 1.0), ("greedy_penalty_ids", 1.3)):
+            out = mm.generate(model, case["input_ids"], max_new_tokens=8, do_sample=False, repetition_penalty=penalty)
+            assert torch.equal(out, case[key]), (name, key)
+        assert not torch.equal(case["greedy_ids"], case["greedy_penalty_ids"])
+
+
+@pytest.mark.parametrize("name", ["nope", "../tests/data/upstream_reference", 3])
+def test_shipped_example_bad_name(name):
+    from minimind_ref.checkpoint import upstream_reference_outputs
+
+    with pytest.raises(ValueError, match="upstream_minimind3"):
+        upstream_reference_outputs(name)

@@ -11,6 +11,7 @@ that says how to see a worked solution.
     ch05.check_tie_weights(tie_weights)                    # Exercise 5.2
     ch05.check_count_parameters(count_dense_parameters)    # Exercise 5.3
     ch05.check_shifted_cross_entropy(shifted_cross_entropy)  # Exercise 5.4
+    ch05.check_minimind3_parameters(minimind3_parameters)  # Exercise 5.5
 """
 
 from __future__ import annotations
@@ -22,18 +23,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import MiniMindConfig, minimind2, minimind2_small
+from ..config import MiniMindConfig, default_intermediate_size, minimind2, minimind2_small
 from ..model import MiniMindBlock, MiniMindForCausalLM
 from ..params import count_parameters
 from ..rope import precompute_freqs_cis
 from .core import call, check, check_close, fail, seeded, solution
 
-__all__ = ["check_block_forward", "check_tie_weights", "check_count_parameters", "check_shifted_cross_entropy"]
+__all__ = ["check_block_forward", "check_tie_weights", "check_count_parameters", "check_shifted_cross_entropy",
+           "check_minimind3_parameters"]
 
 BLOCK = "Exercise 5.1 block_forward"
 TIE = "Exercise 5.2 tie_weights"
 COUNT = "Exercise 5.3 count_dense_parameters"
 LOSS = "Exercise 5.4 shifted_cross_entropy"
+COUNT3 = "Exercise 5.5 minimind3_parameters"
 
 
 def _small(**kw) -> MiniMindConfig:
@@ -347,3 +350,76 @@ def check_shifted_cross_entropy(fn: Callable[[torch.Tensor, torch.Tensor], torch
         got = call(fn, logits.clone(), lab.clone(), name=LOSS, hint=hint, case=case, check_inputs=True)
         check_close(got, expected, name=LOSS, hint=hint, case=case, mistakes=_loss_mistakes(logits, lab))
     return "position i predicts label i+1, -100 ignored, equals MiniMindForCausalLM's loss"
+
+
+# ----------------------------------------------------------------------------- 5.5 minimind-3's count
+def _minimind3_config(hidden: int, layers: int, use_moe: bool, vocab: int) -> MiniMindConfig:
+    return MiniMindConfig(generation="minimind-3", hidden_size=hidden, num_hidden_layers=layers, use_moe=use_moe,
+                          vocab_size=vocab)
+
+
+def _count3_mistakes(cfg: MiniMindConfig, expected: int) -> Dict[str, int]:
+    """What the plausible wrong derivations of minimind-3's count give (description -> count)."""
+    h, L, V, m = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size, cfg.intermediate_size
+    d, nq, nkv, E = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.n_routed_experts
+    ffns = E if cfg.use_moe else 1  # FFN-shaped blocks per layer
+    narrow = default_intermediate_size(h)
+    mistakes = {
+        "MiniMind2's 2 KV heads (minimind-3's 8 query heads share 4 KV heads, so k_proj and v_proj are twice as "
+        "wide)": expected - L * 2 * h * (nkv - 2) * d,
+        "MiniMind2's 8/3 width rule for the FFN (minimind-3 rounds hidden_size * pi up to a multiple of 64)":
+            expected - L * ffns * 3 * h * (m - narrow),
+        "the QK-norm gains left out (minimind-3 normalizes queries and keys, and each RMSNorm has a gain)":
+            expected - L * 2 * d,
+        "QK-norm gains counted per head (one q_norm and one k_norm per layer, each of head_dim values, shared by all "
+        "heads)": expected + L * (nq + nkv - 2) * d,
+        "QK-norm gains of hidden_size values (they normalize one head, head_dim values)": expected + L * 2 * (h - d),
+        "the tied matrix counted twice (minimind-3 ties the head to the embedding by default, "
+        "tie_word_embeddings=True)": expected + V * h,
+        "the embedding matrix left out": expected - V * h,
+        "the block norms left out (two RMSNorm gains of hidden_size per layer)": expected - 2 * L * h,
+        "the final norm left out": expected - h,
+    }
+    if cfg.use_moe:
+        mistakes.update({
+            "a shared expert added (MiniMind2's MoE has one; minimind-3 removed it)": expected + L * 3 * h * m,
+            "the router left out (one hidden_size-vector per expert in every layer)": expected - L * h * E,
+            "only the expert a token uses counted (that is the active count; the model stores every expert)":
+                expected - L * (E - 1) * 3 * h * m,
+        })
+    return {k: v for k, v in mistakes.items() if v != expected}
+
+
+solution("5.5", "h, L = hidden_size, num_hidden_layers; d = h // 8; width = ceil(h * pi / 64) * 64; per layer: "
+                "2 * h * 8 * d (q, o) + 2 * h * 4 * d (k, v) + 2 * d (q_norm, k_norm) + 2 * h (block norms) + FFN, "
+                "where FFN = 3 * h * width dense, or 4 * 3 * h * width + 4 * h (experts, router) with use_moe; "
+                "total = L * per layer + vocab_size * h (tied) + h (final norm)")
+
+
+@check(COUNT3)
+def check_minimind3_parameters(fn: Callable[..., int]) -> str:
+    """``fn(hidden_size, num_hidden_layers, use_moe=False, vocab_size=6400)`` must equal the parameter count of
+    upstream's minimind-3 (d65ef2c defaults) of that width and depth: the published sizes (63,912,192 dense,
+    198,416,640 with experts, as upstream's code counts them) and other widths, depths and vocabularies."""
+    hint = ("go through the rows in which minimind-3's defaults differ from MiniMind2's and decide for each whether it "
+            "changes a weight's shape or adds a weight; keep what MiniMind2 and minimind-3 share (8 query heads, "
+            "head_dim = hidden_size // 8, tied head, two norms per block and a final one)")
+    cases = [(768, 8, False, 6400), (768, 8, True, 6400), (512, 8, False, 6400), (640, 4, True, 6400),
+             (256, 3, False, 1000), (1024, 2, True, 997)]
+    for hidden, layers, use_moe, vocab in cases:
+        cfg = _minimind3_config(hidden, layers, use_moe, vocab)
+        expected = count_parameters(cfg)
+        case = f"hidden_size={hidden}, num_hidden_layers={layers}, use_moe={use_moe}, vocab_size={vocab}"
+        got = call(fn, hidden, layers, use_moe=use_moe, vocab_size=vocab, name=COUNT3, hint=hint, case=case)
+        if isinstance(got, bool) or not isinstance(got, int):
+            try:
+                got = operator.index(got)
+            except TypeError:
+                fail(COUNT3, f"expected an int, got {type(got).__name__} {got!r:.60} (on {case})",
+                     "use integer arithmetic (*, //, math.ceil) throughout, or int(...) at the end")
+        if got != expected:
+            seen = next((k for k, v in _count3_mistakes(cfg, expected).items() if v == got), None)
+            prefix = f"this looks like {seen}: " if seen else ""
+            fail(COUNT3, f"{prefix}expected {expected:,}, got {got:,}, a difference of {got - expected:+,} (on {case})",
+                 hint)
+    return "6 sizes, dense and MoE, match upstream's count (minimind-3: 63,912,192; minimind-3-moe: 198,416,640)"

@@ -11,14 +11,19 @@ that says how to see a worked solution.
     ch06.check_rope_for_new_tokens(rope_for_new_tokens)      # Exercise 6.2
     ch06.check_top_p_filter(top_p_filter)                    # Exercise 6.3
     ch06.check_repetition_penalty(apply_repetition_penalty)  # Exercise 6.4
+    ch06.check_longest_context(longest_context)              # Exercise 6.5
 """
 
 from __future__ import annotations
 
 import math
+import operator
 from typing import Callable, Dict, Tuple
 
 import torch
+
+from ..config import MiniMindConfig, minimind2, minimind2_small, preset
+from ..params import count_parameters
 
 from ..generation import apply_repetition_penalty as _ref_repetition_penalty
 from ..generation import top_p_filter as _ref_top_p_filter
@@ -30,12 +35,14 @@ __all__ = [
     "check_rope_for_new_tokens",
     "check_top_p_filter",
     "check_repetition_penalty",
+    "check_longest_context",
 ]
 
 CACHE = "Exercise 6.1 update_cache"
 ROPE = "Exercise 6.2 rope_for_new_tokens"
 TOP_P = "Exercise 6.3 top_p_filter"
 PENALTY = "Exercise 6.4 apply_repetition_penalty"
+CONTEXT = "Exercise 6.5 longest_context"
 
 
 # ----------------------------------------------------------------------------- 6.1 cache update
@@ -245,3 +252,89 @@ def check_repetition_penalty(fn: Callable[..., torch.Tensor]) -> str:
         mistakes = _penalty_mistakes(logits, prev, penalty) if not math.isclose(penalty, 1.0) else None
         check_close(got, expected, name=PENALTY, hint=hint, case=case, mistakes=mistakes)
     return "seen tokens: positive logits / penalty, negative logits * penalty, each once"
+
+
+# ----------------------------------------------------------------------------- 6.5 longest context
+GiB, MiB = 2 ** 30, 2 ** 20
+
+
+def _context(cfg: MiniMindConfig, memory: int, b: int, batch: int, n_kv: int = None, head_dim: int = None,
+             factor: int = 2, layers: int = None, weights: int = None, rounding=operator.floordiv) -> int:
+    """The answer, with any of its ingredients replaced (the mistakes below are built from it)."""
+    n_kv = cfg.num_key_value_heads if n_kv is None else n_kv
+    head_dim = cfg.head_dim if head_dim is None else head_dim
+    layers = cfg.num_hidden_layers if layers is None else layers
+    weights = count_parameters(cfg) * b if weights is None else weights
+    per_token = factor * layers * n_kv * head_dim * b * batch
+    return max(0, rounding(memory - weights, per_token))
+
+
+def _context_mistakes(cfg: MiniMindConfig, memory: int, b: int, batch: int) -> Dict[str, int]:
+    weights = count_parameters(cfg) * b
+    ceil = lambda a, d: -(-a // d)  # noqa: E731
+    mistakes = {
+        "keys only (the cache stores a key AND a value per position, KV head and layer)":
+            _context(cfg, memory, b, batch, factor=1),
+        "num_attention_heads used for the cache (the cache holds the KV heads only; that is MHA's cache)":
+            _context(cfg, memory, b, batch, n_kv=cfg.num_attention_heads),
+        "MiniMind2's 2 KV heads assumed (read num_key_value_heads from the config: minimind-3 has 4)":
+            _context(cfg, memory, b, batch, n_kv=2),
+        "hidden_size // num_attention_heads used as head_dim (use config.head_dim: minimind-3 may set it apart)":
+            _context(cfg, memory, b, batch, head_dim=cfg.hidden_size // cfg.num_attention_heads),
+        "one layer's cache (every layer keeps its own keys and values)": _context(cfg, memory, b, batch, layers=1),
+        "the weights left out of the budget (they sit in the same memory)": _context(cfg, memory, b, batch, weights=0),
+        "the batch left out (each sequence of the batch has its own cache)": _context(cfg, memory, b, 1),
+        "rounded up (the last, partial token does not fit; round down)":
+            _context(cfg, memory, b, batch, rounding=ceil),
+        "the weights counted at 4 bytes whatever bytes_per_value says":
+            _context(cfg, memory, b, batch, weights=count_parameters(cfg) * 4),
+        "the tied embedding/head matrix counted twice in the weights":
+            _context(cfg, memory, b, batch, weights=weights + cfg.vocab_size * cfg.hidden_size * b),
+        "a negative length when even the weights do not fit (the answer is then 0)":
+            (memory - weights) // (2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * b * batch),
+    }
+    return mistakes
+
+
+solution("6.5", "weights = count_parameters(config) * bytes_per_value; per_token = 2 * config.num_hidden_layers * "
+                "config.num_key_value_heads * config.head_dim * bytes_per_value * batch; "
+                "return max(0, (memory_bytes - weights) // per_token)")
+
+
+@check(CONTEXT)
+def check_longest_context(fn: Callable[..., int]) -> str:
+    """``fn(config, memory_bytes, bytes_per_value=2, batch=1) -> int``: the longest context (tokens per sequence)
+    whose weights plus the KV cache of ``batch`` sequences fit in ``memory_bytes``, every value stored with
+    ``bytes_per_value`` bytes; 0 when the weights alone do not fit."""
+    hint = ("the memory holds the weights once and, for every sequence of the batch and every position, what each "
+            "layer's attention keeps for later steps; count that per token from the config, then see how many "
+            "whole tokens fit in what the weights leave")
+    cases = [
+        ("MiniMind2, fp16, 1 GiB", minimind2(), GiB, 2, 1),
+        ("minimind-3, fp16, 1 GiB", preset("minimind-3"), GiB, 2, 1),
+        ("minimind-3, fp32, 4 GiB, batch 8", preset("minimind-3"), 4 * GiB, 4, 8),
+        ("MiniMind2-Small, fp16, 256 MiB, batch 4", minimind2_small(), 256 * MiB, 2, 4),
+        ("minimind-3-moe, fp16, 512 MiB", preset("minimind-3-moe"), 512 * MiB, 2, 1),
+        ("minimind-3 with head_dim 96 at hidden 256, fp16, 100 MiB, batch 3",
+         MiniMindConfig(generation="minimind-3", hidden_size=256, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=96), 100 * MiB, 2, 3),
+        ("minimind-3, fp16, 100 MB (less than its weights)", preset("minimind-3"), 100_000_000, 2, 1),
+    ]
+    for case, cfg, memory, b, batch in cases:
+        expected = _context(cfg, memory, b, batch)
+        got = call(fn, cfg, memory, bytes_per_value=b, batch=batch, name=CONTEXT, hint=hint, case=case)
+        if isinstance(got, bool) or not isinstance(got, int):
+            try:
+                got = operator.index(got)
+            except TypeError:
+                fail(CONTEXT, f"expected an int (a number of tokens), got {type(got).__name__} {got!r:.60} (on {case})",
+                     "a number of tokens is whole: use // for the division")
+        if got != expected:
+            seen = [k for k, v in _context_mistakes(cfg, memory, b, batch).items() if v == got != expected]
+            if len(seen) > 1:  # e.g. minimind-3: keys only and 2 KV heads both halve the cache
+                prefix = f"this looks like {seen[0]}, or {seen[1]}: "
+            else:
+                prefix = f"this looks like {seen[0]}: " if seen else ""
+            fail(CONTEXT, f"{prefix}expected {expected:,} tokens, got {got:,} (on {case})", hint)
+    m3, m2 = _context(preset("minimind-3"), GiB, 2, 1), _context(minimind2(), GiB, 2, 1)
+    return f"7 budgets; in 1 GiB at fp16, minimind-3 holds {m3:,} tokens of context, MiniMind2 {m2:,}"

@@ -12,20 +12,26 @@ hint about the bug, and last the line that says how to see a worked solution. Th
     ch07.check_dispatch(dispatch)
     ch07.check_moe_forward(moe_forward)
     ch07.check_seq_aux_loss(seq_balance_loss)
+    ch07.check_minimind3_moe(MiniMind3MoE)            # Exercise 7.5
+    ch07.check_balanced_router_loss(balanced_router_loss)  # Exercise 7.6
 """
 
 from __future__ import annotations
 
 from typing import Callable, Dict, List, Tuple
 
+import math
+
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from ..config import MiniMindConfig
-from ..moe import MOEFeedForward, MoEGate, global_aux_loss, seq_aux_loss
+from ..moe import MOEFeedForward, MoEGate, global_aux_loss, router_aux_loss, seq_aux_loss
 from .core import call, check, check_close, diagnose, fail, solution
 
-__all__ = ["check_route", "check_dispatch", "check_moe_forward", "check_seq_aux_loss"]
+__all__ = ["check_route", "check_dispatch", "check_moe_forward", "check_seq_aux_loss", "check_minimind3_moe",
+           "check_balanced_router_loss"]
 
 
 def _config(hidden: int = 16, n_experts: int = 4, top_k: int = 2, n_shared: int = 1, norm: bool = True, alpha: float = 0.1) -> MiniMindConfig:
@@ -47,6 +53,8 @@ ROUTE = "Exercise 7.1 route"
 DISPATCH = "Exercise 7.2 dispatch"
 MOE = "Exercise 7.3 moe_forward"
 BALANCE = "Exercise 7.4 seq_balance_loss"
+MOE3 = "Exercise 7.5 MiniMind3MoE"
+BALANCED = "Exercise 7.6 balanced_router_loss"
 
 
 def _route_weight_mistakes(x: torch.Tensor, weight: torch.Tensor, top_k: int, norm: bool) -> Dict[str, object]:
@@ -322,3 +330,219 @@ def check_seq_aux_loss(seq_balance_loss: Callable[..., torch.Tensor]) -> str:
         check_close(got_in.grad, ref_in.grad, name=f"{BALANCE}: gradient w.r.t. scores", case=case,
                     hint="the gradient flows only through P_i (the mean of the scores per sequence); f_i is a count")
     return f"{len(cases)} batches (value and gradient, sequences routed differently) match seq_aux_loss"
+
+
+
+# ---------------------------------------------------------------------------------- 7.5
+def _config3(hidden: int, n_experts: int, top_k: int, coef: float, norm: bool = True, width: int = None) -> MiniMindConfig:
+    return MiniMindConfig(generation="minimind-3", hidden_size=hidden, intermediate_size=2 * hidden,
+                          num_attention_heads=2, num_key_value_heads=1, use_moe=True, n_routed_experts=n_experts,
+                          num_experts_per_tok=top_k, norm_topk_prob=norm, aux_loss_alpha=coef,
+                          moe_intermediate_size=width)
+
+
+def _twin(ref: MOEFeedForward, **changes) -> MOEFeedForward:
+    """``ref``'s weights in a layer whose config differs by ``changes`` (for the planted mistakes)."""
+    other = MOEFeedForward(ref.config.replace(**changes)).train(ref.training)
+    other.load_state_dict(ref.state_dict(), strict=True)
+    return other
+
+
+def _moe3_output_mistakes(ref: MOEFeedForward, x: torch.Tensor) -> Dict[str, Callable[[], torch.Tensor]]:
+    cfg = ref.config
+    k, E = cfg.num_experts_per_tok, cfg.n_routed_experts
+    out = {}
+    for other_k in (1, 2):
+        if other_k != k and other_k <= E:
+            out[f"top-{other_k} where top-{k} is asked (read config.num_experts_per_tok)"] = \
+                (lambda kk=other_k: _twin(ref, num_experts_per_tok=kk)(x))
+    if cfg.norm_topk_prob:
+        what = ("the top-1 weight left unnormalized (MiniMind2's rule renormalizes only when k > 1; minimind-3's "
+                "norm_topk_prob renormalizes for any k, so a single weight becomes exactly 1)") if k == 1 else \
+            "the top-k weights not renormalized although config.norm_topk_prob is True"
+        out[what] = lambda: _twin(ref, norm_topk_prob=False)(x)
+    else:
+        out["the weights renormalized although config.norm_topk_prob is False"] = \
+            lambda: _twin(ref, norm_topk_prob=True)(x)
+    out["every chosen expert counted with weight 1 (the weights multiply the experts' outputs)"] = \
+        lambda: _ones_weighted(ref, x)
+    return out
+
+
+def _ones_weighted(ref: MOEFeedForward, x: torch.Tensor) -> torch.Tensor:
+    flat = x.reshape(-1, x.shape[-1])
+    idx = F.softmax(ref.gate(flat), dim=-1).topk(ref.config.num_experts_per_tok, dim=-1).indices
+    y = torch.zeros_like(flat)
+    for i, expert in enumerate(ref.experts):
+        rows = (idx == i).any(dim=-1).nonzero().flatten()
+        if rows.numel():
+            y.index_add_(0, rows, expert(flat[rows]))
+    return y.view(x.shape)
+
+
+def _moe3_aux_mistakes(ref: MOEFeedForward, x: torch.Tensor, aux: torch.Tensor) -> Dict[str, Callable[[], torch.Tensor]]:
+    cfg = ref.config
+    E, k, coef = cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.aux_loss_alpha
+    flat = x.reshape(-1, x.shape[-1])
+    scores = F.softmax(ref.gate(flat), dim=-1)
+    idx = scores.topk(k, dim=-1).indices
+    return {
+        "MiniMind2's per-sequence loss (seq_aux_loss); minimind-3 computes one loss over all the tokens of the batch":
+            lambda: seq_aux_loss(scores, idx, x.shape[0], E, coef),
+        "MiniMind2's global loss over routing slots (global_aux_loss: each slot is 1/(n*k) of the load); "
+        "minimind-3's load_i is the share of tokens that chose expert i, so the loads sum to k":
+            lambda: global_aux_loss(scores, idx, E, coef),
+        "the factor num_experts left out": lambda: aux / E,
+        "the coefficient router_aux_loss_coef (config.aux_loss_alpha) left out": lambda: aux / coef,
+    }
+
+
+solution("7.5", "__init__: self.config = config; self.gate = nn.Linear(config.hidden_size, config.n_routed_experts, "
+                "bias=False); self.experts = nn.ModuleList(FeedForward(config, config.expert_intermediate_size) for each "
+                "expert); forward: scores = softmax(gate(x_flat)); topk_weight, topk_idx = topk(scores, k); if "
+                "norm_topk_prob: topk_weight /= topk_weight.sum(-1, keepdim=True) + 1e-20; for each expert i: rows = "
+                "(topk_idx == i).any(-1).nonzero().flatten(); y.index_add_(0, rows, expert(x_flat[rows]) * "
+                "topk_weight[topk_idx == i].view(-1, 1)); in training an expert without rows adds 0 * sum(p.sum() for p "
+                "in expert.parameters()) to y; self.aux_loss = coef * E * (one_hot(topk_idx, E).float().mean(0) * "
+                "scores.mean(0)).sum() in training (coef > 0), else 0")
+
+
+def _moe3_cases(g: torch.Generator):
+    """(description, config, x, gate scale): top-1 and top-2, unnormalized, an expert without tokens."""
+    return [
+        ("4 experts, top-1, router_aux_loss_coef 0.1", _config3(16, 4, 1, 0.1), torch.randn(2, 6, 16, generator=g), 1.0),
+        ("5 experts of width 24, top-2, coef 0.05", _config3(16, 5, 2, 0.05, width=24),
+         torch.randn(3, 4, 16, generator=g), 1.0),
+        ("4 experts, top-2, norm_topk_prob=False, coef 0.1", _config3(16, 4, 2, 0.1, norm=False),
+         torch.randn(2, 5, 16, generator=g), 1.0),
+        ("3 experts, top-1, a router that sends no token to one expert, coef 0.1", _config3(12, 3, 1, 0.1),
+         torch.randn(2, 4, 12, generator=g), 0.0),
+    ]
+
+
+@check(MOE3)
+def check_minimind3_moe(cls: Callable[..., nn.Module]) -> str:
+    """``cls(config)`` must be minimind-3's MoE layer: upstream's state-dict keys (``gate.weight``, ``experts.{i}.*``),
+    ``forward(x [b, s, d]) -> [b, s, d]`` equal to ``minimind_ref.MOEFeedForward`` with ``moe_variant="minimind-3"``
+    in training and in eval, ``self.aux_loss`` (minimind-3's router loss in training, 0 in eval), the same gradients,
+    and a (zero) gradient for an expert no token chose."""
+    g = torch.Generator().manual_seed(75)
+    hint = ("minimind-3's layer is a linear router with a softmax over the experts, the top k of them per token with "
+            "weights renormalized whenever norm_topk_prob is set (for k = 1 too), the weighted outputs of the chosen "
+            "experts and nothing else, and one load-balancing loss over all the tokens of the batch")
+    cases = _moe3_cases(g)
+    for case, cfg, x, gate_scale in cases:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(750 + cfg.n_routed_experts + cfg.num_experts_per_tok)
+            ref = MOEFeedForward(cfg).train()
+            with torch.no_grad():
+                for name, p in ref.named_parameters():
+                    p.copy_(torch.randn(p.shape) * (0.5 if name == "gate.weight" else 0.3))
+                if gate_scale == 0.0:  # expert 0 wins every token: experts 1, 2 get none
+                    ref.gate.weight.zero_()
+                    ref.gate.weight[0] = 5.0 * x.reshape(-1, x.shape[-1]).mean(0) / x.reshape(-1, x.shape[-1]).mean(0).norm()
+                    x = x * 0.1 + x.reshape(-1, x.shape[-1]).mean(0) * 3
+            mod = call(cls, cfg, name=MOE3, hint=hint, case=case)
+        if not isinstance(mod, nn.Module):
+            fail(MOE3, f"MiniMind3MoE(config) must build an nn.Module, got {type(mod).__name__} (on {case})",
+                 "define a class that subclasses torch.nn.Module and builds its layers in __init__")
+        got_keys, ref_keys = set(mod.state_dict()), set(ref.state_dict())
+        if got_keys != ref_keys:
+            extra, missing = sorted(got_keys - ref_keys), sorted(ref_keys - got_keys)
+            if any("shared" in key for key in extra):
+                what = (f"this looks like the shared expert left in: your layer has {', '.join(extra[:3])}; minimind-3 "
+                        "removed MiniMind2's shared expert")
+            else:
+                what = (f"your layer's weights do not have upstream's names (on {case}): unexpected {extra[:4]}, "
+                        f"missing {missing[:4]}")
+            fail(MOE3, what, "name the router gate (an nn.Linear) and the experts experts, an nn.ModuleList of "
+                             "minimind_ref.FeedForward built with config.expert_intermediate_size; no other weights")
+        try:
+            mod.load_state_dict(ref.state_dict(), strict=True)
+        except RuntimeError as err:
+            fail(MOE3, f"upstream's weights do not fit your layer (on {case}): {str(err).splitlines()[-1].strip()}",
+                 "the router maps hidden_size to n_routed_experts without a bias; each expert is as wide as "
+                 "config.expert_intermediate_size")
+        mod.train()
+        weights = torch.randn(x.shape, generator=g)
+        x_ref, x_got = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+        expected = ref(x_ref)
+        got = call(mod, x_got, name=MOE3, hint=hint, case=f"{case}, training mode")
+        with torch.no_grad():
+            check_close(got, expected.detach(), name=f"{MOE3}: output", hint=hint, case=f"{case}, training mode",
+                        mistakes=_moe3_output_mistakes(ref, x))
+        aux = getattr(mod, "aux_loss", None)
+        if not isinstance(aux, torch.Tensor):
+            fail(MOE3, f"after a training-mode forward, self.aux_loss must be a tensor (the router loss), got "
+                 f"{type(aux).__name__} (on {case})", "store the loss on the module in forward: self.aux_loss = ...")
+        with torch.no_grad():
+            check_close(aux.reshape(()).detach(), ref.aux_loss.detach(), name=f"{MOE3}: aux_loss", case=case,
+                        hint="load_i is the share of tokens that chose expert i in any of their k slots, P_i the mean "
+                             "router probability of expert i over all tokens; scale by num_experts and the coefficient",
+                        mistakes=_moe3_aux_mistakes(ref, x, ref.aux_loss.detach()))
+        (expected * weights).sum().add(ref.aux_loss).backward()
+        (got * weights).sum().add(aux.reshape(())).backward()
+        for (name, p_ref), (_, p_got) in zip(ref.named_parameters(), mod.named_parameters()):
+            if p_got.grad is None:
+                fail(MOE3, f"{name} received no gradient in training (on {case})",
+                     "an expert that no token chose must stay in the graph with a zero-valued term (as upstream does: "
+                     "0 * the sum of its parameters added to the output), so every parameter gets a gradient")
+            check_close(p_got.grad, p_ref.grad, name=f"{MOE3}: gradient of {name}", case=case,
+                        hint="the router's gradient comes from the weighted outputs (when they are not all 1) and from "
+                             "the balance loss; keep the whole computation differentiable")
+        mod.eval(), ref.eval()
+        with torch.no_grad():
+            check_close(call(mod, x.clone(), name=MOE3, hint=hint, case=f"{case}, eval mode"), ref(x),
+                        name=f"{MOE3}: output in eval mode", hint=hint, case=case)
+            aux_eval = getattr(mod, "aux_loss", None)
+            if not isinstance(aux_eval, (torch.Tensor, float, int)) or float(aux_eval) != 0.0:
+                fail(MOE3, f"in eval mode self.aux_loss must be 0, got {aux_eval!r:.40} (on {case})",
+                     "compute the balance loss only when self.training is True (and the coefficient is > 0)")
+    return (f"{len(cases)} layers (top-1 and top-2, unnormalized weights, an expert without tokens) equal minimind-3's "
+            "MOEFeedForward: output, router loss and gradients in training, output and zero loss in eval")
+
+
+# ---------------------------------------------------------------------------------- 7.6
+def _perfectly_balanced(n_experts: int, top_k: int, repeats: int = 3) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Uniform router probabilities and a routing where every expert is chosen by the same share of tokens."""
+    n = n_experts * repeats
+    idx = torch.stack([(torch.arange(n) + j) % n_experts for j in range(top_k)], dim=-1)
+    return torch.full((n, n_experts), 1.0 / n_experts), idx
+
+
+solution("7.6", "at perfect balance every load_i is top_k / num_experts and every P_i is 1 / num_experts, so "
+                "coef * num_experts * sum_i load_i * P_i = coef * top_k")
+
+
+@check(BALANCED)
+def check_balanced_router_loss(fn: Callable[..., float]) -> str:
+    """``fn(num_experts, top_k, coef) -> float``: the value of minimind-3's router loss when the routing is perfectly
+    balanced (every expert chosen by the same share of tokens, uniform router probabilities)."""
+    hint = ("write what load_i and P_i are when every expert gets the same share of the tokens' choices and the router "
+            "is uniform, then put them into coef * num_experts * sum_i load_i * P_i")
+    cases = [(4, 1, 5e-4), (4, 2, 5e-4), (8, 2, 0.01), (8, 3, 0.1), (5, 5, 1.0), (16, 4, 0.02)]
+    for n_experts, top_k, coef in cases:
+        scores, idx = _perfectly_balanced(n_experts, top_k)
+        expected = float(router_aux_loss(scores, idx, n_experts, coef))
+        case = f"num_experts={n_experts}, top_k={top_k}, coef={coef:g}"
+        got = call(fn, n_experts, top_k, coef, name=BALANCED, hint=hint, case=case)
+        if isinstance(got, torch.Tensor) and got.numel() == 1:
+            got = got.item()
+        if isinstance(got, bool) or not isinstance(got, (int, float)):
+            fail(BALANCED, f"expected a number, got {type(got).__name__} {got!r:.60} (on {case})",
+                 "return a Python float")
+        if not math.isclose(got, expected, rel_tol=1e-6, abs_tol=1e-12):
+            mistakes = {
+                "the value of MiniMind2's losses at balance (alpha, whatever k is); minimind-3's loads sum to top_k":
+                    coef,
+                "the factor num_experts left out": expected / n_experts,
+                "one factor num_experts too many": expected * n_experts,
+                "top_k counted twice (load_i already holds it)": expected * top_k,
+                "the coefficient left out": expected / coef,
+            }
+            seen = next((k for k, v in mistakes.items() if math.isclose(got, v, rel_tol=1e-6, abs_tol=1e-12)
+                         and not math.isclose(v, expected, rel_tol=1e-6, abs_tol=1e-12)), None)
+            prefix = f"this looks like {seen}: " if seen else ""
+            fail(BALANCED, f"{prefix}expected {expected:.6g}, got {got:.6g} (on {case})", hint)
+    return ("6 cases: at perfect balance minimind-3's router loss is coef * top_k (5e-4 at top-1, 1e-3 at top-2 with "
+            "upstream's coefficient)")
