@@ -1,5 +1,6 @@
-"""Checks for chapter 11 (DPO): the masked sequence log-probability, upstream's DPO loss, the
-implicit rewards, and the shift of a DPO example.
+"""Checks for chapter 11 (DPO): the masked sequence log-probability, the DPO loss (c090b69's
+per-token mean and d65ef2c's sum), the implicit rewards, the shift of a DPO example, and the
+length effect of the two reductions.
 
 Each check runs the learner's function on inputs it generates (empty masks, unequal lengths,
 several betas) and compares with ``minimind_ref.dpo``; a mismatch names the known mistake it
@@ -89,22 +90,18 @@ def check_sequence_log_probs(sequence_log_probs: Callable[..., Any]) -> str:
 
 
 # ---------------------------------------------------------------------- 11.2 the loss
-@check("Exercise 11.2 dpo_loss")
-def check_dpo_loss(dpo_loss: Callable[..., Any]) -> str:
-    """``dpo_loss(ref_log_probs, policy_log_probs, mask, beta)`` must equal upstream's
-    ``dpo_loss`` (``minimind_ref.dpo.dpo_loss``), value and gradient."""
-    name = "Exercise 11.2 dpo_loss"
+def _check_dpo_loss(dpo_loss: Callable[..., Any], name: str, reduction: str) -> str:
     n = 0
+    other = "sum" if reduction == "mean" else "mean"
     for seed, (pairs, seq, empty, beta) in enumerate([(3, 9, True, 0.1), (2, 12, False, 0.5), (4, 8, False, 2.0),
-                                                      (1, 10, False, 0.1), (2, 7, True, 1.0)]):
+                                                      (1, 10, False, 0.15), (2, 7, True, 1.0)]):
         ref, policy, mask = _log_probs_case(seed + 10, pairs, seq, empty)
         case = f"{pairs} pair(s), beta={beta}" + (", one empty mask" if empty else "")
         pol = policy.clone().requires_grad_(True)
         got = call(dpo_loss, ref.clone(), pol, mask.clone(), beta, name=name, case=case)
-        expected = ref_dpo.dpo_loss(ref, policy, mask, beta)
-        m = mask.float()
-        seq_ref = (ref * m).sum(1) / m.sum(1).clamp_min(1e-8)
-        seq_pol = (policy * m).sum(1) / m.sum(1).clamp_min(1e-8)
+        expected = ref_dpo.dpo_loss(ref, policy, mask, beta, reduction=reduction)
+        seq_ref = ref_dpo.sequence_log_probs(ref, mask, reduction)
+        seq_pol = ref_dpo.sequence_log_probs(policy, mask, reduction)
         b = pairs
 
         def from_logits(logits: torch.Tensor) -> torch.Tensor:
@@ -125,26 +122,95 @@ def check_dpo_loss(dpo_loss: Callable[..., Any]) -> str:
                 lambda: F.logsigmoid(beta * ((seq_pol[:b] - seq_pol[b:]) - (seq_ref[:b] - seq_ref[b:]))).mean(),
             "summed over the pairs instead of averaged":
                 lambda: (-F.logsigmoid(beta * ((seq_pol[:b] - seq_pol[b:]) - (seq_ref[:b] - seq_ref[b:])))).sum(),
-            "the paper's summed sequence log-probabilities (upstream averages over each reply's tokens)":
-                lambda: ref_dpo.dpo_loss(ref, policy, mask, beta, reduction="sum"),
+            ("the paper's summed sequence log-probabilities (d65ef2c's default; this exercise is c090b69's mean per "
+             "reply token)" if reduction == "mean" else
+             "the mean log-probability per reply token (c090b69's variant; d65ef2c sums the reply's tokens, as the "
+             "DPO paper does)"):
+                lambda: ref_dpo.dpo_loss(ref, policy, mask, beta, reduction=other),
         }
         if isinstance(got, torch.Tensor) and got.dim() != 0:
             fail(name, f"expected a scalar loss, got shape {tuple(got.shape)} ({case})",
                  "average the per-pair losses with .mean() at the end.")
+        per_sequence = ("masked mean of the log-probabilities (clamp the count)" if reduction == "mean" else
+                        "masked sum of the log-probabilities")
         check_close(got, expected, name=name, rtol=1e-5, atol=1e-6, check_dtype=False, mistakes=mistakes, case=case,
-                    hint="per sequence: masked mean of the log-probabilities (clamp the count); split the rows into "
-                         "chosen = first half, rejected = second half; logits = (pi_c - pi_r) - (ref_c - ref_r); "
-                         "loss = -logsigmoid(beta * logits).mean().")
+                    hint=f"per sequence: {per_sequence}; split the rows into chosen = first half, rejected = "
+                         "second half; logits = (pi_c - pi_r) - (ref_c - ref_r); loss = -logsigmoid(beta * logits).mean().")
         if not got.requires_grad:
             fail(name, f"the loss carries no gradient ({case})",
                  "compute it with torch operations on policy_log_probs (no .item(), .detach() or numpy).")
         got.backward()
         pol_ref = policy.clone().requires_grad_(True)
-        ref_dpo.dpo_loss(ref, pol_ref, mask, beta).backward()
+        ref_dpo.dpo_loss(ref, pol_ref, mask, beta, reduction=reduction).backward()
         check_close(pol.grad, pol_ref.grad, name=name + " (gradient)", rtol=1e-5, atol=1e-7, case=case,
                     hint="the value matches but the gradient does not: is something computed from a detached copy?")
         n += 1
     return f"value and gradient on {n} batches, betas 0.1 to 2, empty masks included"
+
+
+@check("Exercise 11.2 dpo_loss")
+def check_dpo_loss(dpo_loss: Callable[..., Any]) -> str:
+    """``dpo_loss(ref_log_probs, policy_log_probs, mask, beta)`` must equal c090b69's ``dpo_loss``
+    (the mean log-probability per reply token; ``minimind_ref.dpo.dpo_loss(..., reduction="mean")``),
+    value and gradient. ``check_summed_dpo_loss`` checks d65ef2c's sum."""
+    return _check_dpo_loss(dpo_loss, "Exercise 11.2 dpo_loss", "mean")
+
+
+@check("Exercise 11.5 summed dpo_loss")
+def check_summed_dpo_loss(dpo_loss: Callable[..., Any]) -> str:
+    """``dpo_loss(ref_log_probs, policy_log_probs, mask, beta)`` must equal d65ef2c's ``dpo_loss``
+    (the reply's summed log-probabilities, as the DPO paper writes it; ``minimind_ref.dpo.dpo_loss``
+    with its defaults), value and gradient."""
+    return _check_dpo_loss(dpo_loss, "Exercise 11.5 summed dpo_loss", "sum")
+
+
+# ---------------------------------------------------------------------- 11.6 the length effect
+def gradient_ratio_reference(chosen_length: int, rejected_length: int, reduction: str) -> float:
+    """At the start of DPO (policy = reference), ``|d loss / d lp|`` of one chosen token divided by
+    that of one rejected token: 1 under the sum (every token weighs the same), ``rejected_length /
+    chosen_length`` under the mean (each token weighs ``1 / its reply's length``)."""
+    return 1.0 if reduction == "sum" else rejected_length / chosen_length
+
+
+@check("Exercise 11.6 gradient_ratio")
+def check_gradient_ratio(gradient_ratio: Callable[..., Any]) -> str:
+    """``gradient_ratio(chosen_length, rejected_length, reduction) -> float``: predict, for a pair
+    whose chosen reply has ``chosen_length`` tokens and rejected reply ``rejected_length``, the
+    ratio of the loss's gradient on one chosen token's log-probability to that on one rejected
+    token's, at the start of training (policy = reference). The check measures it with autograd
+    on ``minimind_ref.dpo.dpo_loss`` and compares."""
+    name = "Exercise 11.6 gradient_ratio"
+    cases = [(2, 8, "mean"), (8, 2, "mean"), (5, 5, "mean"), (2, 8, "sum"), (9, 3, "sum"), (1, 12, "mean")]
+    for chosen_length, rejected_length, reduction in cases:
+        case = f"chosen {chosen_length} tokens, rejected {rejected_length}, reduction={reduction!r}"
+        got = call(gradient_ratio, chosen_length, rejected_length, reduction, name=name, case=case)
+        width = max(chosen_length, rejected_length) + 2
+        mask = torch.zeros(2, width)
+        mask[0, 1:1 + chosen_length] = 1
+        mask[1, 1:1 + rejected_length] = 1
+        ref = -torch.rand(2, width, generator=seeded(chosen_length * 31 + rejected_length))
+        policy = ref.clone().requires_grad_(True)
+        ref_dpo.dpo_loss(ref, policy, mask, 0.15, reduction=reduction).backward()
+        measured = float(policy.grad[0, 1].abs() / policy.grad[1, 1].abs())
+        if not isinstance(got, (int, float)) or isinstance(got, bool):
+            fail(name, f"expected a number, got {type(got).__name__} {got!r} ({case})", "return the ratio as a float.")
+        if abs(float(got) - measured) <= 1e-4 * max(1.0, measured):
+            continue
+        mistakes = {
+            "the lengths the wrong way round (under the mean each token weighs 1 / its own reply's length, so the "
+            "shorter reply's tokens get the larger gradient)": chosen_length / rejected_length if reduction == "mean" else None,
+            "a length effect under the sum: summed log-probabilities weigh every token the same": (
+                rejected_length / chosen_length if reduction == "sum" else None),
+            "no length effect under the mean: each token's weight is 1 / its reply's length": (
+                1.0 if reduction == "mean" and chosen_length != rejected_length else None),
+        }
+        seen = [k for k, v in mistakes.items() if v is not None and abs(float(got) - v) <= 1e-4 * max(1.0, v)]
+        fail(name, f"measured {measured:.4g}, you predicted {float(got):.4g} ({case})" +
+             (f"; this looks like {seen[0]}" if seen else ""),
+             "write the sequence log-probability as sum_t w_t * lp_t: w_t = 1 under 'sum', 1 / (the reply's number "
+             "of tokens) under 'mean'; at policy = reference both replies get the same outer factor.",
+             "return 1.0 if reduction == 'sum' else rejected_length / chosen_length")
+    return f"{len(cases)} pairs, predicted and measured with autograd"
 
 
 # ---------------------------------------------------------------------- 11.3 implicit rewards
