@@ -136,3 +136,9 @@ def test_merge_file_reference_passes_and_mistakes_are_named(capsys):
     check_fails(ch10.check_merge_file, fp32_sum, "this looks like the sum formed in fp32")
     check_fails(ch10.check_merge_file, lambda s, a: {k: v.half() for k, v in s.items()}, "this looks like the adapter left out")
     check_fails(ch10.check_merge_file, lambda s, a: {**ch10.merge_file_reference(s, a), **a}, "the keys differ")
+
+
+def test_adapted_layers_names_duplicates():
+    from minimind_ref.checks import ch10
+
+    check_fails(ch10.check_adapted_layers, lambda c: ch10.adapted_layers_reference(c) * 2, "some twice")

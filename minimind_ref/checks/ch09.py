@@ -442,7 +442,8 @@ def _m3(messages, add_generation_prompt=False):
 def _m3_with_default(messages, gen):
     text = _m3(messages, gen)
     if messages[0]["role"] != "system":
-        text = f"{S}system\n{ref_sft.DEFAULT_SYSTEM_PROMPT}{E}\n" + text
+        text = ref_sft.render_chat([{"role": "system", "content": ref_sft.DEFAULT_SYSTEM_PROMPT}],
+                                   template="minimind-3") + text
     return text
 
 
@@ -456,7 +457,7 @@ def _m3_raw_reasoning(messages, gen):
     for m in messages:
         r = m.get("reasoning_content")
         if r and r != r.strip("\n"):
-            text = text.replace(f"<think>\n{r.strip(chr(10))}\n</think>", f"<think>\n{r}\n</think>")
+            text = text.replace("".join(("<think>\n", r.strip("\n"), "\n</think>")), "".join(("<think>\n", r, "\n</think>")))
     return text
 
 

@@ -219,8 +219,8 @@ def check_adapted_layers(adapted_layers: Callable[..., Any]) -> str:
         if got_set == want and len(got) == len(expected):
             continue
         extra, missing = sorted(got_set - want), sorted(want - got_set)
-        what = f"extra {extra[:3]}" if extra else ""
-        what += ("; " if what and missing else "") + (f"missing {missing[:3]}" if missing else "")
+        what = f"names that get no adapter listed: {extra[:3]}" if extra else ""
+        what += ("; " if what and missing else "") + (f"adapted layers not listed: {missing[:3]}" if missing else "")
         hints = []
         if any(n.endswith(("k_proj", "v_proj")) for n in extra):
             hints.append("k_proj and v_proj map hidden to num_key_value_heads * head_dim: square only with as many KV "
@@ -232,7 +232,7 @@ def check_adapted_layers(adapted_layers: Callable[..., Any]) -> str:
             hints.append("lm_head maps hidden to the vocabulary: not square")
         if any("mlp" in n for n in missing + extra):
             hints.append("an MLP projection is square only when its width equals hidden (an expert can be)")
-        fail(name, f"{what or 'duplicates or order'} ({case})",
+        fail(name, f"{what or 'the right names, but some twice'} ({case})",
              "; ".join(hints) or "build the shapes from the config: q [heads * head_dim, hidden], k/v [kv_heads * "
              "head_dim, hidden], o [hidden, heads * head_dim], MLP [width, hidden] and [hidden, width].",
              "with torch.device('meta'): m = MiniMindForCausalLM(config); return [n for n, x in m.named_modules() if "
@@ -297,7 +297,7 @@ def check_merge_file(merge_file: Callable[..., Any]) -> str:
                         lambda W=W, A=A, B=B: W.half() + (A.T @ B.T).half() if A.shape[0] == B.shape[1] else None,
                     "the adapter left out (the merged file must hold W + B @ A)": lambda W=W: W.half(),
                 }
-            check_close(got[key], want, name=name, rtol=0, atol=0, mistakes=mistakes, case=f"{case}, {key}",
+            check_close(got[key], want, name=name, rtol=0, atol=0, mistakes=mistakes, case=f"{case}; tensor {key}",
                         hint="upstream: state_dict[k] = module.weight.half(); then state_dict[k] += (B.weight @ "
                              "A.weight).half() for a layer with an adapter.",
                         recipe="out = {k: v.half() for k, v in state_dict.items()}; for each layer with an adapter: "
