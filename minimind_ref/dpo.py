@@ -48,7 +48,8 @@ if TYPE_CHECKING:  # pragma: no cover
 REDUCTIONS = ("sum", "mean")
 DPO_CONFIG = "ch11_dpo"  # minimind_ref/configs/ch11_dpo.json: the loop's settings of the shipped `dpo` stage
 # What the loop's config cannot hold: the DPO settings of the shipped stage (recorded in dpo.pt).
-STAGE_SETTINGS: Dict[str, Any] = {"beta": 0.1, "reduction": "mean", "n_train": 1000, "n_val": 120, "seed": 0}
+STAGE_SETTINGS: Dict[str, Any] = {"beta": 0.15, "reduction": "sum", "n_train": 1000, "n_own_prompts": 1000,
+                                  "own_temperature": 1.0, "n_val": 120, "empty_think_ratio": 1.0}
 
 
 # ---------------------------------------------------------------------- upstream's functions
@@ -394,17 +395,54 @@ def mean_kl(model: torch.nn.Module, ref_model: torch.nn.Module, dataset: DPOData
 
 
 # ---------------------------------------------------------------------- the DPO stage
+@torch.no_grad()
+def own_reply_pairs(model: torch.nn.Module, tokenizer: Any, n_prompts: int, seed: int = 0, split: str = "train",
+                    temperature: float = 1.0, max_new_tokens: int = 96) -> List[Dict[str, Any]]:
+    """On-policy preference pairs: ``n_prompts`` exchanges of ``split`` (``chat_data.random_exchange``:
+    sums, stories, identity, refusals), one reply of ``model`` to each, sampled at
+    ``temperature`` (seeded by ``seed``); every wrong reply becomes a pair ``{"chosen": the right
+    answer, "rejected": the model's own reply}`` (``"kind"``: ``"own_<kind>"``). The rejected
+    side is what this model actually says, so DPO moves probability where the model errs."""
+    import random
+
+    from . import chat_data
+    from .sft import generate_replies
+
+    rng = random.Random(seed * 7919 + 17)
+    exchanges = [chat_data.random_exchange(rng, split) for _ in range(n_prompts)]
+    g = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    was_training = model.training
+    model.eval()
+    try:
+        replies = generate_replies(model, tokenizer, [[{"role": "user", "content": ex.user}] for ex in exchanges],
+                                   max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature, generator=g)
+    finally:
+        model.train(was_training)
+    out = []
+    for ex, reply in zip(exchanges, replies):
+        if reply["text"].strip() == ex.answer.strip() or not reply["stopped"]:
+            continue
+        user = [{"role": "user", "content": ex.user}]
+        out.append({"chosen": user + [{"role": "assistant", "content": ex.answer}],
+                    "rejected": user + [{"role": "assistant", "content": reply["text"]}], "kind": f"own_{ex.kind}"})
+    return out
+
+
 def dpo_data(tokenizer: Any, n_train: int = 1000, n_val: int = 120, seed: int = 0, max_length: int = 256,
-             kinds: Optional[Sequence[str]] = None) -> "RunData":
+             kinds: Optional[Sequence[str]] = None, extra_pairs: Sequence[Dict[str, Any]] = (),
+             empty_think_ratio: float = 0.2) -> "RunData":
     """Generated preference pairs (``chat_data.dpo_preference_pairs``: wrong sums, rambling,
-    made-up answers and drill lines given to requests that are not sums, in turn) as a
-    ``train.RunData``: the training split and a held-out split, both ``DPODataset``."""
+    made-up answers and drill lines given to requests that are not sums, in turn) plus
+    ``extra_pairs`` (e.g. ``own_reply_pairs``) as a ``train.RunData``: the training split and a
+    held-out split, both ``DPODataset``."""
     from . import chat_data
     from .train import RunData
 
     kinds = tuple(kinds) if kinds is not None else chat_data.DPO_PAIR_KINDS
-    train_set = DPODataset(chat_data.dpo_preference_pairs(n_train, seed, "train", kinds), tokenizer, max_length)
-    val_set = DPODataset(chat_data.dpo_preference_pairs(n_val, seed, "test", kinds), tokenizer, max_length)
+    records = (chat_data.dpo_preference_pairs(n_train, seed, "train", kinds) if n_train else []) + list(extra_pairs)
+    train_set = DPODataset(records, tokenizer, max_length, empty_think_ratio=empty_think_ratio, seed=seed)
+    val_set = DPODataset(chat_data.dpo_preference_pairs(n_val, 0, "test", kinds), tokenizer, max_length,
+                         empty_think_ratio=empty_think_ratio, seed=0)
     return RunData(tokenizer, train_set, val_set, [])
 
 
@@ -440,21 +478,27 @@ def train_dpo(model: torch.nn.Module, tokenizer: Any, cfg: "Optional[TrainConfig
     return result
 
 
-def build_stage(parent: torch.nn.Module, tokenizer: Any) -> Tuple[torch.nn.Module, Dict[str, Any], Any]:
+def build_stage(parent: torch.nn.Module, tokenizer: Any, seed: int = 0) -> Tuple[torch.nn.Module, Dict[str, Any], Any]:
     """The shipped ``dpo`` stage: ``train_dpo`` on the ``sft`` stage with ``DPO_CONFIG`` and
-    ``STAGE_SETTINGS`` (``python -m minimind_ref.stages rebuild dpo``)."""
+    ``STAGE_SETTINGS`` (``python -m minimind_ref.stages rebuild dpo``): generated pairs plus the
+    parent's own wrong replies to training prompts (``own_reply_pairs``); ``seed`` draws both and
+    orders the batches (the shipped stage: 0)."""
     from .train import TrainConfig
 
     s = STAGE_SETTINGS
-    cfg = TrainConfig.from_json(DPO_CONFIG).replace(progress=False, out_dir=None)
+    cfg = TrainConfig.from_json(DPO_CONFIG).replace(progress=False, out_dir=None, seed=seed)
     ref = freeze_reference(parent)
-    data = dpo_data(tokenizer, n_train=s["n_train"], n_val=s["n_val"], seed=s["seed"], max_length=cfg.seq_len)
+    own = own_reply_pairs(parent, tokenizer, s["n_own_prompts"], seed, temperature=s["own_temperature"]) \
+        if s["n_own_prompts"] else []
+    data = dpo_data(tokenizer, n_train=s["n_train"], n_val=s["n_val"], seed=seed, max_length=cfg.seq_len,
+                    extra_pairs=own, empty_think_ratio=s["empty_think_ratio"])
     result = train_dpo(parent, tokenizer, cfg, beta=s["beta"], reduction=s["reduction"], ref_model=ref, data=data,
                        log=lambda line: None)
     held_out = preference_report(result.model, ref, data.val, s["beta"], s["reduction"])
     extra = {"recipe": "minimind_ref.dpo:build_stage", "command": "python -m minimind_ref.stages rebuild dpo",
-             "train_config": cfg.to_dict(), "dpo_settings": dict(s),
+             "train_config": cfg.to_dict(), "dpo_settings": dict(s), "seed": seed,
              "metrics": {"final_train_loss_mean20": sum(result.history["dpo_loss"][-20:]) / 20,
+                         "own_pairs": len(own), "train_pairs": len(data.train),
                          "heldout_reward_accuracy": held_out["reward_accuracy"], "heldout_margin": held_out["margin"],
                          "heldout_chosen_change": held_out["chosen_change"],
                          "heldout_rejected_change": held_out["rejected_change"],

@@ -578,7 +578,7 @@ def grpo_group_without_spread(tmp: Path) -> None:
     """A GRPO group whose completions all got the same reward: advantage 0, no NaN (std 0 + 1e-4)."""
     from minimind_ref.grpo import group_advantages
 
-    adv = group_advantages(torch.tensor([1.0, 1.0, 1.0, 1.0]), 4, normalize_batch=False)
+    adv = group_advantages(torch.tensor([1.0, 1.0, 1.0, 1.0]), 4)
     assert torch.equal(adv, torch.zeros(4)), adv
 
 
@@ -592,8 +592,9 @@ def _grpo_loss(**changes: Any) -> Callable[[Path], Any]:
     def run(tmp: Path) -> Any:
         from minimind_ref.grpo import grpo_loss
 
-        args = dict(per_token_logps=torch.zeros(2, 3), ref_per_token_logps=torch.zeros(2, 3), advantages=torch.zeros(2),
-                    completion_mask=torch.ones(2, 3), beta=0.02)
+        args = dict(per_token_logps=torch.zeros(2, 3), old_per_token_logps=torch.zeros(2, 3),
+                    ref_per_token_logps=torch.zeros(2, 3), advantages=torch.zeros(2), completion_mask=torch.ones(2, 3),
+                    beta=0.02)
         args.update(changes)
         return grpo_loss(**args)
     return run
@@ -620,6 +621,9 @@ CASES: List[Case] = [
          ValueError, "do not split into groups of num_generations=4"),
     Case("grpo_loss: negative beta", _grpo_loss(beta=-0.1), ValueError, "beta must be a number >= 0"),
     Case("grpo_loss: advantages of another batch", _grpo_loss(advantages=torch.zeros(3)), ValueError, "advantages must be [rows] = (2,)"),
+    Case("grpo_loss: old log-probabilities of another batch", _grpo_loss(old_per_token_logps=torch.zeros(3, 3)),
+         ValueError, "must have the same shape"),
+    Case("grpo_loss: an unknown loss_type", _grpo_loss(loss_type="ppo"), ValueError, "loss_type must be one of"),
     # ---- item 1: saving is atomic
     Case("save_checkpoint: write fails half-way -> previous file intact, no temp file", save_fails_half_way, None),
     Case("save_checkpoint: process killed mid-write -> previous file intact", save_killed_half_way, None, slow=True),
