@@ -23,6 +23,7 @@ FIGURES: Dict[str, str] = {
     "moe.png": "moe",
     "posttrain.png": "posttrain",
     "notebooks.png": "notebooks",
+    "generations.png": "generations",
 }
 
 
@@ -172,6 +173,38 @@ def notebooks(res: Mapping[str, object], path: Path) -> Path:
     return _save(fig, path)
 
 
+def generations(res: Mapping[str, object], path: Path) -> Path:
+    """Left: KV cache per token of each published model; right: decode speed of the timed models."""
+    g = res["generations"]
+    run = (res.get("separate_runs") or {}).get("generations", res)
+    env = run["environment"]
+    colors = {"MiniMind2": "#4c72b0", "minimind-3": "#dd8452"}
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+    kv = g["kv_cache"]
+    _labelled_hbars(left, [f"{r['model']}\n{r['layers']} layers, {r['heads']}:{r['kv_heads']} heads" for r in kv],
+                    [r["per_token_bf16"] / 1024 for r in kv], [colors[r["generation"]] for r in kv], "{:.0f} KB")
+    left.set_xlabel("KV cache per token, bf16 (KB)")
+    left.set_title("Published configs: the cache each token adds", fontsize=9)
+    rows = g["decode"]["rows"]
+    n = g["decode"]["new_tokens"]
+    rates = [r["tok_s"] for r in rows]
+    low = [n / r["time"]["max_s"] for r in rows]  # the range of the repetitions, as rates
+    high = [n / r["time"]["min_s"] for r in rows]
+    right.barh(range(len(rows)), rates, color=[colors[r["generation"]] for r in rows],
+               xerr=[[m - a for m, a in zip(rates, low)], [b - m for m, b in zip(rates, high)]], capsize=3)
+    for i, (rate, top) in enumerate(zip(rates, high)):
+        right.text(top, i, f"  {rate:.1f} tok/s", va="center", fontsize=8)
+    right.set_yticks(range(len(rows)), [f"{r['model']}\n{r['parameters'] / 1e6:.0f}M, {r['hidden_size']} x {r['layers']}"
+                                        for r in rows], fontsize=8)
+    right.invert_yaxis()
+    right.set_xlim(0, max(high) * 1.3)
+    right.set_xlabel("tokens per second (median, range)")
+    threads = g.get("torch_threads")
+    right.set_title(f"Decode speed, batch 1, {threads} torch thread{'s' if threads != 1 else ''}", fontsize=9)
+    fig.suptitle(f"MiniMind2 (blue) and minimind-3 (orange), random weights ({env['device_name']}, {run['date']})", fontsize=9)
+    return _save(fig, path)
+
+
 DRAW: Dict[str, Callable[[Mapping[str, object], Path], Path]] = {
     "decode_growth.png": decode_growth,
     "vs_transformers.png": vs_transformers,
@@ -179,6 +212,7 @@ DRAW: Dict[str, Callable[[Mapping[str, object], Path], Path]] = {
     "moe.png": moe,
     "posttrain.png": posttrain,
     "notebooks.png": notebooks,
+    "generations.png": generations,
 }
 
 

@@ -113,9 +113,15 @@ def render(res: Mapping[str, object]) -> str:
         f"Measured on **{env['device_name']}** (`{env['device']}`, {env['torch_threads']} torch threads), "
         f"torch {env['torch']}, transformers {env['transformers']}, Python {env['python']}, {res['date']}. "
         "Timings: median (min–max) of at least five interleaved runs; ratios: median (min–max) of the "
-        "per-run ratios. All from one run of `make bench` on this machine; re-run it to measure yours.",
+        "per-run ratios. All from one run of `make bench` on this machine"
+        + (", except the sections measured separately (below)" if res.get("separate_runs") else "")
+        + "; re-run it to measure yours.",
         "",
     ]
+    for section, run in sorted((res.get("separate_runs") or {}).items()):
+        e = run["environment"]
+        lines += [f"Section `{section}` was measured separately with `python -m benchmarks.run --only {section} --merge`: "
+                  f"**{e['device_name']}** (`{e['device']}`), torch {e['torch']}, {run['date']}.", ""]
     lines += _targets_table(res)
     if "decode" in res:
         d = res["decode"]
@@ -226,7 +232,49 @@ def render(res: Mapping[str, object]) -> str:
         lines += ["### 8. The chapters (Restart & Run All, from `make timings`)", "",
                   f"One timed run per chapter on {nb['machine']}, {nb['date']} (`book/notebook_timings.json`); "
                   f"{_f(total)} s in all.", ""]
+    if "generations" in res:
+        lines += _generations(res["generations"])
     return "\n".join(lines)
+
+
+def _generations(g: Mapping[str, object]) -> List[str]:
+    """Section 9: MiniMind2 (c090b69) beside minimind-3 (d65ef2c)."""
+    threads = g.get("torch_threads")
+    lines = ["### 9. MiniMind2 and minimind-3 (upstream's c090b69 and d65ef2c generations)", "",
+             "KV cache per token, from each published config (2 tensors x KV heads x head_dim x bytes per value); "
+             "the decode runs below check it against the cache a real prefill returns.", "",
+             "| model | generation | layers | query : KV heads | head_dim | per layer, fp32 (bytes) | per token, fp32 (KB) "
+             "| per token, bf16 (KB) | full 32,768-token context, bf16 (MB) |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in g["kv_cache"]:
+        lines.append(f"| {r['model']} | {r['generation']} | {r['layers']} | {r['heads']} : {r['kv_heads']} | {r['head_dim']} | "
+                     f"{r['per_layer_fp32']:,} | {r['per_token_fp32'] / 1024:,.1f} | {r['per_token_bf16'] / 1024:,.1f} | "
+                     f"{r['per_token_bf16'] * r['max_context'] / 2**20:,.0f} |")
+    d = g["decode"]
+    lines += ["", f"Greedy decoding with the KV cache (`generate`), {d['new_tokens']} new tokens after a prompt of {d['prompt_tokens']} "
+              f"tokens, batch 1, random weights, fp32, {threads} torch thread{'s' if threads != 1 else ''}, the models interleaved.", "",
+              "| model | generation | hidden x layers | KV heads x head_dim | FFN width | parameters | tok/s | time (ms) "
+              "| KV cache per token (KB, fp32; measured) |",
+              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in d["rows"]:
+        lines.append(f"| {r['model']} | {r['generation']} | {r['hidden_size']} x {r['layers']} | {r['kv_heads']} x {r['head_dim']} | "
+                     f"{r['intermediate_size']:,} | {r['parameters'] / 1e6:.1f}M | {_f(r['tok_s'])} | {timing(r['time'], digits=0)} | "
+                     f"{r['kv_bytes_per_token_fp32'] / 1024:,.1f} ({r['measured_kv_bytes_per_token'] / 1024:,.1f}) |")
+    lines += [""] + [f"minimind-3's decoding speed relative to MiniMind2's, {label}: {times(v)}." for label, v in d["speed_ratios"].items()]
+    c = g["cache_cost"]
+    small, large = c["models"]
+    lines += ["", f"The cost of the larger cache: MiniMind2-Small as it is ({small.split(' ')[0]}) and with 4 KV heads "
+              f"({large.split(' ')[0]}, the only change; {c['parameters'][large] - c['parameters'][small]:,} more parameters, "
+              f"in k_proj and v_proj), one decode step at each context length ({c['steps']} steps per timing, "
+              "preallocated cache).", "",
+              f"| context | cache, {small} (MB) | cache, {large} (MB) | {small} (ms/step) | {large} (ms/step) | time ratio 8:4 / 8:2 |",
+              "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in c["rows"]:
+        ms = r["ms_per_step"]
+        lines.append(f"| {r['context']:,} | {r['cache_mb'][small]:.1f} | {r['cache_mb'][large]:.1f} | {_f(ms[small], 2)}"
+                     f"{' (unstable)' if unstable(r['times'][small]) else ''} | {_f(ms[large], 2)}"
+                     f"{' (unstable)' if unstable(r['times'][large]) else ''} | {times(r['slowdown'])} |")
+    return lines + [""]
 
 
 def write(res: Mapping[str, object]) -> Path:

@@ -4,6 +4,10 @@ figures in ``results/figures/`` (what ``make bench`` does; the Performance page 
     python -m benchmarks.run                  # everything (51 minutes on the 2-core AMD EPYC of the committed run)
     python -m benchmarks.run --quick          # shorter runs, to try the harness (not for the page)
     python -m benchmarks.run --only decode,moe --merge   # re-measure some sections, keep the others
+    python -m benchmarks.run --only generations --merge  # MiniMind2 beside minimind-3 (benchmark 9)
+
+With ``--merge`` the kept sections keep the environment and date of the run that measured them, and
+each re-measured one records its own in ``separate_runs`` (the page names them).
 
 Every timing is a median of at least five interleaved repetitions with its range (benchmarks/common.py).
 """
@@ -20,7 +24,20 @@ from minimind_ref.utils import pick_device, single_thread
 from . import bench_decode, bench_hf, bench_moe, bench_norm, bench_notebooks, report
 from .common import environment
 
-SECTIONS = ["decode", "hf", "fast", "compile", "threads", "moe", "norm", "efficiency", "posttrain", "notebooks"]
+SECTIONS = ["decode", "hf", "fast", "compile", "threads", "moe", "norm", "efficiency", "posttrain", "notebooks",
+            "generations"]
+
+
+def note_run(res: dict, todo: set, this_run: dict) -> None:
+    """Record the environment and date of this run in ``res``: at the top when it measures every
+    section that stays, else (``--merge`` keeping sections of an earlier run) per re-measured
+    section in ``separate_runs``, leaving the earlier run's environment and date to its sections."""
+    kept = set(res) & set(SECTIONS) - todo
+    if kept and "environment" in res:
+        res.setdefault("separate_runs", {}).update({section: this_run for section in sorted(todo)})
+    else:
+        res.update(this_run)
+        res.pop("separate_runs", None)
 
 
 def main(argv=None) -> int:
@@ -37,7 +54,7 @@ def main(argv=None) -> int:
         parser.error(f"unknown sections {sorted(unknown)}; choose from {SECTIONS}")
     path = report.RESULTS / "results.json"
     res: dict = json.loads(path.read_text()) if args.merge and path.exists() else {}
-    res.update({"environment": environment(device), "date": datetime.date.today().isoformat()})
+    note_run(res, todo, {"environment": environment(device), "date": datetime.date.today().isoformat()})
     if "decode" in todo:
         lengths = [32, 64, 128] if args.quick else [32, 64, 128, 256, 512]
         res["decode"] = bench_decode.cached_vs_uncached(device, lengths)
@@ -77,6 +94,13 @@ def main(argv=None) -> int:
         print("posttrain done", flush=True)
     if "notebooks" in todo:
         res["notebooks"] = bench_notebooks.notebook_times()
+    if "generations" in todo:
+        from . import bench_generations
+
+        with single_thread():  # one thread: on a shared 2-core machine two threads mostly wait for each other
+            res["generations"] = bench_generations.generations(device, quick=args.quick)
+        res["generations"]["torch_threads"] = 1
+        print("generations done", flush=True)
     report.RESULTS.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(res, indent=2) + "\n")
     res = json.loads(path.read_text())  # render what the tests will read back (string keys, lists)

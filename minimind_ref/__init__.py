@@ -21,7 +21,10 @@ module             what                                        chapter
 ``data``           generated corpus, packed datasets           08
 ``tokenizer``      BPE from scratch and with ``tokenizers``    08
 ``train``          training loop (``python -m``, torchrun)     08
-``hf``             to/from transformers' Llama (extra ``hf``)  perf.
+``hf``             to/from transformers: Llama (MiniMind2),    perf.
+                   Qwen3(-MoE) (minimind-3); extra ``hf``
+``pretrained``     upstream's published files, both            03-09
+                   generations (.pth, HF folders, tokenizer)
 ``checks``         exercise checks                             all
 =================  ==========================================  =========
 """

@@ -230,6 +230,14 @@ def infer_config(state_dict: Mapping[str, torch.Tensor], **overrides: Any) -> Mi
       MoE state dict needs it (upstream's MiniMind2-MoE uses 2).
     * everything without a tensor (``rope_theta``, ``max_position_embeddings``, ``rms_norm_eps``,
       ``hidden_act``, ``norm_topk_prob``, ``aux_loss_alpha``, ...): upstream's defaults.
+
+    **The generation is read from the keys.** A state dict with ``self_attn.q_norm.weight`` is
+    minimind-3's (d65ef2c: only its ``Attention`` has QK-norm), and then the shapes say more:
+    ``head_dim`` is the length of ``q_norm``, the head counts are ``q_proj`` rows / ``head_dim``
+    and ``k_proj`` rows / ``head_dim`` (no assumption needed), experts come without shared ones,
+    and a stored ``lm_head.weight`` that differs from the embedding means
+    ``tie_word_embeddings=False`` (a switch in minimind-3). Only the MoE top-k is still not in
+    the weights (minimind-3-moe uses 1). Without ``q_norm`` it is MiniMind2's (c090b69).
     """
     if not isinstance(state_dict, Mapping):
         raise TypeError(f"infer_config reads a state dict (a mapping of names to tensors), got {type(state_dict).__name__}.")
@@ -239,8 +247,13 @@ def infer_config(state_dict: Mapping[str, torch.Tensor], **overrides: Any) -> Mi
     if not layers or layers != set(range(len(layers))):
         raise ValueError(f"state dict layers must be numbered 0..N-1 under 'model.layers.', found {sorted(layers)[:10]}.")
     kv_width = _weight(state_dict, "model.layers.0.self_attn.k_proj.weight", "num_key_value_heads").shape[0]
-    heads, kv_heads = _infer_heads(hidden_size, kv_width, overrides.pop("num_attention_heads", None),
-                                   overrides.pop("num_key_value_heads", None))
+    minimind3 = _QK_NORM_KEY in state_dict
+    if minimind3:
+        heads, kv_heads, head_dim = _infer_heads_qk_norm(state_dict, overrides.pop("num_attention_heads", None),
+                                                         overrides.pop("num_key_value_heads", None))
+    else:
+        heads, kv_heads = _infer_heads(hidden_size, kv_width, overrides.pop("num_attention_heads", None),
+                                       overrides.pop("num_key_value_heads", None))
     use_moe = any(".mlp.experts." in k for k in state_dict)
     if use_moe:
         ffn_key = "model.layers.0.mlp.experts.0.gate_proj.weight"
@@ -249,19 +262,57 @@ def infer_config(state_dict: Mapping[str, torch.Tensor], **overrides: Any) -> Mi
         if "num_experts_per_tok" not in overrides:
             raise ValueError(
                 f"this is a MoE state dict ({n_routed} routed experts), and how many experts each token uses "
-                "(top-k) is not in the weights: pass num_experts_per_tok (upstream's MiniMind2-MoE uses 2)."
+                "(top-k) is not in the weights: pass num_experts_per_tok (upstream's MiniMind2-MoE uses 2, "
+                "minimind-3-moe 1)."
             )
     else:
         ffn_key = "model.layers.0.mlp.gate_proj.weight"
-        n_routed, n_shared = 4, 1
+        n_routed, n_shared = (4, 0) if minimind3 else (4, 1)
     kwargs: Dict[str, Any] = dict(
         vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=len(layers),
         num_attention_heads=heads, num_key_value_heads=kv_heads,
         intermediate_size=_weight(state_dict, ffn_key, "intermediate_size").shape[0], use_moe=use_moe,
         n_routed_experts=n_routed, n_shared_experts=n_shared,
     )
+    if minimind3:
+        head = state_dict.get("lm_head.weight")
+        untied = isinstance(head, torch.Tensor) and (
+            head.shape != state_dict["model.embed_tokens.weight"].shape
+            or not torch.equal(head, state_dict["model.embed_tokens.weight"]))
+        kwargs.update(generation="minimind-3", tie_word_embeddings=not untied,
+                      head_dim=None if head_dim * heads == hidden_size else head_dim)  # None: the default rule
+        if use_moe:  # the experts' width is moe_intermediate_size; the dense width (unused) keeps its rule
+            rule = MiniMindConfig(generation="minimind-3", hidden_size=hidden_size).intermediate_size
+            width = kwargs.pop("intermediate_size")
+            kwargs["moe_intermediate_size"] = None if width == rule else width
     kwargs.update(overrides)
     return MiniMindConfig(**kwargs)
+
+
+#: Only minimind-3's attention (d65ef2c) has this key; MiniMind2's (c090b69) has no QK-norm.
+_QK_NORM_KEY = "model.layers.0.self_attn.q_norm.weight"
+
+
+def _infer_heads_qk_norm(state_dict: Mapping[str, Any], heads: Optional[int],
+                         kv_heads: Optional[int]) -> Tuple[int, int, int]:
+    """``(num_attention_heads, num_key_value_heads, head_dim)`` of a minimind-3 state dict: ``q_norm``
+    is ``[head_dim]``, ``q_proj`` ``[heads * head_dim, hidden]``, ``k_proj`` ``[kv_heads * head_dim, hidden]``."""
+    q_norm = state_dict[_QK_NORM_KEY]
+    if not isinstance(q_norm, torch.Tensor) or q_norm.dim() != 1:
+        raise ValueError(f"{_QK_NORM_KEY!r} must be a 1-D gain of head_dim values, got "
+                         f"{getattr(q_norm, 'shape', type(q_norm).__name__)}.")
+    head_dim = q_norm.shape[0]
+    q_rows = _weight(state_dict, "model.layers.0.self_attn.q_proj.weight", "num_attention_heads").shape[0]
+    kv_rows = _weight(state_dict, "model.layers.0.self_attn.k_proj.weight", "num_key_value_heads").shape[0]
+    if head_dim == 0 or q_rows % head_dim or kv_rows % head_dim:
+        raise ValueError(f"q_proj ({q_rows} rows) and k_proj ({kv_rows} rows) are not whole heads of q_norm's "
+                         f"head_dim {head_dim}; not a minimind-3 state dict, or a damaged one.")
+    found = (q_rows // head_dim, kv_rows // head_dim)
+    for name, given, value in (("num_attention_heads", heads, found[0]), ("num_key_value_heads", kv_heads, found[1])):
+        if given is not None and given != value:
+            raise ValueError(f"{name}={given!r} disagrees with the weights: q_norm gives head_dim {head_dim}, so "
+                             f"the projections hold {value} such heads. Drop {name} (minimind-3's shapes hold it).")
+    return found[0], found[1], head_dim
 
 
 def _infer_heads(hidden: int, kv_width: int, heads: Optional[int], kv_heads: Optional[int]) -> Tuple[int, int]:

@@ -14,11 +14,14 @@ for decoding:
 * a static KV cache per layer, ``[n_kv_heads, capacity, head_dim]``, written in place;
 * one decode step as a straight line of tensor operations (no module calls, no checks).
 
-The arithmetic is the model's: RMSNorm in float32, half-split RoPE, softmax in float32, SwiGLU.
+The arithmetic is the model's: RMSNorm in float32 (cast back before or after the gain as the
+config says), QK-norm over ``head_dim`` before RoPE when ``config.qk_norm`` (minimind-3), half-split
+RoPE, softmax in float32, SwiGLU; ``head_dim`` is the config's (a free field in minimind-3) and an
+untied head is the model's own ``lm_head``.
 Products are summed in another order than ``F.linear`` sums them, so logits differ by float
 rounding (``tests/test_fast_decode.py`` bounds it) and greedy tokens agree unless two logits tie
-to that precision (the benchmark checks the tokens on every run). Dense models only; the prompt
-goes through the ordinary forward (prefill is not what this path speeds up).
+to that precision (the benchmark checks the tokens on every run). Dense models of both generations
+only; the prompt goes through the ordinary forward (prefill is not what this path speeds up).
 
 Shapes: ``input_ids`` ``[1, s]`` -> ``[1, s + n]``.
 """
@@ -49,8 +52,9 @@ class FastDecoder:
         self.n_heads = config.num_attention_heads
         self.n_kv_heads = config.num_key_value_heads
         self.n_rep = self.n_heads // self.n_kv_heads
-        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.head_dim = config.head_dim  # hidden / heads, or minimind-3's free head_dim
         self.eps = config.rms_norm_eps
+        self.cast_after_weight = config.rms_norm_cast_after_weight
         self.q_size = self.n_heads * self.head_dim
         self.kv_size = self.n_kv_heads * self.head_dim
         inner = model.model
@@ -71,6 +75,9 @@ class FastDecoder:
                 self.norm_attn.append(layer.input_layernorm.weight)
                 self.norm_ffn.append(layer.post_attention_layernorm.weight)
             self.norm_final = inner.norm.weight
+            # minimind-3's QK-norm gains ([head_dim] each), None without QK-norm (MiniMind2)
+            self.q_norm = [layer.self_attn.q_norm.weight if config.qk_norm else None for layer in inner.layers]
+            self.k_norm = [layer.self_attn.k_norm.weight if config.qk_norm else None for layer in inner.layers]
             self.head_t = model.lm_head.weight.t().contiguous()
         self.cos, self.sin = inner.freqs_cos, inner.freqs_sin
         self.act = mlp.act_fn
@@ -87,7 +94,16 @@ class FastDecoder:
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         xf = x.float()
-        return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x)
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.cast_after_weight:  # minimind-3 (d65ef2c): the gain in fp32, then the cast
+            return (weight * normed).type_as(x)
+        return weight * normed.type_as(x)
+
+    def _qk_norm(self, q: torch.Tensor, k: torch.Tensor, i: int):
+        """minimind-3: each head of ``q`` ``[heads, head_dim]`` and ``k`` ``[kv_heads, head_dim]`` RMS-normalized."""
+        if self.q_norm[i] is None:
+            return q, k
+        return self._rms(q, self.q_norm[i]), self._rms(k, self.k_norm[i])
 
     def _rope(self, x: torch.Tensor, pos: int) -> torch.Tensor:
         """``x`` ``[heads, head_dim]`` at position ``pos`` (half-split rotation, as rope.py)."""
@@ -110,6 +126,7 @@ class FastDecoder:
             qkv = self._rms(h, self.norm_attn[i]) @ self.qkv_t[i]
             q = qkv[0, :self.q_size].view(self.n_heads, self.head_dim)
             k = qkv[0, self.q_size:self.q_size + self.kv_size].view(self.n_kv_heads, self.head_dim)
+            q, k = self._qk_norm(q, k, i)
             q = q * cos + torch.cat((-q[:, half:], q[:, :half]), dim=-1) * sin
             k = k * cos + torch.cat((-k[:, half:], k[:, :half]), dim=-1) * sin
             keys[i].index_copy_(1, pos.view(1), k.unsqueeze(1))
@@ -156,8 +173,9 @@ class FastDecoder:
             h = self.embed[token].unsqueeze(0)  # [1, hidden]
             for i in range(len(self.qkv_t)):
                 qkv = self._rms(h, self.norm_attn[i]) @ self.qkv_t[i]  # [1, q + 2 kv]
-                q = self._rope(qkv[0, :q_size].view(self.n_heads, self.head_dim), pos)
-                k = self._rope(qkv[0, q_size:q_size + kv_size].view(self.n_kv_heads, self.head_dim), pos)
+                q, k = self._qk_norm(qkv[0, :q_size].view(self.n_heads, self.head_dim),
+                                     qkv[0, q_size:q_size + kv_size].view(self.n_kv_heads, self.head_dim), i)
+                q, k = self._rope(q, pos), self._rope(k, pos)
                 keys[i][:, pos] = k
                 values[i][:, pos] = qkv[0, q_size + kv_size:].view(self.n_kv_heads, self.head_dim)
                 scores = (q.view(self.n_kv_heads, self.n_rep, self.head_dim) @ keys[i][:, :pos + 1].transpose(1, 2)) * scale

@@ -48,8 +48,10 @@ def check_sampling_settings(
 def apply_repetition_penalty(
     logits: torch.Tensor, previous_ids: torch.Tensor, penalty: float, mask: Optional[torch.Tensor] = None
 ) -> torch.Tensor:
-    """CTRL-style penalty (Keskar et al. 2019) as in Hugging Face: for every token id that already
-    occurs in the row, a positive logit is divided by ``penalty`` and a negative one multiplied.
+    """The repetition penalty as Hugging Face's ``RepetitionPenaltyLogitsProcessor`` applies it: for
+    every token id that already occurs in the row, a positive logit is divided by ``penalty`` and a
+    negative one multiplied (CTRL, Keskar et al. 2019, divides every such logit, which raises a
+    negative one).
 
     ``logits`` ``[b, vocab]``; ``previous_ids`` ``[b, t]``; ``mask`` ``[b, t]`` (0 = padding, not counted).
     Returns a new tensor.

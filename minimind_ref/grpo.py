@@ -258,8 +258,10 @@ class RLPromptDataset:
 def sample_completions(model: torch.nn.Module, tokenizer: Any, prompt: Sequence[Dict[str, str]], num_generations: int,
                        max_new_tokens: int, temperature: float = 0.8,
                        generator: Optional[torch.Generator] = None) -> Dict[str, Any]:
-    """``num_generations`` sampled replies to one conversation ``prompt`` (upstream samples with
-    temperature 0.8 and no top-k/top-p). Returns ``{"input_ids": [G, P + R], "completion_ids":
+    """``num_generations`` sampled replies to one conversation ``prompt``, drawn from the whole
+    temperature-scaled distribution (no top-k, no top-p). Upstream's ``trainer/train_grpo.py`` at
+    c090b69 calls ``generate(do_sample=True, temperature=0.8)``, which under transformers 4.57 also
+    keeps ``GenerationConfig``'s default ``top_k=50``. Returns ``{"input_ids": [G, P + R], "completion_ids":
     [G, R], "texts": [G] (decoded up to the end marker), "prompt_length": P}``; rows that stop
     early are padded with the end marker."""
     from .generation import generate

@@ -1,4 +1,5 @@
-"""Upstream's trained MiniMind2: load its published weights and tokenizer, fetch them if asked.
+"""Upstream's trained models, MiniMind2 and minimind-3: load their published weights and tokenizer,
+fetch them if asked.
 
 Three kinds of files, each read without ``transformers``:
 
@@ -7,13 +8,16 @@ artifact                    files                                            loa
 ==========================  ===============================================  ====================
 PyTorch weights             ``<stage>_<hidden>[_moe].pth``: a bare fp16       ``load_pth``
                             ``state_dict`` as upstream's trainers save it
-                            (``full_sft_512.pth``, ``full_sft_640_moe.pth``)
+                            (``full_sft_512.pth``, ``full_sft_640_moe.pth``;
+                            minimind-3: ``full_sft_768[_moe].pth``)
 Hugging Face model folder   ``config.json`` + ``model.safetensors`` or        ``load_hf_dir``
-                            ``pytorch_model.bin``, in the Llama layout
-                            (``model_type: llama``) or MiniMind's own
-                            (``model_type: minimind``, ``auto_map``), the
-                            two layouts upstream's ``scripts/convert_model.py``
-                            writes
+                            ``pytorch_model.bin``, in the layouts upstream's
+                            ``scripts/convert_model.py`` writes: Llama
+                            (``model_type: llama``, MiniMind2 at c090b69),
+                            Qwen3 / Qwen3-MoE (``qwen3``, ``qwen3_moe``,
+                            minimind-3 at d65ef2c) and MiniMind's own
+                            (``model_type: minimind``, ``auto_map``; the
+                            config keys of either commit)
 tokenizer                   ``tokenizer.json`` + ``tokenizer_config.json``    ``load_tokenizer_dir``
                             (+ ``chat_template.jinja`` when transformers
                             saved the template separately)
@@ -39,6 +43,33 @@ What is verified and what is inferred (details in the book's ``minimind_ref`` pa
   clones (``LlamaForCausalLM``, ``head_dim 96``, ``rope_theta 1e6``, ``tie_word_embeddings``
   true, newer transformers: ``rope_parameters``/``dtype``); the MiniMind layout's fields are
   inferred from ``convert_model.py`` + ``MiniMindConfig`` (no published copy was found).
+* minimind-3 (d65ef2c) is told from MiniMind2 by its keys and shapes, never by the file name:
+  its ``full_sft_768.pth`` has the very name of MiniMind2's 104M file (both trainers write
+  ``f'{save_weight}_{hidden_size}{moe_suffix}.pth'``: ``trainer/train_full_sft.py`` at c090b69 and
+  at d65ef2c; ``v.half()`` in both). Only minimind-3's attention has ``q_norm``/``k_norm``
+  (``model/model_minimind.py`` at d65ef2c, ``Attention.__init__``), so a state dict with
+  ``self_attn.q_norm.weight`` is minimind-3's, and its shapes then hold the head layout too:
+  ``head_dim`` = length of ``q_norm``, query heads = ``q_proj`` rows / ``head_dim``, KV heads =
+  ``k_proj`` rows / ``head_dim``; experts come without shared ones; an ``lm_head.weight`` unequal to
+  the embedding is an untied head (``tie_word_embeddings`` is a field at d65ef2c). What no shape
+  holds is the MoE top-k: 1 for minimind-3-moe, from upstream's README at d65ef2c ("4 experts /
+  top-1 routing", its model table) and ``MiniMindConfig``'s default ``num_experts_per_tok=1`` at
+  d65ef2c. ``rms_norm_eps`` (1e-6) and ``rope_theta`` (1e6) are d65ef2c's defaults too.
+* minimind-3's Hub names are upstream's README at d65ef2c: ``jingyaogong/minimind-3`` (the
+  transformers folder: ``git clone https://huggingface.co/jingyaogong/minimind-3``),
+  ``jingyaogong/minimind-3-pytorch`` (the ``.pth`` files: its ``lora_exam_768.pth`` link);
+  ``jingyaogong/minimind-3-moe`` is the folder name ``scripts/convert_model.py``'s ``__main__``
+  writes for the MoE (``transformers_path = '../minimind-3-moe'``) in the same collection.
+* upstream's ``convert_torch2transformers`` (d65ef2c) writes ``Qwen3Config`` /
+  ``Qwen3MoeConfig`` with ``head_dim = hidden_size // num_attention_heads``,
+  ``tie_word_embeddings=True``, no sliding window, and for the MoE ``num_experts``,
+  ``num_experts_per_tok``, ``moe_intermediate_size``, ``norm_topk_prob``; everything else is
+  transformers' default, so such a folder says ``router_aux_loss_coef: 0.001`` (transformers')
+  where upstream's trainer uses 5e-4 and no ``bos_token_id``/``eos_token_id`` (read here as
+  MiniMind's 1 and 2). transformers drops the tied ``lm_head.weight`` from ``model.safetensors``.
+  ``convert_torch2transformers_minimind`` writes d65ef2c's ``MiniMindConfig`` keys
+  (``num_experts``, ``router_aux_loss_coef``, ``head_dim``, ``moe_intermediate_size``; no
+  ``tie_word_embeddings`` when it is the default true) and ``pytorch_model.bin`` with both tied keys.
 * Files from before upstream's 2025-04-26 rename (keys ``tok_embeddings``, ``layers.N.attention.wq``;
   ``config.json`` with ``dim``/``n_layers``) are refused with an explanation: upstream's own code
   at c090b69 no longer loads them.
@@ -63,27 +94,38 @@ from .model import MiniMindForCausalLM
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-#: The published MiniMind2 models: name -> (hidden_size, use_moe, num_hidden_layers).
+#: The published models: name -> (hidden_size, use_moe, num_hidden_layers).
 MODELS: Dict[str, Tuple[int, bool, int]] = {
     "MiniMind2-Small": (512, False, 8),
     "MiniMind2": (768, False, 16),
     "MiniMind2-MoE": (640, True, 8),
+    "minimind-3": (768, False, 8),
+    "minimind-3-moe": (768, True, 8),
 }
+#: The generation of each published model (upstream's README at d65ef2c: MiniMind2 is the "historical version").
+MODEL_GENERATION: Dict[str, str] = {name: "minimind-3" if name.startswith("minimind-3") else "MiniMind2"
+                                    for name in MODELS}
 #: Head layout of every published MiniMind2 (not readable from the weights' shapes).
 PUBLISHED_HEADS = {"num_attention_heads": 8, "num_key_value_heads": 2}
 #: Experts per token of MiniMind2-MoE (not readable from the weights either).
 PUBLISHED_TOP_K = 2
+#: Experts per token of minimind-3-moe (README at d65ef2c: "4 experts / top-1 routing").
+PUBLISHED_TOP_K_MINIMIND3 = 1
 
 #: Hugging Face Hub repositories (``jingyaogong``'s MiniMind collection).
 HUB_PTH_REPO = "jingyaogong/MiniMind2-Pytorch"          # the .pth files (spelled -Pytorch on the Hub)
 HUB_MODEL_REPOS = {name: f"jingyaogong/{name}" for name in MODELS}  # transformers-format folders
 HUB_TOKENIZER_REPO = "jingyaogong/MiniMind2-Small"       # any MiniMind2 folder holds the same tokenizer
+#: Per generation (minimind-3's names from upstream's README at d65ef2c).
+HUB_PTH_REPOS = {"MiniMind2": HUB_PTH_REPO, "minimind-3": "jingyaogong/minimind-3-pytorch"}
+HUB_TOKENIZER_REPOS = {"MiniMind2": HUB_TOKENIZER_REPO, "minimind-3": "jingyaogong/minimind-3"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 OPTIONAL_TOKENIZER_FILES = ("chat_template.jinja", "special_tokens_map.json")
 
 #: The line an optional chapter cell prints when it skips (the same on every machine).
 SKIP_NOTE = ("Optional cell skipped: real MiniMind2 weights not found "
              "(set MINIMIND_WEIGHTS=/path/to/folder, or run the chapter in Colab to download them).")
+SKIP_NOTES = {"MiniMind2": SKIP_NOTE, "minimind-3": SKIP_NOTE.replace("MiniMind2", "minimind-3")}
 
 _PTH_NAME = re.compile(r"^(?P<stage>[a-z][a-z0-9_]*?)_(?P<hidden>\d+)(?P<moe>_moe)?(?:_(?P<tag>[a-z][a-z0-9]*))?\.pth$")
 _LFS_POINTER = b"version https://git-lfs"
@@ -217,8 +259,10 @@ def load_pth(path: PathLike, dtype: Optional[torch.dtype] = torch.float32,
 
     The config comes from the file name and the shapes: hidden size, MoE and the name must agree
     with the tensors; layers, vocabulary, FFN width, KV width and expert counts are read from the
-    shapes; the head count (8 query heads) and MoE top-2, which no shape holds, are the published
-    models'. Weights are cast to ``dtype`` (``None`` keeps upstream's fp16).
+    shapes. The generation comes from the keys (``q_norm``: minimind-3; see the module docstring),
+    never from the name (``full_sft_768.pth`` is a file name of both). What no shape holds is the
+    published models': MiniMind2's 8 query heads and MoE top-2, minimind-3-moe's top-1 (minimind-3's
+    head layout is in its shapes). Weights are cast to ``dtype`` (``None`` keeps upstream's fp16).
     """
     path = Path(path)
     name = parse_pth_name(path.name)
@@ -231,11 +275,40 @@ def load_pth(path: PathLike, dtype: Optional[torch.dtype] = torch.float32,
             f"{path.name} names hidden size {name.hidden_size}{' and MoE' if name.use_moe else ''}, but its tensors "
             f"say {what}: a renamed file? Name it {pth_filename(name.stage, width, is_moe)}."
         )
+    config = published_config(state)
+    state = _tie(state, path, embedding_wins=False) if config.tie_word_embeddings else _untied(state, path)
+    return _build(config, state, dtype, map_location)
+
+
+def published_config(state: Mapping[str, Any]) -> MiniMindConfig:
+    """The config ``load_pth`` builds for an upstream state dict: ``infer_config`` with what the published
+    models fix and no shape holds (MiniMind2: 8 query heads, MoE top-2; minimind-3-moe: top-1)."""
+    return infer_config(state, **_published_overrides(state, any(".mlp.experts." in k for k in state)))
+
+
+def state_dict_generation(state: Mapping[str, Any]) -> str:
+    """``"minimind-3"`` when the state dict has QK-norm gains (only d65ef2c's attention has them),
+    else ``"MiniMind2"``."""
+    return "minimind-3" if "model.layers.0.self_attn.q_norm.weight" in state else "MiniMind2"
+
+
+def _published_overrides(state: Mapping[str, Any], is_moe: bool) -> Dict[str, Any]:
+    """What the published models fix and the shapes do not say (see the module docstring)."""
+    if state_dict_generation(state) == "minimind-3":  # heads, head_dim: in the shapes
+        return {"num_experts_per_tok": PUBLISHED_TOP_K_MINIMIND3} if is_moe else {}
     overrides: Dict[str, Any] = {"num_attention_heads": PUBLISHED_HEADS["num_attention_heads"]}
     if is_moe:
         overrides["num_experts_per_tok"] = PUBLISHED_TOP_K
-    config = infer_config(state, **overrides)
-    return _build(config, _tie(state, path, embedding_wins=False), dtype, map_location)
+    return overrides
+
+
+def _untied(state: Dict[str, torch.Tensor], source: Path) -> Dict[str, torch.Tensor]:
+    """An untied model's state (minimind-3 with ``tie_word_embeddings=False``): buffers dropped, the
+    head must be there."""
+    state = {k: v for k, v in state.items() if not k.endswith(("freqs_cos", "freqs_sin", "rotary_emb.inv_freq"))}
+    if "lm_head.weight" not in state:
+        raise ValueError(f"{source}: the config says tie_word_embeddings=False, but there is no lm_head.weight.")
+    return state
 
 
 # ---------------------------------------------------------------------- Hugging Face folders
@@ -246,8 +319,10 @@ def config_from_hf(raw: Mapping[str, Any]) -> MiniMindConfig:
     what is missing (``rope_theta`` 10000, ``tie_word_embeddings`` false); both the
     ``rope_theta`` key and transformers-5's ``rope_parameters`` are read. A Llama that MiniMind
     cannot express (biases, ``head_dim`` other than hidden / heads, RoPE scaling) is a
-    ``ValueError`` listing why. MiniMind: ``MiniMindConfig``'s own keys; the rest (``auto_map``,
-    ``torch_dtype``, ``max_seq_len``, ...) is ignored.
+    ``ValueError`` listing why. Qwen3 / Qwen3-MoE (minimind-3's ``convert_torch2transformers``):
+    see ``_config_from_qwen3``. MiniMind: ``MiniMindConfig``'s own keys of either commit (d65ef2c's
+    ``num_experts`` / ``router_aux_loss_coef`` make it a minimind-3 config); the rest
+    (``auto_map``, ``torch_dtype``, ``max_seq_len``, ...) is ignored.
     """
     if not isinstance(raw, Mapping):
         raise TypeError(f"config must be a dict (the parsed config.json), got {type(raw).__name__}.")
@@ -261,9 +336,12 @@ def config_from_hf(raw: Mapping[str, Any]) -> MiniMindConfig:
         return _config_from_llama(raw)
     if model_type == "minimind":
         return _config_from_minimind(raw)
+    if model_type in ("qwen3", "qwen3_moe"):
+        return _config_from_qwen3(raw)
     raise ValueError(
         f"config.json has model_type {model_type!r}; MiniMind2 folders are 'llama' (convert_torch2transformers_llama) "
-        "or 'minimind' (convert_torch2transformers_minimind)."
+        "or 'minimind' (convert_torch2transformers_minimind), minimind-3 folders 'qwen3' / 'qwen3_moe' "
+        "(convert_torch2transformers) or 'minimind'."
     )
 
 
@@ -297,9 +375,29 @@ def _config_from_llama(raw: Mapping[str, Any]) -> MiniMindConfig:
     )
 
 
+def _config_from_qwen3(raw: Mapping[str, Any]) -> MiniMindConfig:
+    """minimind-3 from a ``Qwen3Config`` / ``Qwen3MoeConfig`` dict, with transformers' 4.57 defaults for
+    what is missing (``head_dim`` 128, ``rope_theta`` 10000, ``tie_word_embeddings`` false,
+    ``norm_topk_prob`` false, ``router_aux_loss_coef`` 0.001, ``rms_norm_eps`` 1e-6) and MiniMind's
+    token ids 1/2 when there are none. A Qwen3 that minimind-3 cannot express is a ``ValueError``
+    listing why (see ``minimind_ref.hf.qwen3_problems``)."""
+    from .hf import config_from_qwen3_dict
+
+    return config_from_qwen3_dict(raw)
+
+
 def _config_from_minimind(raw: Mapping[str, Any]) -> MiniMindConfig:
-    known = set(MiniMindConfig().to_dict())
+    known = set(MiniMindConfig().to_dict()) | {"num_experts", "router_aux_loss_coef"}  # + d65ef2c's names
     kwargs = {k: raw[k] for k in known if k in raw}
+    if "generation" not in kwargs and ("num_experts" in raw or "router_aux_loss_coef" in raw):
+        kwargs["generation"] = "minimind-3"  # d65ef2c's MiniMindConfig (c090b69's has n_routed_experts)
+    if kwargs.get("generation") == "minimind-3":  # d65ef2c writes its derived defaults out: keep them derived
+        heads, hidden = kwargs.get("num_attention_heads", 8), kwargs.get("hidden_size", 768)
+        if isinstance(heads, int) and heads > 0 and kwargs.get("head_dim") == hidden // heads:
+            kwargs.pop("head_dim")
+        if kwargs.get("moe_intermediate_size") is not None and kwargs.get("moe_intermediate_size") == kwargs.get(
+                "intermediate_size"):
+            kwargs.pop("moe_intermediate_size")
     scaling = raw.get("rope_scaling")
     if scaling and not (raw.get("inference_rope_scaling") and dict(scaling) == YARN_ROPE_SCALING):
         raise ValueError(f"config.json has rope_scaling {scaling!r}, which is not MiniMind's YaRN setting; unsupported.")
@@ -355,11 +453,12 @@ def load_hf_dir(folder: PathLike, dtype: Optional[torch.dtype] = torch.float32,
         )
     raw = json.loads(cfg_path.read_text(encoding="utf-8"))
     config = config_from_hf(raw)
-    # Llama with tie_word_embeddings: transformers ties the head to the embedding (a stored
+    # Llama / Qwen3 with tie_word_embeddings: transformers ties the head to the embedding (a stored
     # lm_head.weight is ignored). Otherwise a stored head must equal the embedding.
-    embedding_wins = raw.get("model_type") == "llama" and bool(raw.get("tie_word_embeddings", False))
+    embedding_wins = raw.get("model_type") in ("llama", "qwen3", "qwen3_moe") and bool(raw.get("tie_word_embeddings", False))
     state = _as_state_dict(read_hf_weights(folder, map_location), folder)
-    return _build(config, _tie(state, folder, embedding_wins), dtype, map_location)
+    state = _tie(state, folder, embedding_wins) if config.tie_word_embeddings else _untied(state, folder)
+    return _build(config, state, dtype, map_location)
 
 
 # ---------------------------------------------------------------------- tokenizer and chat template
@@ -547,7 +646,8 @@ def fetch(repo_id: str, filename: Optional[str] = None, *, revision: Optional[st
 
 
 def fetch_tokenizer(repo_id: str = HUB_TOKENIZER_REPO) -> Path:
-    """Download upstream's tokenizer files from a MiniMind2 repository; return their folder."""
+    """Download upstream's tokenizer files from a model repository (MiniMind2's by default; minimind-3's:
+    ``HUB_TOKENIZER_REPOS["minimind-3"]``); return their folder."""
     folder = None
     for name in TOKENIZER_FILES:
         folder = fetch(repo_id, name).parent
@@ -571,39 +671,80 @@ def real_weights_enabled(environ: Optional[Mapping[str, str]] = None) -> bool:
     return "PYTEST_VERSION" not in env and env.get("MINIMIND_REAL_WEIGHTS", "").lower() not in ("off", "0", "no")
 
 
-def _find_tokenizer(folders: Sequence[Path]) -> Path:
-    for folder in folders:
-        if all((folder / name).is_file() for name in TOKENIZER_FILES):
+def tokenizer_folder_generation(folder: PathLike) -> str:
+    """``"minimind-3"`` for a tokenizer folder whose ``tokenizer_config.json`` lists minimind-3's added
+    tokens (``<tool_call>``, ``<think>``, ...: ``trainer/train_tokenizer.py`` at d65ef2c), else ``"MiniMind2"``
+    (c090b69's has only ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``)."""
+    try:
+        config = json.loads((Path(folder) / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "MiniMind2"
+    added = config.get("added_tokens_decoder") or {}
+    contents = {entry.get("content") if isinstance(entry, Mapping) else entry for entry in added.values()}
+    return "minimind-3" if {"<tool_call>", "<think>"} <= contents else "MiniMind2"
+
+
+def _find_tokenizer(folders: Sequence[Path], generation: str = "MiniMind2") -> Path:
+    """The first folder holding a tokenizer of ``generation`` (the two generations' vocabularies differ)."""
+    folders = list(dict.fromkeys(folders))  # each once, in order
+    found = [f for f in folders if all((f / name).is_file() for name in TOKENIZER_FILES)]
+    for folder in found:
+        if tokenizer_folder_generation(folder) == generation:
             return folder
+    other = (f" ({', '.join(str(f) for f in found)} hold the other generation's tokenizer)") if found else ""
     raise WeightsUnavailable(
-        "found weights but no tokenizer: put upstream's tokenizer.json and tokenizer_config.json (from any MiniMind2 "
-        f"model folder, e.g. {HUB_TOKENIZER_REPO}, or upstream's model/) next to them. Looked in: "
+        f"found {generation} weights but no tokenizer of that generation{other}: put upstream's tokenizer.json and "
+        f"tokenizer_config.json (from any {generation} model folder, e.g. {HUB_TOKENIZER_REPOS[generation]}, or "
+        f"upstream's model/ at {'c090b69' if generation == 'MiniMind2' else 'd65ef2c'}) next to them. Looked in: "
         + ", ".join(str(f) for f in folders)
     )
+
+
+def _pth_generation(path: Path, map_location: Union[str, torch.device]) -> str:
+    """The generation of an upstream ``.pth`` (from its keys: ``state_dict_generation``)."""
+    return state_dict_generation(_as_state_dict(_read_torch_file(path, map_location), path))
+
+
+def _other_generation_note(path: Path, model: str, found: str) -> str:
+    return (f"{path} holds {found}'s weights (its keys {'have' if found == 'minimind-3' else 'lack'} QK-norm), not "
+            f"{model}'s: MiniMind2 and minimind-3 use the same file names (full_sft_768.pth is MiniMind2's 104M model "
+            "and minimind-3's 64M one); keep each generation's files in a folder of its own")
 
 
 def _load_local(path: Path, model: str, stage: str, dtype: Optional[torch.dtype],
                 map_location: Union[str, torch.device]) -> Tuple[MiniMindForCausalLM, UpstreamTokenizer]:
     hidden, moe, _ = MODELS[model]
+    generation = MODEL_GENERATION.get(model, "MiniMind2")
     filename = pth_filename(stage, hidden, moe)
     if path.is_file():
         if path.name != filename:
             raise WeightsUnavailable(f"{path} is not {model}'s {stage} weights ({filename}).")
-        return load_pth(path, dtype, map_location), load_tokenizer_dir(_find_tokenizer([path.parent, path.parent / "model"]))
+        found = _pth_generation(path, map_location)
+        if found != generation:
+            raise WeightsUnavailable(_other_generation_note(path, model, found) + ".")
+        tokenizer = _find_tokenizer([path.parent, path.parent / "model"], generation)
+        return load_pth(path, dtype, map_location), load_tokenizer_dir(tokenizer)
     if not path.is_dir():
         raise FileNotFoundError(f"{path} does not exist (MINIMIND_WEIGHTS or path= must name a folder or a .pth file).")
-    if (path / filename).is_file():
-        folders = [path, path / "model", *(path / name for name in MODELS)]
-        return load_pth(path / filename, dtype, map_location), load_tokenizer_dir(_find_tokenizer(folders))
+    note = ""
+    for pth_dir in (path, path / model):
+        if (pth_dir / filename).is_file():
+            found = _pth_generation(pth_dir / filename, map_location)
+            if found != generation:
+                note = "; " + _other_generation_note(pth_dir / filename, model, found)
+                continue
+            folders = [pth_dir, path, path / "model", *(path / name for name in MODELS)]
+            return load_pth(pth_dir / filename, dtype, map_location), load_tokenizer_dir(_find_tokenizer(folders, generation))
     for hf_dir in (path / model, path):
         if stage == "full_sft" and (hf_dir / "config.json").is_file():
             cfg = config_from_hf(json.loads((hf_dir / "config.json").read_text(encoding="utf-8")))
-            if (cfg.hidden_size, cfg.use_moe) == (hidden, moe):
-                return load_hf_dir(hf_dir, dtype, map_location), load_tokenizer_dir(_find_tokenizer([hf_dir, path]))
+            if (cfg.hidden_size, cfg.use_moe, cfg.generation) == (hidden, moe, generation):
+                return (load_hf_dir(hf_dir, dtype, map_location),
+                        load_tokenizer_dir(_find_tokenizer([hf_dir, path], generation)))
     raise WeightsUnavailable(
         f"{model} ({stage}) is not in {path}: expected {filename} there"
         + (f", or a {model}/ model folder (git clone https://huggingface.co/{HUB_MODEL_REPOS[model]})"
-           if stage == "full_sft" else "") + "."
+           if stage == "full_sft" else "") + note + "."
     )
 
 
@@ -612,16 +753,21 @@ def load_pretrained(model: str = "MiniMind2-Small", stage: str = "full_sft", pat
                     map_location: Union[str, torch.device] = "cpu") -> Tuple[MiniMindForCausalLM, UpstreamTokenizer]:
     """Upstream's trained ``model`` at ``stage`` and its tokenizer.
 
-    Looked up in ``path`` (a folder or a ``.pth`` file), else in ``$MINIMIND_WEIGHTS``: the file
-    ``<stage>_<hidden>[_moe].pth`` (as in ``jingyaogong/MiniMind2-Pytorch``), or for ``full_sft``
-    also a transformers folder ``<model>/`` (as ``git clone https://huggingface.co/jingyaogong/<model>``
-    makes); the tokenizer from the same folder, its ``model/`` or a ``MiniMind2*/`` folder inside.
-    With neither, downloads from the Hub when ``download`` is true (default: only in Colab):
-    the ``.pth`` from ``jingyaogong/MiniMind2-Pytorch``, the tokenizer from
-    ``jingyaogong/MiniMind2-Small``. Otherwise raises ``WeightsUnavailable`` saying what to do.
+    ``model`` is a published model (``MODELS``): ``MiniMind2-Small``, ``MiniMind2``, ``MiniMind2-MoE``
+    (c090b69) or ``minimind-3``, ``minimind-3-moe`` (d65ef2c). Looked up in ``path`` (a folder or a
+    ``.pth`` file), else in ``$MINIMIND_WEIGHTS``: the file ``<stage>_<hidden>[_moe].pth`` (as in
+    ``jingyaogong/MiniMind2-Pytorch`` / ``jingyaogong/minimind-3-pytorch``) in the folder or in its
+    ``<model>/``, or for ``full_sft`` also a transformers folder ``<model>/`` (as ``git clone
+    https://huggingface.co/jingyaogong/<model>`` makes); the tokenizer of the same generation from the
+    same folder, its ``model/`` or a ``<model>/`` folder inside. A ``.pth`` of the other generation
+    under the shared name (``full_sft_768.pth``) is recognised by its keys and skipped with a note.
+    With neither, downloads from the Hub when ``download`` is true (default: only in Colab): the
+    ``.pth`` from ``HUB_PTH_REPOS[generation]``, the tokenizer from ``HUB_TOKENIZER_REPOS[generation]``.
+    Otherwise raises ``WeightsUnavailable`` saying what to do.
     """
     if model not in MODELS:
-        raise ValueError(f"unknown model {model!r}; the published MiniMind2 models are {list(MODELS)}.")
+        raise ValueError(f"unknown model {model!r}; the published models are {list(MODELS)} (MiniMind2 at c090b69, "
+                         "minimind-3 at d65ef2c).")
     if path is None and os.environ.get("MINIMIND_WEIGHTS"):
         path = os.environ["MINIMIND_WEIGHTS"]
     if path is not None:
@@ -635,8 +781,12 @@ def load_pretrained(model: str = "MiniMind2-Small", stage: str = "full_sft", pat
             "download=True (needs huggingface_hub and the network)."
         )
     hidden, moe, _ = MODELS[model]
-    weights = fetch(HUB_PTH_REPO, pth_filename(stage, hidden, moe))
-    return load_pth(weights, dtype, map_location), load_tokenizer_dir(fetch_tokenizer())
+    generation = MODEL_GENERATION.get(model, "MiniMind2")
+    weights = fetch(HUB_PTH_REPOS[generation], pth_filename(stage, hidden, moe))
+    loaded = load_pth(weights, dtype, map_location)
+    if loaded.config.generation != generation:
+        raise WeightsUnavailable(_other_generation_note(weights, model, loaded.config.generation) + ".")
+    return loaded, load_tokenizer_dir(fetch_tokenizer(HUB_TOKENIZER_REPOS[generation]))
 
 
 def load_or_skip(model: str = "MiniMind2-Small", stage: str = "full_sft",
@@ -644,13 +794,14 @@ def load_or_skip(model: str = "MiniMind2-Small", stage: str = "full_sft",
     """``load_pretrained(...)`` for the chapters' optional cells, or ``None`` after printing one
     line: when disabled (pytest/nbval, ``MINIMIND_REAL_WEIGHTS=off``), when nothing is configured
     (no ``MINIMIND_WEIGHTS``, not in Colab) or when the files are not there. Errors in files that
-    are there (corrupt, wrong model) are raised."""
+    are there (corrupt, wrong model) are raised. Either generation: ``load_or_skip("minimind-3")``."""
+    note = SKIP_NOTES[MODEL_GENERATION.get(model, "MiniMind2")]
     if not real_weights_enabled():
-        print(SKIP_NOTE)
+        print(note)
         return None
     try:
         return load_pretrained(model, stage, **kwargs)
     except WeightsUnavailable as err:
         configured = bool(os.environ.get("MINIMIND_WEIGHTS")) or in_colab() or kwargs.get("download")
-        print(f"Optional cell skipped: {err}" if configured else SKIP_NOTE)
+        print(f"Optional cell skipped: {err}" if configured else note)
         return None

@@ -39,3 +39,28 @@ def check_fails(check, fn, *fragments: str) -> str:
     for fragment in fragments:
         assert fragment in message, message
     return message
+
+
+def answer_shown(message: str) -> list:
+    """Why a check's failure ``message`` gives the answer away (empty list: it does not): the
+    worked solution of its exercise (``minimind_ref.checks.show_solution``), in English or in the
+    language the message is in, appears in it, or an old-style "if you are stuck:" line does; and a
+    message of an exercise with a registered solution must end with the line that says how to ask."""
+    from minimind_ref import i18n
+    from minimind_ref.checks import core
+
+    problems = []
+    first = message.split("\n", 1)[0]
+    number = core.exercise_number(first) or core.exercise_number(first.replace("练习", "Exercise"))
+    recipe = core._SOLUTIONS.get(number) if number else None
+    if recipe:
+        for text in {recipe, i18n.translate(recipe, "zh_CN")}:
+            if text in message:
+                problems.append(f"the solution of exercise {number} is in the message")
+        last = message.rstrip("\n").rsplit("\n", 1)[-1]
+        if f'show_solution("{number}")' not in last:
+            problems.append(f"the last line does not say how to ask for the solution: {last!r}")
+    for label in ("if you are stuck", "如果卡住了"):
+        if label in message:
+            problems.append(f"{label!r} in the message")
+    return problems

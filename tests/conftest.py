@@ -67,3 +67,30 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if names:
         terminalreporter.section("temporary files left behind", red=True)
         terminalreporter.write_line(tempdir_guard.leftover_message(names, "this test session"), red=True)
+
+
+@pytest.fixture(autouse=True)
+def _check_failures_never_show_the_answer(request, monkeypatch):
+    """In the tests of the exercise checks, every failure a check raises is inspected as it is
+    raised: it must not contain the exercise's worked solution, and it must end with the line that
+    says how to ask for it (``tests/_helpers.answer_shown``). So every planted mistake of every
+    chapter's tests also proves that the message does not give the answer away."""
+    if not request.module.__name__.split(".")[-1].startswith(("test_checks", "test_i18n_checks")):
+        yield
+        return
+    from _helpers import answer_shown
+    from minimind_ref.checks import core
+
+    original = core._fail
+    seen = []
+
+    def inspected(name, what, hint):
+        try:
+            original(name, what, hint)
+        except core.ExerciseError as err:
+            seen.extend(answer_shown(str(err)))
+            raise
+
+    monkeypatch.setattr(core, "_fail", inspected)
+    yield
+    assert not seen, "a check's failure gives the answer away:\n" + "\n".join(seen)

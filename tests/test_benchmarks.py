@@ -64,7 +64,27 @@ def fake_results() -> dict:
                                      "tokens_per_s": 2000.0, **({"sampling_s": 0.2, "sampling_share": 0.4} if s == "grpo" else {})}
                                  for s in ("sft", "dpo", "grpo")}},
         "notebooks": {"machine": "CPU X", "date": "2026-01-01", "rows": [{"notebook": "01_x", "seconds": 10.0}]},
+        "generations": fake_generations(),
     }
+
+
+def fake_generations() -> dict:
+    from benchmarks.bench_generations import kv_cache_table
+
+    decode_rows = [{"model": name, "generation": gen, "hidden_size": h, "layers": layers, "kv_heads": kv, "head_dim": 64,
+                    "intermediate_size": 1408, "parameters": 25e6, "time": stats(1.0), "tok_s": 128.0,
+                    "kv_bytes_per_token_fp32": 8192, "measured_kv_bytes_per_token": 8192.0, "generated_tokens": 128}
+                   for name, gen, h, layers, kv in (("MiniMind2-Small", "MiniMind2", 512, 8, 2),
+                                                    ("minimind-3 at 512 x 8", "minimind-3", 512, 8, 4))]
+    return {"torch_threads": 1, "kv_cache": kv_cache_table(),
+            "decode": {"prompt_tokens": 8, "new_tokens": 128, "rows": decode_rows,
+                       "speed_ratios": {"same size (512 x 8)": r(0.9)}},
+            "cache_cost": {"models": ["8:2 (MiniMind2-Small)", "8:4 (same, 4 KV heads)"], "steps": 32,
+                           "parameters": {"8:2 (MiniMind2-Small)": 25_829_888, "8:4 (same, 4 KV heads)": 26_354_176},
+                           "rows": [{"context": 2048, "ms_per_step": {"8:2 (MiniMind2-Small)": 10.0, "8:4 (same, 4 KV heads)": 12.0},
+                                     "times": {"8:2 (MiniMind2-Small)": stats(0.32), "8:4 (same, 4 KV heads)": stats(0.38, unstable=True)},
+                                     "cache_mb": {"8:2 (MiniMind2-Small)": 16.8, "8:4 (same, 4 KV heads)": 33.6},
+                                     "slowdown": r(1.2)}]}}
 
 
 # --- the harness ---------------------------------------------------------------------------------
@@ -128,7 +148,8 @@ def test_loglog_slope_tells_linear_from_quadratic():
 
 def test_render_covers_every_section_with_ranges_and_flags():
     text = report.render(fake_results())
-    for heading in ("### Targets", "### 1.", "### 2.", "### 3.", "### 3b.", "### 3c.", "### 4.", "### 5.", "### 6.", "### 7.", "### 8."):
+    for heading in ("### Targets", "### 1.", "### 2.", "### 3.", "### 3b.", "### 3c.", "### 4.", "### 5.", "### 6.", "### 7.", "### 8.",
+                    "### 9."):
         assert heading in text, heading
     assert "CPU X" in text and "n^1.00" in text and "n^2.00" in text
     assert "200.00 (100.00–300.00) (unstable)" in text  # the flagged MoE timing, with its range
@@ -206,3 +227,49 @@ def test_sync_counter_counts_the_dispatch_sync():
     with SyncCounter() as c:
         torch.ones(2).tolist(); bool(torch.ones(()))
     assert c.count == 2
+
+
+def test_generations_section_states_the_published_caches():
+    """Section 9: the KV cache per token of every published config, computed from the config (minimind-3's
+    8:4 GQA holds twice MiniMind2's cache per layer at 768 wide), and the decode and cache-cost tables."""
+    from benchmarks.bench_generations import kv_bytes_per_token_per_layer, kv_cache_table
+
+    rows = {row["model"]: row for row in kv_cache_table()}
+    assert rows["minimind-3"]["per_layer_fp32"] == 2 * rows["MiniMind2"]["per_layer_fp32"] == 3072
+    assert rows["minimind-3"]["per_token_fp32"] == rows["MiniMind2"]["per_token_fp32"]  # 8 layers vs 16
+    assert rows["MiniMind2-Small"]["per_token_bf16"] == 8 * 2 * 2 * 64 * 2
+    assert kv_bytes_per_token_per_layer(mm.preset("minimind-3-moe"), 2) == 2 * 4 * 96 * 2
+    text = report.render(fake_results())
+    assert "| minimind-3 | minimind-3 | 8 | 8 : 4 | 96 | 3,072 | 24.0 | 12.0 | 384 |" in text
+    assert "relative to MiniMind2's, same size (512 x 8): 0.90x (0.85–0.95)" in text
+    assert "| 2,048 | 16.8 | 33.6 | 10.00 | 12.00 (unstable) | 1.20x (1.14–1.26) |" in text
+
+
+def test_measured_cache_matches_the_formula():
+    from benchmarks.bench_generations import kv_bytes_per_token_per_layer, measured_cache_bytes_per_token
+
+    torch.manual_seed(0)
+    for config in (mm.MiniMindConfig(hidden_size=64, num_hidden_layers=2, num_key_value_heads=2, vocab_size=50),
+                   mm.MiniMindConfig(generation="minimind-3", hidden_size=64, num_hidden_layers=2, head_dim=12,
+                                     vocab_size=50)):
+        model = mm.MiniMindForCausalLM(config).eval()
+        expected = config.num_hidden_layers * kv_bytes_per_token_per_layer(config, 4)
+        assert measured_cache_bytes_per_token(model, torch.device("cpu"), tokens=5) == expected
+
+
+def test_a_merged_run_keeps_the_earlier_environment():
+    from benchmarks.run import note_run
+
+    earlier = {"environment": {"device_name": "old"}, "date": "2026-01-01", "decode": {}, "hf": {}}
+    later = {"environment": {"device_name": "new"}, "date": "2026-02-02"}
+    note_run(earlier, {"generations"}, later)
+    assert earlier["environment"] == {"device_name": "old"} and earlier["separate_runs"] == {"generations": later}
+    fresh = {"decode": {}}
+    note_run(fresh, {"decode"}, later)  # nothing kept from before: this run is the run
+    assert fresh["environment"] == {"device_name": "new"} and "separate_runs" not in fresh
+    res = fake_results()
+    res["separate_runs"] = {"generations": {"environment": {"device_name": "CPU Y", "device": "cpu", "torch": "2.13.0"},
+                                            "date": "2026-02-02"}}
+    text = report.render(res)
+    assert "except the sections measured separately" in text and "Section `generations` was measured separately" in text
+    assert "**CPU Y**" in text

@@ -15,7 +15,7 @@ from torch import nn
 
 import minimind_ref as mm
 from minimind_ref.checks import ch01
-from minimind_ref.checks.core import ExerciseError
+from minimind_ref.checks.core import ExerciseError, show_solution
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "01_normalization.ipynb"
@@ -180,13 +180,15 @@ def test_rms_norm_rejects(fn, message):
     assert text.startswith("[Exercise 1.1 rms_norm]") and "hint:" in text
 
 
-def test_rms_norm_failure_message_names_the_mistake_then_hint_then_recipe():
+def test_rms_norm_failure_message_names_the_mistake_then_hint_then_how_to_ask(capsys):
     with pytest.raises(AssertionError) as info:
         ch01.check_rms_norm(rms_eps_outside)
     text = str(info.value)
     assert "expected" in text and "got" in text
-    assert text.index("this looks like") < text.index("hint:") < text.index("if you are stuck:")
-    assert "keepdim=True" not in text.split("if you are stuck:")[0], "the recipe comes last, after the hint"
+    assert text.index("this looks like") < text.index("hint:") < text.index('show_solution("1.1")')
+    assert "keepdim=True" not in text, "the message names the mistake and hints; the solution only on request"
+    show_solution("1.1")
+    assert "keepdim=True" in capsys.readouterr().out
 
 
 # --------------------------------------------------------------------------- wrong layer_norm

@@ -314,7 +314,7 @@ def test_wrong_version_message_names_expected_and_hint():
         ch02.check_precompute_freqs_cis(precompute_exponent_i_over_dim)
     msg = str(info.value)
     assert "expected" in msg and "hint:" in msg and "2i / dim" in msg
-    assert msg.index("this looks like") < msg.index("hint:") < msg.index("if you are stuck:")
+    assert msg.index("this looks like") < msg.index("hint:") < msg.index('show_solution("2.2")')
 
 
 def test_crash_in_learner_code_is_reported():

@@ -301,11 +301,11 @@ def test_wrong_answer_fails_naming_the_mistake(check, wrong, message):
     assert text.startswith("[Exercise 3.") and "hint:" in text
 
 
-def test_failure_names_the_mistake_before_the_hint_and_the_recipe_last():
+def test_failure_names_the_mistake_before_the_hint_and_how_to_ask_last():
     with pytest.raises(AssertionError) as err:
         ch03.check_gqa_attention(make_gqa(scale=False))
     text = str(err.value)
-    assert text.index("this looks like") < text.index("hint:") < text.index("if you are stuck:")
+    assert text.index("this looks like") < text.index("hint:") < text.index('show_solution("3.5")')
 
 
 def test_overflow_message_names_the_fix():

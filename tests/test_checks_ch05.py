@@ -1,5 +1,5 @@
 """Chapter 05 checks: the reference passes, the stub fails, and every planted mistake fails with a
-message that names it (and keeps the recipe for last)."""
+message that names it (the solution only on request)."""
 
 from __future__ import annotations
 
@@ -72,15 +72,16 @@ def test_checks_leave_the_global_rng_alone():
 
 
 def assert_names(check, fn, *fragments, label):
-    """The check fails; its message carries the exercise label, each fragment, and the recipe last."""
+    """The check fails; its message carries the exercise label, each fragment, and the hint before the
+    line that says how to ask for a solution."""
     with pytest.raises(AssertionError) as err:
         check(fn)
     msg = str(err.value)
     assert msg.startswith(f"[{label}]"), msg
     for fragment in fragments:
         assert fragment in msg, f"{fragment!r} not in:\n{msg}"
-    if "if you are stuck" in msg:
-        assert msg.index("hint:") < msg.index("if you are stuck"), msg
+    if "hint:" in msg:
+        assert msg.index("hint:") < msg.index("show_solution("), msg
     return msg
 
 
@@ -161,10 +162,9 @@ def test_block_mistakes_are_named(fn, fragment):
     assert_names(ch05.check_block_forward, fn, fragment, "(on hidden 64", label=ch05.BLOCK)
 
 
-def test_block_hint_comes_before_the_recipe():
-    msg = assert_names(ch05.check_block_forward, post_norm, "hint:", "if you are stuck:", label=ch05.BLOCK)
-    hint = msg[msg.index("hint:"):msg.index("if you are stuck")]
-    assert "input_layernorm(h)" not in hint, "the hint must not hand out the code"
+def test_block_hint_comes_before_how_to_ask():
+    msg = assert_names(ch05.check_block_forward, post_norm, "hint:", 'show_solution("5.1")', label=ch05.BLOCK)
+    assert "input_layernorm(h)" not in msg, "the message must not hand out the code"
 
 
 # ----------------------------------------------------------------------------- 5.2 wrong tying

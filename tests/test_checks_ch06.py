@@ -1,5 +1,6 @@
 """Chapter 06 checks: each accepts correct answers, rejects the stub, and names every planted mistake
-(in-place edits and the boundary cases included), with the hint before the recipe."""
+(in-place edits and the boundary cases included), with the hint before the line that says how to ask
+for a solution."""
 
 from __future__ import annotations
 
@@ -100,15 +101,16 @@ def test_stub_fails(check):
 
 
 def assert_names(check, fn, *fragments, label):
-    """The check fails; its message carries the exercise label, each fragment, and the recipe last."""
+    """The check fails; its message carries the exercise label, each fragment, and the hint before the
+    line that says how to ask for a solution."""
     with pytest.raises(AssertionError) as err:
         check(fn)
     msg = str(err.value)
     assert msg.startswith(f"[{label}"), msg
     for fragment in fragments:
         assert fragment in msg, f"{fragment!r} not in:\n{msg}"
-    if "if you are stuck" in msg:
-        assert msg.index("hint:") < msg.index("if you are stuck"), msg
+    if "hint:" in msg:
+        assert msg.index("hint:") < msg.index("show_solution("), msg
     return msg
 
 
@@ -165,7 +167,7 @@ def test_cache_mistakes_are_named(fn, fragment):
 
 def test_cache_crash_on_none_says_which_case():
     msg = assert_names(ch06.check_update_cache, cache_none_crashes, "(on past=None", "past is None", label=ch06.CACHE)
-    assert "torch.cat" not in msg, "a crash report gives the hint, not the recipe"
+    assert "torch.cat" not in msg, "a crash report gives the hint, not the solution"
 
 
 # ------------------------------------------------------------------ 6.2 wrong RoPE rows

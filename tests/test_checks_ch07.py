@@ -1,5 +1,5 @@
 """The chapter-07 checks accept the reference solutions, reject the stubs, and name every planted
-mistake (in-place edits included), with the hint before the recipe."""
+mistake (in-place edits included), with the hint before the line that says how to ask for a solution."""
 
 from __future__ import annotations
 
@@ -267,15 +267,16 @@ def seq_loss_in_place(scores, topk_idx, batch, n_experts, alpha):
 
 
 def assert_names(check, fn, *fragments, label):
-    """The check fails; its message carries the exercise label, each fragment, and the recipe last."""
+    """The check fails; its message carries the exercise label, each fragment, and the hint before the
+    line that says how to ask for a solution."""
     with pytest.raises(AssertionError) as err:
         check(fn)
     msg = str(err.value)
     assert msg.startswith(f"[{label}"), msg
     for fragment in fragments:
         assert fragment in msg, f"{fragment!r} not in:\n{msg}"
-    if "if you are stuck" in msg:
-        assert msg.index("hint:") < msg.index("if you are stuck"), msg
+    if "hint:" in msg:
+        assert msg.index("hint:") < msg.index("show_solution("), msg
     return msg
 
 

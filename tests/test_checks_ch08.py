@@ -232,7 +232,7 @@ def test_merge_pair_messages(wrong, fragment):
 ])
 def test_causal_lm_loss_messages(wrong, fragment):
     msg = message(ch08.check_causal_lm_loss, wrong)
-    assert fragment in msg and msg.index("hint:") < msg.index("if you are stuck:")
+    assert fragment in msg and msg.index("hint:") < msg.index('show_solution("8.2")')
 
 
 @pytest.mark.parametrize("wrong, fragment", [

@@ -100,6 +100,19 @@ def test_reference_count_matches_apply_lora_on_a_real_model():
         assert ch10.lora_parameter_count_reference(config, 3) == added
 
 
+def test_lora_parameter_count_names_a_forgotten_layer_count():
+    """The newcomer's slip: the right count for one block, never multiplied by the layers. With the
+    course model's 2 layers it equals "half the count"; the check starts with an 8-layer model, so
+    it names the layer count, not q_proj or A."""
+    def one_block(config, rank):
+        h = config.hidden_size
+        kv = config.num_key_value_heads * (h // config.num_attention_heads)
+        return (2 + (2 if kv == h else 0)) * rank * 2 * h
+
+    msg = check_fails(ch10.check_lora_parameter_count, one_block, "the layer count left out", "MiniMind2-Small")
+    assert "only q_proj" not in msg, msg
+
+
 # ---------------------------------------------------------------------- 10.4 / 10.5
 def test_adapted_layers_reference_passes_and_mistakes_fail_with_hints(capsys):
     from minimind_ref.checks import ch10

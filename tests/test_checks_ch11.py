@@ -1,5 +1,7 @@
 """Chapter 11 checks accept the reference and reject stubs and the common mistakes, naming each."""
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -8,13 +10,15 @@ from minimind_ref import dpo
 from minimind_ref.checks import ch11
 from minimind_ref.checks.core import ExerciseError
 
+from _helpers import check_fails
+
 
 def stub(*args, **kwargs):
     raise NotImplementedError("Exercise 11.x: stub")
 
 
 def mean_loss(ref, pol, mask, beta):
-    """c090b69's dpo_loss (exercise 11.2): the per-token mean."""
+    """c090b69's dpo_loss (exercise 11.3): the per-token mean."""
     return dpo.dpo_loss(ref, pol, mask, beta, reduction="mean")
 
 
@@ -202,6 +206,52 @@ def test_shift_names_the_mistake(wrong, message):
         ch11.check_shift_example(wrong)
 
 
+# ---------------------------------------------------------------------- cases the newcomer's review planted
+def _upstream_loss(ref, pol, mask, beta):
+    m = mask.float()
+    r, p = (ref * m).sum(1) / m.sum(1).clamp_min(1e-8), (pol * m).sum(1) / m.sum(1).clamp_min(1e-8)
+    b = r.shape[0] // 2
+    return (-F.logsigmoid(beta * ((p[:b] - p[b:]) - (r[:b] - r[b:])))).mean()
+
+
+def test_dpo_loss_with_policy_and_reference_swapped_names_both_readings():
+    """(policy, reference) swapped gives the same number as (chosen, rejected) swapped: the margin's
+    sign reversed. The message names both ways to get there, not only one."""
+    msg = check_fails(ch11.check_dpo_loss, lambda ref, pol, mask, beta: _upstream_loss(pol, ref, mask, beta),
+                      "the margin's sign reversed", "chosen and rejected swapped", "the policy and the reference swapped")
+    assert msg.startswith("[Exercise 11.3 dpo_loss]"), msg
+
+
+def test_dpo_loss_cut_from_the_policy_says_so_not_nonetype():
+    """A loss with the right value that requires grad but is not connected to policy_log_probs (the
+    policy detached and re-wrapped) used to end in "got NoneType"."""
+    def rewrapped(ref, pol, mask, beta):
+        return torch.tensor(float(_upstream_loss(ref, pol.detach(), mask, beta)), requires_grad=True)
+
+    msg = check_fails(ch11.check_dpo_loss, rewrapped, "does not depend on policy_log_probs", "detached")
+    assert "NoneType" not in msg, msg
+
+
+@pytest.mark.parametrize("argument", ["ref_log_probs", "mask"])
+def test_dpo_loss_rejects_in_place_edits_of_its_inputs(argument):
+    def edits(ref, pol, mask, beta):
+        if argument == "mask":
+            mask[:, 0] = 1
+        else:
+            ref.mul_(mask)
+        return _upstream_loss(ref, pol, mask, beta)
+
+    check_fails(ch11.check_dpo_loss, edits, "changed its input", "in place")
+
+
+def test_the_exercises_are_numbered_in_the_order_the_chapter_asks_for_them():
+    import inspect
+
+    source = inspect.getsource(ch11)
+    names = re.findall(r'@check\("Exercise (11\.\d) ([^"]+)"\)', source)
+    assert names == [("11.1", "sequence_log_probs"), ("11.2", "shift_example"), ("11.3", "dpo_loss"),
+                     ("11.4", "implicit_rewards"), ("11.5", "summed dpo_loss"), ("11.6", "gradient_ratio")], names
+
 
 # ---------------------------------------------------------------------- 11.5 / 11.6
 def test_summed_dpo_loss_reference_passes_and_mistakes_are_named(capsys):
@@ -211,7 +261,7 @@ def test_summed_dpo_loss_reference_passes_and_mistakes_are_named(capsys):
         ch11.check_summed_dpo_loss(stub)
     with pytest.raises(ExerciseError, match="this looks like the mean log-probability per reply token"):
         ch11.check_summed_dpo_loss(mean_loss)
-    with pytest.raises(ExerciseError, match="this looks like chosen and rejected swapped"):
+    with pytest.raises(ExerciseError, match="this looks like the margin's sign reversed"):
         ch11.check_summed_dpo_loss(lambda ref, pol, mask, beta: dpo.dpo_loss(ref.roll(ref.shape[0] // 2, 0),
                                                                               pol.roll(pol.shape[0] // 2, 0),
                                                                               mask.roll(mask.shape[0] // 2, 0), beta))

@@ -134,6 +134,41 @@ def test_grpo_loss_rejects_stub_and_non_scalars():
     check_fails(ch12.check_grpo_loss, lambda lp, ref, a, m, b: -(lp * a[:, None]), "scalar")
 
 
+# ---------------------------------------------------------------------- cases the newcomer's review planted
+def _no_clamp(r, g):
+    mean, std = _grouped(r, g)
+    return _batch((r - mean) / (std + 1e-4))
+
+
+def test_group_advantages_without_the_clamp_is_caught_where_the_clamp_acts():
+    """With 0/1 rewards in small groups the clamp never acts ((G - 1) / sqrt(G) <= 10 for G < 102):
+    the check includes a group of 128 with one success, whose z-score the clamp cuts."""
+    msg = check_fails(ch12.check_group_advantages, _no_clamp, "the clamp to [-10, 10] left out", "groups of 128")
+    assert "the clamp acts" in msg
+
+
+@pytest.mark.parametrize("argument", ["ref", "advantages", "mask"])
+def test_grpo_loss_rejects_in_place_edits_of_its_inputs(argument):
+    def edits(lp, ref, a, m, b):
+        if argument == "ref":
+            ref.clamp_(max=0.0)
+            ref[0, 0] -= 1.0
+        elif argument == "advantages":
+            a.clamp_(-1.0, 1.0)
+        else:
+            m[:, -1] = 1
+        return c090b69_loss(lp, ref, a, m, b)
+
+    check_fails(ch12.check_grpo_loss, edits, "changed its input", "in place")
+
+
+def test_grpo_loss_cut_from_the_policy_says_so():
+    def rewrapped(lp, ref, a, m, b):
+        return torch.tensor(float(c090b69_loss(lp.detach(), ref, a, m, b)), requires_grad=True)
+
+    msg = check_fails(ch12.check_grpo_loss, rewrapped, "does not depend on per_token_logps")
+    assert "RuntimeError" not in msg and "NoneType" not in msg, msg
+
 
 # ---------------------------------------------------------------------- 12.4 d65ef2c's advantages
 def test_advantages_once_reference_passes_and_mistakes_are_named(capsys):

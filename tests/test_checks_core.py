@@ -104,17 +104,24 @@ def test_missing_minus_infinity_is_explained():
         check_close(torch.tensor([1.5, 2.0]), expected, name="Exercise 0.6")
 
 
-def test_known_mistake_is_named_before_the_hint_and_recipe_comes_last():
+def test_known_mistake_is_named_before_the_hint_and_how_to_ask_comes_last():
+    from minimind_ref.checks import core
+
     x = torch.tensor([3.0, 4.0])
     expected = x / x.pow(2).mean().add(1e-6).sqrt()
     wrong = x / x.pow(2).mean().sqrt() * 2
-    with pytest.raises(ExerciseError) as err:
-        check_close(wrong, expected, name="Exercise 0.7", hint="look at the scale", recipe="x / sqrt(mean(x^2) + eps)",
-                    mistakes={"a result scaled by 2": lambda: x / x.pow(2).mean().sqrt() * 2,
-                              "never matching": torch.zeros(2)})
+    core.solution("0.7", "x / sqrt(mean(x^2) + eps)")
+    try:
+        with pytest.raises(ExerciseError) as err:
+            check_close(wrong, expected, name="Exercise 0.7", hint="look at the scale",
+                        mistakes={"a result scaled by 2": lambda: x / x.pow(2).mean().sqrt() * 2,
+                                  "never matching": torch.zeros(2)})
+    finally:
+        del core._SOLUTIONS["0.7"]
     msg = str(err.value)
     assert msg.index("this looks like a result scaled by 2") < msg.index("hint: look at the scale") < msg.index(
-        "if you are stuck: x / sqrt")
+        'show_solution("0.7")')
+    assert "sqrt(mean" not in msg
 
 
 def test_crash_reports_the_case_and_the_hint():
@@ -136,13 +143,13 @@ def test_in_place_edits_are_caught_when_asked():
     assert call(lambda ids: ids + [3], [1, 2], name="Exercise 0.9", check_inputs=True) == [1, 2, 3]
 
 
-def test_check_equal_names_a_known_mistake_with_case_and_recipe_last():
+def test_check_equal_names_a_known_mistake_with_case_and_no_solution_line_without_one():
     with pytest.raises(ExerciseError) as err:
-        check_equal(16, 17, name="Exercise 0.10", hint="count again", recipe="sum(...)", case="8 layers",
+        check_equal(16, 17, name="Exercise 0.10", hint="count again", case="8 layers",
                     mistakes={"never this": 3, "the final norm forgotten": lambda: 16, "a float": 16.0})
     msg = str(err.value)
     assert msg.startswith("[Exercise 0.10] this looks like the final norm forgotten: expected 17, got 16 (on 8 layers)")
-    assert msg.index("hint: count again") < msg.index("if you are stuck: sum(...)")
+    assert msg.endswith("hint: count again"), "no solution registered for 0.10: no line about asking for one"
 
 
 def test_check_equal_mistakes_compare_types_and_skip_failing_thunks():
@@ -181,3 +188,58 @@ def test_in_place_edits_inside_a_tuple_argument_are_caught():
     assert call(lambda x, past: x + past[1], torch.ones(2), (torch.zeros(2), torch.ones(2)), name="Exercise 0.14",
                 check_inputs=True).tolist() == [2.0, 2.0]
     assert call(lambda x, shape: x, torch.ones(2), (2, 3), name="Exercise 0.14", check_inputs=True).tolist() == [1.0, 1.0]
+
+
+# ----------------------------------------------------------------------------------- solutions on request
+def test_a_failure_ends_with_how_to_ask_and_never_shows_the_solution(capsys):
+    from minimind_ref.checks import ch04
+    from minimind_ref.checks.core import show_solution
+
+    with pytest.raises(ExerciseError) as err:
+        ch04.check_silu(torch.sigmoid)
+    msg = str(err.value)
+    assert msg.splitlines()[-1] == '  stuck? minimind_ref.checks.show_solution("4.1") prints a solution', msg
+    assert "x * torch.sigmoid(x)" not in msg
+    show_solution("4.1")
+    assert capsys.readouterr().out == "Exercise 4.1, one way to write it:\n    return x * torch.sigmoid(x)\n"
+
+
+def test_show_solution_imports_the_chapter_and_rejects_unknown_numbers(capsys):
+    import importlib
+    import sys
+
+    from minimind_ref.checks import core
+
+    saved = {k: v for k, v in core._SOLUTIONS.items()}
+    try:
+        for number in [n for n in core._SOLUTIONS if n.startswith("9.")]:
+            del core._SOLUTIONS[number]
+        sys.modules.pop("minimind_ref.checks.ch09", None)
+        core.show_solution("9.2")  # a fresh kernel: the chapter's checks are imported on demand
+        assert capsys.readouterr().out.startswith("Exercise 9.2, one way to write it:")
+        core.show_solution(9.1)  # a float is read as its digits
+        assert capsys.readouterr().out.startswith("Exercise 9.1")
+    finally:
+        core._SOLUTIONS.update(saved)
+        importlib.import_module("minimind_ref.checks.ch09")
+    with pytest.raises(ValueError, match=r"no exercise 9\.7 \(this chapter's exercises: 9\.1, 9\.2, 9\.3, 9\.4, 9\.5, 9\.6\)"):
+        core.show_solution("9.7")
+    with pytest.raises(ValueError, match="no exercise 42.1"):
+        core.show_solution("42.1")
+    with pytest.raises(ValueError, match='show_solution\\("9.1"\\)'):
+        core.show_solution("nine")
+    with pytest.raises(ValueError, match="a string like '9.1'"):
+        core.solution(9, "x")
+
+
+def test_the_guard_of_the_check_tests_sees_a_give_away():
+    from _helpers import answer_shown
+    from minimind_ref.checks import ch04  # noqa: F401  (registers 4.1)
+
+    ok = ('[Exercise 4.1 silu] expected 1, got 2\n  hint: look again\n'
+          '  stuck? minimind_ref.checks.show_solution("4.1") prints a solution')
+    assert answer_shown(ok) == []
+    leaked = ok.replace("look again", "return x * torch.sigmoid(x)")
+    assert any("solution of exercise 4.1" in p for p in answer_shown(leaked))
+    assert any("last line" in p for p in answer_shown("[Exercise 4.1 silu] expected 1, got 2\n  hint: look again"))
+    assert any("if you are stuck" in p for p in answer_shown("[Exercise 0.1] x\n  if you are stuck: y"))

@@ -59,3 +59,37 @@ def test_compiled_step_gives_the_same_tokens():
     finally:
         torch._dynamo.reset()
     assert torch.equal(compiled, model.generate(prompt, max_new_tokens=16))
+
+
+def minimind3_model(seed: int = 0, **overrides) -> mm.MiniMindForCausalLM:
+    """A small minimind-3 (QK-norm, 8:4 GQA) with random QK-norm gains, so a skipped or misplaced QK-norm shows."""
+    torch.manual_seed(seed)
+    cfg = mm.MiniMindConfig(generation="minimind-3", hidden_size=64, num_hidden_layers=3, vocab_size=300,
+                            max_position_embeddings=96, **overrides)
+    model = mm.MiniMindForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                p.uniform_(0.5, 2.0)
+    return model
+
+
+@pytest.mark.parametrize("overrides", [{}, {"head_dim": 12, "tie_word_embeddings": False}, {"num_key_value_heads": 1}],
+                         ids=["minimind-3", "free head_dim, untied", "MQA"])
+@pytest.mark.parametrize("prompt_len", [1, 9])
+def test_minimind3_same_tokens_as_eager_generate(overrides, prompt_len):
+    model = minimind3_model(1, **overrides)
+    prompt = torch.randint(0, 300, (1, prompt_len), generator=torch.Generator().manual_seed(prompt_len))
+    expected = model.generate(prompt, max_new_tokens=24)
+    assert torch.equal(FastDecoder(model).generate(prompt, 24), expected)
+    with pytest.raises(ValueError, match=r"dense models only"):
+        FastDecoder(minimind3_model(2, use_moe=True))
+
+
+def test_minimind3_qk_norm_is_not_skipped():
+    """Dropping the QK-norm gains from the decoder changes its tokens: the test above would notice."""
+    model = minimind3_model(3)
+    prompt = torch.randint(0, 300, (1, 6), generator=torch.Generator().manual_seed(3))
+    decoder = FastDecoder(model)
+    decoder.q_norm = [torch.ones_like(w) * 4 for w in decoder.q_norm]
+    assert not torch.equal(decoder.generate(prompt, 24), model.generate(prompt, max_new_tokens=24))

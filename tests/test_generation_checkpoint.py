@@ -165,3 +165,21 @@ def test_generate_with_and_without_preallocation_agree():
     m = tiny_model()
     ids = rand_ids(2, 4)
     assert torch.equal(m.generate(ids, max_new_tokens=7), m.generate(ids, max_new_tokens=7, preallocate_cache=False))
+
+
+@pytest.mark.parametrize("overrides", [{}, {"head_dim": 12, "tie_word_embeddings": False}, {"use_moe": True}],
+                         ids=["minimind-3", "free head_dim, untied", "minimind-3-moe"])
+def test_minimind3_generation(overrides):
+    """minimind-3 (QK-norm, 8:4 GQA, free head_dim) through the same loop: greedy equals the naive loop with and
+    without the cache and the preallocated cache; sampling is the same with and without the cache."""
+    torch.manual_seed(0)
+    m = mm.MiniMindForCausalLM(mm.MiniMindConfig(generation="minimind-3", hidden_size=32, num_hidden_layers=2,
+                                                 vocab_size=61, max_position_embeddings=64, **overrides)).eval()
+    ids = rand_ids(2, 4)
+    expected = _greedy_reference(m, ids, 6)
+    for kw in ({"use_cache": True}, {"use_cache": False}, {"preallocate_cache": False}):
+        assert torch.equal(m.generate(ids, max_new_tokens=6, **kw), expected), kw
+    kw = dict(max_new_tokens=8, do_sample=True, temperature=0.9, top_k=20, top_p=0.9, repetition_penalty=1.2)
+    a = m.generate(ids, generator=torch.Generator().manual_seed(5), use_cache=True, **kw)
+    b = m.generate(ids, generator=torch.Generator().manual_seed(5), use_cache=False, **kw)
+    assert torch.equal(a, b)

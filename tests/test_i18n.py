@@ -172,3 +172,148 @@ def test_chinese_student_editions_say_exercise_in_chinese():
         assert len(stubs) == sum(1 for c in english.cells if c.cell_type == "code" and 'raise NotImplementedError("Exercise ' in c.source)
         assert i18n.LANGUAGE_LINE[LANG] in "".join(c.source for c in student.cells if c.cell_type == "code")
     assert make_student.TRANSLATIONS == {"zh": LANG}
+
+
+def test_line_breaks_between_chinese_characters_are_joined_in_list_items_too():
+    """Browsers show a line break as a space; Chinese has none. A list item's continuation lines are
+    indented, and the break may sit next to an emphasis marker: all of these are joined."""
+    assert i18n.join_cjk_lines("分组查询\n注意力") == "分组查询注意力"
+    assert i18n.join_cjk_lines("- 多头注意力以及**分组查询\n  注意力**（GQA）；") == "- 多头注意力以及**分组查询注意力**（GQA）；"
+    assert i18n.join_cjk_lines("以及\n  **分组查询注意力**") == "以及**分组查询注意力**"
+    assert i18n.join_cjk_lines("点积）和概率的基础知识\n\t（把 softmax") == "点积）和概率的基础知识（把 softmax"
+    # a break next to Latin text, code or a number stays (it renders as the space such text wants)
+    for text in ("使用\n`rms_norm`", "MiniMind2\n模型", "模型\nMiniMind2", "第\n08 章", "一段。\n\n另一段"):
+        assert i18n.join_cjk_lines(text) == text
+
+
+def test_the_translated_pages_and_chapters_have_no_line_break_between_chinese_characters():
+    """The case the bilingual review found in 15 list items of the book pages ("分组查询 注意力")."""
+    pattern = re.compile(r"[\u4e00-\u9fff\u3000-\u303f\uff00-\uffef](\*\*|\*|_)?\n[ \t]*(\*\*|\*|_)?[\u4e00-\u9fff\u3000-\u303f\uff00-\uffef]")
+    found = []
+    for path in i18n.pages():
+        found += [f"book/{path.name}: {m.group(0)!r}" for m in pattern.finditer(i18n.translated_page(path, LANG))]
+    for path in i18n.chapters():
+        for index, cell in enumerate(i18n.translated_notebook(path, LANG).cells):
+            if cell.cell_type == "markdown":
+                found += [f"{path.name} cell {index}: {m.group(0)!r}" for m in pattern.finditer(cell.source)]
+    assert not found, "\n".join(found)
+
+
+# ----------------------------------------------------------------------------- wording (the bilingual review, issue 31)
+#: The Chinese edition's glossary, as tests: wordings the review found and their replacements.
+#: (chosen / rejected / refusal; BatchNorm-like "批次归一化"; calques; ambiguous "n 倍小"; the English
+#: citation form; "query 头" in the check messages where the chapters say 查询头.)
+RETIRED = {
+    "被选中的回答": "优选回答", "被拒绝的回答": "劣选回答", "被选中回答": "优选回答", "被拒绝回答": "劣选回答",
+    "拒绝回答": "拒答", "(?<!全)批次(?!优势)归一化": "全批次优势归一化", "平局": "(rewritten)", "押注": "(rewritten)",
+    "往上推": "(rewritten)", "诚实地": "如实", "簿记": "(rewritten)", "(?<!完)整答案": "答案完全正确",
+    "小 4 倍": "只有 … 的四分之一", "再大四倍": "再乘以四", " et al., ": "X 等，YYYY", "query 头": "查询头",
+}
+
+
+def all_catalog_entries():
+    from minimind_ref.i18n import LOCALE_DIR
+
+    paths = sorted((ROOT / "locales" / LANG / "LC_MESSAGES").glob("*.po")) + [LOCALE_DIR / LANG / "LC_MESSAGES" / "checks.po"]
+    for path in paths:
+        for entry in polib.pofile(str(path)):
+            if not entry.obsolete and entry.msgstr:
+                yield path.name, entry
+
+
+def test_retired_wordings_are_gone_from_every_catalog():
+    found = [f"{name}: {old!r} (use {new}) in {entry.msgstr[:80]!r}"
+             for name, entry in all_catalog_entries() for old, new in RETIRED.items() if re.search(old, entry.msgstr)]
+    assert not found, "\n".join(found)
+
+
+def test_prompt_is_tishici_and_clip_is_caijian():
+    """'prompt' is 提示词 (提示 alone is the hint); 'clip' and 'clamp' are 裁剪 (截断 is truncation)."""
+    bad = []
+    for name, entry in all_catalog_entries():
+        if re.search(r"\bprompts?\b", entry.msgid) and re.search(r"提示(?![词：模])", entry.msgstr):
+            bad.append(f"{name}: prompt as 提示: {entry.msgstr[:80]!r}")
+        if re.search(r"\b(clip|clipp|clamp)\w*", entry.msgid) and "截断" in entry.msgstr:
+            bad.append(f"{name}: clip as 截断: {entry.msgstr[:80]!r}")
+    assert not bad, "\n".join(bad)
+
+
+def test_one_word_for_shipped():
+    """'shipped' (a stage, a file, a config that comes with the package) is 随包提供 everywhere."""
+    bad = [f"{name}: {entry.msgid[:60]!r} -> {entry.msgstr[:60]!r}" for name, entry in all_catalog_entries()
+           if re.search(r"\bship(s|ped)?\b", entry.msgid) and not name.startswith("checks")
+           and "随包提供" not in entry.msgstr and "本包提供" not in entry.msgstr and "随课程提供" not in entry.msgstr]
+    assert not bad, "\n".join(bad)
+    assert not [n for n, e in all_catalog_entries() if re.search("附带的|随课程附带|课程包自带", e.msgstr)]
+
+
+def _bold_markers_ok(text: str) -> list:
+    """CommonMark's rule for `**`: an opening marker before punctuation needs whitespace or punctuation
+    in front of it, a closing one after punctuation needs whitespace or punctuation after it."""
+    import unicodedata
+
+    def punct(ch):
+        return bool(ch) and (unicodedata.category(ch).startswith("P") or (ch.isascii() and not ch.isalnum() and not ch.isspace()))
+
+    def space(ch):
+        return ch == "" or ch.isspace()
+
+    bad, pos = [], 0
+    while True:
+        a = text.find("**", pos)
+        b = text.find("**", a + 2) if a >= 0 else -1
+        if b < 0:
+            return bad
+        before, first, last, after = text[a - 1:a], text[a + 2], text[b - 1], text[b + 2:b + 3]
+        if space(first) or (punct(first) and not (space(before) or punct(before))):
+            bad.append(text[max(0, a - 8):b + 10])
+        if space(last) or (punct(last) and not (space(after) or punct(after))):
+            bad.append(text[max(0, a - 8):b + 10])
+        pos = b + 2
+
+
+def test_bold_in_chinese_renders_and_has_no_needless_spaces():
+    """Bold text sits in Chinese without spaces around it (as in most chapters), except where
+    CommonMark needs one for the marker to count (bold that starts or ends with punctuation)."""
+    cjk = "\u4e00-\u9fff"
+    needless = re.compile(rf"[{cjk}] \*\*[^*\s\W]|[^*\s\W]\*\* [{cjk}]")
+    bad = []
+    for name, entry in all_catalog_entries():
+        if name.startswith("checks"):
+            continue
+        bad += [f"{name}: marker not recognised: {t!r}" for t in _bold_markers_ok(entry.msgstr)]
+        bad += [f"{name}: needless space: {m.group(0)!r}" for m in needless.finditer(entry.msgstr)]
+    assert not bad, "\n".join(bad[:40])
+
+
+#: Words a stub message may keep in English: the names the exercise itself uses.
+STUB_TERMS = {"token", "softmax", "top", "k", "p", "SwiGLU", "KV", "scatter", "add", "reshape", "cos", "sin",
+              "alpha", "f", "P", "R", "scale", "B", "A", "x", "inf", "dim", "mean", "sum", "z", "Parameter"}
+
+
+def test_chinese_stub_messages_have_no_untranslated_english():
+    """The stubs of student/zh say 练习 N.M：<Chinese> (the text of a '# BEGIN SOLUTION: ...' marker is a
+    message of the chapter's catalog); identifiers (with _ or digits) and the exercise's own terms may
+    stay as written, English prose may not."""
+    stub = re.compile(r'raise NotImplementedError\("(?P<msg>[^"]*)"\)')
+    bad, count = [], 0
+    for path in sorted((ROOT / "student" / "zh").glob("*.ipynb")):
+        for cell in nbformat.read(path, as_version=4).cells:
+            for m in stub.finditer(cell.source if cell.cell_type == "code" else ""):
+                count += 1
+                message = m.group("msg")
+                assert re.match(r"练习 \d+\.\d+(：|$)", message), message
+                code_names = set(re.findall(r"[A-Za-z_]\w*", cell.source.replace(m.group(0), "")))
+                words = [w for w in re.findall(r"[A-Za-z_][A-Za-z_0-9]*", message)
+                         if not re.search(r"[_0-9]", w) and w not in STUB_TERMS and w not in code_names]
+                if words or not CJK.search(message.split("：", 1)[-1]):
+                    bad.append(f"{path.name}: {message!r}: {words}")
+    assert count >= 46 and not bad, "\n".join(bad)
+
+
+def test_stub_texts_are_extracted_and_translated():
+    """The markers' texts are messages of the chapter catalogs, located at their code cell."""
+    messages = dict(i18n.source_messages(ROOT / "notebooks" / "01_normalization.ipynb"))
+    assert "implement rms_norm" in messages and messages["implement rms_norm"].startswith("01_normalization.ipynb:")
+    table = i18n.load_table(LANG, "01_normalization")
+    assert table["implement rms_norm"] == "实现 rms_norm"

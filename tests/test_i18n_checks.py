@@ -197,7 +197,7 @@ def test_translate_fills_templates_and_translates_values():
     assert i18n.translate("3 steps over 2 schedules", zh) == "2 个调度共 3 步"
     # two values side by side ({1}{2}) are cut where both read as messages
     assert i18n.translate("n_experts=4, top_k=2, one expert unused", zh) == "n_experts=4，top_k=2，有一个专家没有被使用"
-    assert i18n.translate("Exercise 11.2 dpo_loss (gradient)", zh) == "练习 11.2 dpo_loss（梯度）"
+    assert i18n.translate("Exercise 11.3 dpo_loss (gradient)", zh) == "练习 11.3 dpo_loss（梯度）"
     # what matches nothing is returned as it is, line by line
     assert i18n.translate("RuntimeError: something torch said", zh) == "RuntimeError: something torch said"
     assert i18n.translate("the bias left out\nno causal mask", zh) == "漏掉了 bias\n没有因果掩码"
@@ -212,17 +212,28 @@ def _fail_close(got, expected, **kwargs) -> str:
 
 def test_core_english_is_unchanged():
     message = _fail_close(torch.zeros(2), torch.zeros(3), case="x of shape (3,)", hint="keep the shape.",
-                          recipe="return x", mistakes={"the bias left out": torch.zeros(2)})
+                          mistakes={"the bias left out": torch.zeros(2)})
     assert message == ("[Exercise 1.1 rms_norm] this looks like the bias left out: shape mismatch: expected (3,), "
-                       "got (2,) (on x of shape (3,))\n  hint: keep the shape.\n  if you are stuck: return x")
+                       "got (2,) (on x of shape (3,))\n  hint: keep the shape.\n"
+                       '  stuck? minimind_ref.checks.show_solution("1.1") prints a solution')
 
 
 def test_core_labels_and_values_in_chinese():
     i18n.set_language("zh")
     message = _fail_close(torch.zeros(2), torch.zeros(3), case="x of shape (3,)", hint="the bias left out",
-                          recipe="return x", mistakes={"the bias left out": torch.zeros(2)})
+                          mistakes={"the bias left out": torch.zeros(2)})
     assert message == ("[练习 1.1 rms_norm] 这看起来像是“漏掉了 bias”：形状不匹配：期望 (3,)，得到 (2,)"
-                       "（用例：形状为 (3,) 的 x）\n  提示：漏掉了 bias\n  如果卡住了：return x")
+                       "（用例：形状为 (3,) 的 x）\n  提示：漏掉了 bias\n"
+                       '  卡住了？运行 minimind_ref.checks.show_solution("1.1") 可以看到一种解法')
+
+
+def test_show_solution_speaks_the_learners_language(capsys):
+    from minimind_ref.checks import show_solution
+
+    i18n.set_language("zh")
+    show_solution("11.4")
+    out = capsys.readouterr().out
+    assert out == "练习 11.4 的一种写法：\n    r = beta * (policy_seq - ref_seq); B = r.shape[0] // 2; return r[:B], r[B:]\n", out
 
 
 def test_the_pass_line(capsys):
@@ -314,6 +325,6 @@ def test_a_planted_mistake_is_reported_in_chinese(chapter, monkeypatch):
     assert CJK.search(chinese.split("\n")[0]) and len(CJK.findall(chinese)) > 10, chinese
     assert numbers(chinese) == numbers(english), f"{english}\n{chinese}"
     assert not english_runs(chinese), f"English left in:\n{chinese}\n{english_runs(chinese)}"
-    for label in ("hint:", "if you are stuck:", "this looks like", " (on "):
+    for label in ("hint:", "stuck?", "prints a solution", "this looks like", " (on "):
         assert label not in chinese, chinese
     assert english_runs(english)  # the test can see English when there is some

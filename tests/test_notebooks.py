@@ -154,3 +154,42 @@ def test_has_a_widget(nb):
 def test_closing_sections(nb, heading):
     pattern = re.compile(rf"^##\s+{re.escape(heading)}\s*$", re.M | re.I)
     assert any(cell.cell_type == "markdown" and pattern.search(cell.source) for cell in nb.cells), f"no '## {heading}' heading"
+
+
+def _exercise_numbers(cells) -> list:
+    """(heading number, index of the markdown cell) of every ``### Exercise N.M`` heading, in order."""
+    return [(tuple(int(p) for p in m.group("number").split(".")), index)
+            for index, cell in enumerate(cells) if cell.cell_type == "markdown"
+            for m in make_student.EXERCISE_HEADING.finditer(cell.source)]
+
+
+def test_exercises_appear_in_numeric_order(nb):
+    """A learner meets Exercise N.1, N.2, N.3, ... in that order, numbered from 1 without gaps, in the
+    chapter's own number; the check after each solution cell is the one of that exercise (its ``✓``
+    line names the same number), so the labels, the checks and the catalogs agree."""
+    found = _exercise_numbers(nb.cells)
+    numbers = [n for n, _ in found]
+    chapter = {n[0] for n in numbers}
+    assert len(chapter) == 1, f"exercise headings of several chapters: {sorted(chapter)}"
+    assert [n[1] for n in numbers] == list(range(1, len(numbers) + 1)), (
+        "the exercises must appear in numeric order, from 1, without gaps; found "
+        + ", ".join(f"{a}.{b}" for a, b in numbers))
+    solutions = [i for i, cell in enumerate(nb.cells) if cell.cell_type == "code" and make_student.has_solution(cell.source)]
+    for index in solutions:
+        heading = max((n for n, at in found if at < index), key=lambda n: n[1])
+        printed = "".join(out.get("text", "") for out in nb.cells[index + 1].get("outputs", [])
+                          if out.get("output_type") == "stream")
+        label = f"✓ Exercise {heading[0]}.{heading[1]} "
+        assert label in printed, (f"the check after exercise cell {index} (under the heading of Exercise "
+                                  f"{heading[0]}.{heading[1]}) printed {printed.strip()!r}, not a line starting {label!r}")
+
+
+def test_every_exercise_has_a_worked_solution_to_ask_for(nb, capsys):
+    """Each exercise of the chapter has a solution registered by its checks module, which
+    ``minimind_ref.checks.show_solution("N.M")`` prints (a failing check says so in its last line)."""
+    from minimind_ref.checks import show_solution
+
+    for (chapter, number), _ in _exercise_numbers(nb.cells):
+        show_solution(f"{chapter}.{number}")
+        out = capsys.readouterr().out
+        assert out.startswith(f"Exercise {chapter}.{number}, one way to write it:\n    ") and len(out) > 40, out

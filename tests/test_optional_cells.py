@@ -61,3 +61,35 @@ def test_optional_cell_runs_on_upstream_format_files(name, index, source, weight
     exec(compile(source, f"{name}:{index}", "exec"), namespace)
     assert namespace.get("real") is not None, "the cell should have loaded the synthetic weights"
     assert "Optional cell skipped" not in capsys.readouterr().out
+
+
+# The same cells with minimind-3 (d65ef2c): `load_or_skip("minimind-3")` is all a reader changes. Chapter
+# 07's cell hooks MiniMind2's `MoEGate`; minimind-3's router is a plain `gate` Linear inside
+# `MOEFeedForward.dispatch`, so that cell is MiniMind2's only.
+MINIMIND3_CELLS = [(name, index, source) for name, index, source in CELLS if '"MiniMind2-Small"' in source]
+
+
+@pytest.fixture(scope="module")
+def minimind3_folder(tmp_path_factory):
+    """A minimind-3 .pth made by upstream's code (tests/data/upstream_minimind3_files) and the minimind-3 tokenizer."""
+    import shutil
+
+    folder = tmp_path_factory.mktemp("minimind3")
+    shutil.copy(U.DATA / "upstream_minimind3_files" / "full_sft_32.pth", folder)
+    U.write_tokenizer_minimind3(folder)
+    return folder
+
+
+@pytest.mark.parametrize("name, index, source", MINIMIND3_CELLS, ids=[f"{n}:{i}" for n, i, _ in MINIMIND3_CELLS])
+def test_optional_cell_runs_with_minimind3(name, index, source, minimind3_folder, monkeypatch, capsys):
+    monkeypatch.setitem(P.MODELS, "minimind-3", (32, False, 2))
+    monkeypatch.setenv("MINIMIND_WEIGHTS", str(minimind3_folder))
+    monkeypatch.delenv("PYTEST_VERSION", raising=False)
+    monkeypatch.delenv("MINIMIND_REAL_WEIGHTS", raising=False)
+    monkeypatch.setattr("matplotlib.pyplot.show", lambda *a, **k: None)
+    namespace = {}
+    exec(compile(source.replace('"MiniMind2-Small"', '"minimind-3"'), f"{name}:{index}", "exec"), namespace)
+    assert namespace.get("real") is not None, "the cell should have loaded the synthetic minimind-3 weights"
+    real_model, real_tok = namespace["real"]
+    assert real_model.config.generation == "minimind-3" and real_tok.encode("<think>") == [25]
+    assert "Optional cell skipped" not in capsys.readouterr().out

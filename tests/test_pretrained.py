@@ -449,7 +449,7 @@ def test_weights_without_tokenizer(tmp_path, dense, tiny_published):
 def test_nothing_configured_says_what_to_do():
     with pytest.raises(P.WeightsUnavailable, match="MINIMIND_WEIGHTS"):
         P.load_pretrained("MiniMind2-Small")
-    with pytest.raises(ValueError, match="published MiniMind2 models"):
+    with pytest.raises(ValueError, match="published models"):
         P.load_pretrained("MiniMind3")
 
 

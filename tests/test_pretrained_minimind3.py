@@ -1,5 +1,10 @@
 """minimind_ref.pretrained with minimind-3's files (d65ef2c), tested offline on synthetic copies.
 
+The weights are ``tests/data/upstream_minimind3_files/``, made by upstream's own code
+(``tools/upstream_files_minimind3.py``: a random model of upstream's class at d65ef2c saved as its
+trainers save weights, converted by its ``scripts/convert_model.py``), with upstream's logits
+stored beside them; loading must give those logits within ``rtol = atol = 1e-5`` (fp32).
+
 The tokenizer folder is ``tests/_upstream_files.write_tokenizer_minimind3``: a small byte-level BPE
 trained as upstream's ``trainer/train_tokenizer.py`` (101d7df) trains minimind-3's, with its 36
 added tokens, saved with upstream's ``model/tokenizer_config.json`` and its chat template. Our
@@ -12,10 +17,14 @@ No test touches the network: ``no_network`` (autouse) makes every socket connect
 from __future__ import annotations
 
 import json
+import shutil
 import socket
+import sys
 
 import pytest
+import torch
 
+import minimind_ref as mm
 from minimind_ref import pretrained as P
 
 import _upstream_files as U
@@ -159,3 +168,236 @@ def test_tokenizer_agrees_with_transformers(m3_tokenizer_dir, name):
         assert ids == theirs(text)["input_ids"]
         for skip in (False, True):
             assert ours.decode(ids, skip_special_tokens=skip) == theirs.decode(ids, skip_special_tokens=skip)
+
+
+# ---------------------------------------------------------------------- files made by upstream's code
+FILES = U.DATA / "upstream_minimind3_files"
+REFERENCE = torch.load(FILES / "reference.pt", weights_only=True)
+CASES = REFERENCE["cases"]
+UPSTREAM_TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def test_fixture_is_what_upstream_writes():
+    """The .pth files are bare fp16 state dicts with both tied keys (upstream's trainers); the Qwen3
+    folders are transformers' (lm_head dropped when tied); upstream's own logits of the converted
+    folders equal its model's (the fixture tool stored both)."""
+    for case in CASES.values():
+        blob = torch.load(FILES / case["file"], weights_only=True)
+        assert {v.dtype for v in blob.values()} == {torch.float16} and "lm_head.weight" in blob
+        assert "model.layers.0.self_attn.q_norm.weight" in blob and not any("shared_experts" in k for k in blob)
+        for folder, info in case["folders"].items():
+            raw = json.loads((FILES / folder / "config.json").read_text())
+            assert raw["model_type"] in {"qwen3": ("qwen3", "qwen3_moe"), "minimind": ("minimind",)}[info["kind"]]
+            if "transformers_logits" in info:
+                torch.testing.assert_close(info["transformers_logits"], case["logits"], **UPSTREAM_TOL)
+    assert not any(FILES.rglob("model_minimind.py")), "upstream's code is not part of the repository"
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_pth_from_upstreams_trainer_gives_upstreams_logits(name):
+    case = CASES[name]
+    model = P.load_pth(FILES / case["file"])
+    assert model.config == mm.MiniMindConfig(generation="minimind-3", **case["config"])
+    assert model.config.generation == "minimind-3" and model.config.qk_norm
+    assert (model.lm_head.weight is model.model.embed_tokens.weight) == case["config"].get("tie_word_embeddings", True)
+    with torch.no_grad():
+        torch.testing.assert_close(model(case["input_ids"]).logits, case["logits"], **UPSTREAM_TOL)
+
+
+@pytest.mark.parametrize("folder, name", [(f, n) for n, c in sorted(CASES.items()) for f in c["folders"]])
+def test_folders_from_upstreams_converter_give_upstreams_logits(folder, name):
+    case = CASES[name]
+    model = P.load_hf_dir(FILES / folder)
+    expected = mm.MiniMindConfig(generation="minimind-3", **case["config"])
+    if expected.use_moe and case["folders"][folder]["kind"] == "qwen3":
+        # upstream's converter leaves transformers' default router_aux_loss_coef (0.001) in config.json
+        expected = expected.replace(aux_loss_alpha=0.001)
+    assert model.config == expected
+    with torch.no_grad():
+        torch.testing.assert_close(model(case["input_ids"]).logits, case["logits"], **UPSTREAM_TOL)
+
+
+@pytest.mark.parametrize("folder", ["minimind-3-tiny", "minimind-3-moe-tiny"])
+def test_qwen3_folder_agrees_with_transformers(folder):
+    transformers = pytest.importorskip("transformers")
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(FILES / folder, dtype=torch.float32).eval()
+    ours = P.load_hf_dir(FILES / folder)
+    ids = torch.randint(0, ours.config.vocab_size, (3, 13), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, theirs(ids).logits, **UPSTREAM_TOL)
+
+
+def test_same_file_name_two_generations(tmp_path):
+    """full_sft_<hidden>.pth is what both trainers write: MiniMind2's 104M and minimind-3's 64M are both
+    full_sft_768.pth. Each loads as its own generation, told apart by its keys and shapes."""
+    minimind2 = U.random_model(U.upstream_layout(hidden_size=32), seed=3)
+    old = U.save_pth(minimind2, tmp_path / "MiniMind2")
+    new = tmp_path / "minimind-3" / "full_sft_32.pth"
+    new.parent.mkdir()
+    shutil.copy(FILES / CASES["dense"]["file"], new)
+    assert old.name == new.name == "full_sft_32.pth"
+    loaded_old, loaded_new = P.load_pth(old), P.load_pth(new)
+    assert (loaded_old.config.generation, loaded_old.config.num_key_value_heads, loaded_old.config.qk_norm) == (
+        "MiniMind2", 2, False)
+    assert (loaded_new.config.generation, loaded_new.config.num_key_value_heads, loaded_new.config.qk_norm) == (
+        "minimind-3", 4, True)
+    ids = CASES["dense"]["input_ids"]
+    with torch.no_grad():
+        torch.testing.assert_close(loaded_new(ids).logits, CASES["dense"]["logits"], **UPSTREAM_TOL)
+        torch.testing.assert_close(loaded_old(ids).logits, U.fp16_rounded(minimind2)(ids).logits, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["minimind-3", "minimind-3-moe", "MiniMind2", "MiniMind2-Small", "MiniMind2-MoE"])
+def test_published_sizes_are_recognised_from_shapes(name):
+    """A state dict of each published model's shapes (zero-stride tensors: no memory) gives its preset;
+    the two 768-wide dense models (same file name) included."""
+    config = mm.preset(name)
+    with torch.device("meta"):
+        shapes = mm.MiniMindForCausalLM(config).state_dict()
+    state = {k: torch.zeros((), dtype=torch.float16).expand(v.shape) for k, v in shapes.items()}
+    assert P.published_config(state) == config
+    assert P.state_dict_generation(state) == config.generation
+    assert P.pth_filename("full_sft", config.hidden_size, config.use_moe) == (
+        "full_sft_768.pth" if name in ("minimind-3", "MiniMind2") else P.pth_filename("full_sft", *P.MODELS[name][:2]))
+    expected = {"minimind-3": 63_912_192, "minimind-3-moe": 198_416_640, "MiniMind2": 104_030_976,
+                "MiniMind2-Small": 25_829_888, "MiniMind2-MoE": 145_029_760}[name]
+    assert mm.count_parameters(P.published_config(state)) == expected
+
+
+def test_infer_config_reads_the_head_layout_from_qk_norm():
+    state = torch.load(FILES / CASES["head_dim_untied"]["file"], weights_only=True)
+    config = mm.infer_config(state)
+    assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (4, 2, 8)
+    assert config.hidden_size // config.num_attention_heads != config.head_dim  # a free head_dim
+    assert config.tie_word_embeddings is False
+    with pytest.raises(ValueError, match="num_attention_heads=8 disagrees with the weights"):
+        mm.infer_config(state, num_attention_heads=8)
+    moe = torch.load(FILES / CASES["moe"]["file"], weights_only=True)
+    with pytest.raises(ValueError, match="minimind-3-moe 1"):
+        mm.infer_config(moe)
+    assert mm.infer_config(moe, num_experts_per_tok=2).num_experts_per_tok == 2
+    assert mm.infer_config(moe, num_experts_per_tok=1).n_shared_experts == 0
+    # load_checkpoint reads an upstream .pth the same way (the course's own loader)
+    loaded = mm.load_checkpoint(FILES / CASES["head_dim_untied"]["file"])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(CASES["head_dim_untied"]["input_ids"]).logits,
+                                   CASES["head_dim_untied"]["logits"], **UPSTREAM_TOL)
+
+
+def test_minimind_layout_config_keys_of_each_commit():
+    """config.json of convert_torch2transformers_minimind: d65ef2c's keys make it minimind-3, c090b69's MiniMind2."""
+    raw = json.loads((FILES / "minimind-3-tiny-minimind-layout" / "config.json").read_text())
+    assert "num_experts" in raw and "tie_word_embeddings" not in raw  # what upstream's converter writes
+    assert P.config_from_hf(raw) == mm.MiniMindConfig(generation="minimind-3", **CASES["dense"]["config"])
+    minimind2 = U.minimind_config_json(U.upstream_layout())
+    minimind2.pop("generation")  # c090b69's config has no generation key
+    assert P.config_from_hf(minimind2).generation == "MiniMind2"
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"use_sliding_window": True, "sliding_window": 4}, "sliding-window"),
+    ({"layer_types": ["full_attention", "sliding_attention"]}, "sliding-window"),
+    ({"attention_bias": True}, "attention_bias"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "RoPE scaling"),
+    ({"vocab_size": None}, "lacks"),
+])
+def test_qwen3_config_json_that_minimind3_cannot_express(change, message):
+    raw = {**json.loads((FILES / "minimind-3-tiny" / "config.json").read_text()), **change}
+    raw = {k: v for k, v in raw.items() if v is not None}
+    with pytest.raises(ValueError, match=message):
+        P.config_from_hf(raw)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"mlp_only_layers": [0]}, "some layers are dense"),
+    ({"decoder_sparse_step": 2}, "some layers are dense"),
+])
+def test_qwen3_moe_config_json_that_minimind3_cannot_express(change, message):
+    raw = {**json.loads((FILES / "minimind-3-moe-tiny" / "config.json").read_text()), **change}
+    with pytest.raises(ValueError, match=message):
+        P.config_from_hf(raw)
+
+
+# ---------------------------------------------------------------------- finding, fetching, skipping
+@pytest.fixture
+def tiny_published(monkeypatch):
+    """Tiny synthetic models registered as 'published' ones of each generation."""
+    for name, spec, generation in (("Tiny3", (32, False, 2), "minimind-3"), ("Tiny3-MoE", (32, True, 2), "minimind-3"),
+                                   ("Tiny2", (32, False, 2), "MiniMind2")):
+        monkeypatch.setitem(P.MODELS, name, spec)
+        monkeypatch.setitem(P.MODEL_GENERATION, name, generation)
+        monkeypatch.setitem(P.HUB_MODEL_REPOS, name, f"someone/{name}")
+
+
+def test_hub_names_are_upstreams():
+    assert P.HUB_MODEL_REPOS["minimind-3"] == "jingyaogong/minimind-3"
+    assert P.HUB_MODEL_REPOS["minimind-3-moe"] == "jingyaogong/minimind-3-moe"
+    assert P.HUB_PTH_REPOS == {"MiniMind2": "jingyaogong/MiniMind2-Pytorch", "minimind-3": "jingyaogong/minimind-3-pytorch"}
+    assert P.HUB_TOKENIZER_REPOS["minimind-3"] == "jingyaogong/minimind-3"
+    assert P.MODELS["minimind-3"] == (768, False, 8) and P.MODELS["minimind-3-moe"] == (768, True, 8)
+
+
+def test_local_folder_with_both_generations(tmp_path, tiny_published):
+    """One folder, MiniMind2's full_sft_32.pth and tokenizer at the top, minimind-3's in Tiny3/: each model
+    finds its own file and its own tokenizer."""
+    minimind2 = U.random_model(U.upstream_layout(hidden_size=32), seed=3)
+    U.save_pth(minimind2, tmp_path)
+    U.write_tokenizer(tmp_path)
+    (tmp_path / "Tiny3").mkdir()
+    shutil.copy(FILES / "full_sft_32.pth", tmp_path / "Tiny3" / "full_sft_32.pth")
+    U.write_tokenizer_minimind3(tmp_path / "Tiny3")
+    model, tok = P.load_pretrained("Tiny3", path=tmp_path)
+    assert model.config.generation == "minimind-3" and P.tokenizer_folder_generation(tmp_path / "Tiny3") == "minimind-3"
+    assert tok.encode("<think>") == [25]
+    with torch.no_grad():
+        torch.testing.assert_close(model(CASES["dense"]["input_ids"]).logits, CASES["dense"]["logits"], **UPSTREAM_TOL)
+    model, tok = P.load_pretrained("Tiny2", path=tmp_path)
+    assert model.config.generation == "MiniMind2" and P.tokenizer_folder_generation(tmp_path) == "MiniMind2"
+    with pytest.raises(P.WeightsUnavailable, match="holds MiniMind2's weights.*same file names"):
+        P.load_pretrained("Tiny3", path=tmp_path / "full_sft_32.pth")
+    with pytest.raises(P.WeightsUnavailable, match="holds minimind-3's weights"):
+        P.load_pretrained("Tiny2", path=tmp_path / "Tiny3" / "full_sft_32.pth")
+    (tmp_path / "Tiny3" / "tokenizer.json").unlink()
+    with pytest.raises(P.WeightsUnavailable, match="no tokenizer of that generation.*hold the other generation's"):
+        P.load_pretrained("Tiny3", path=tmp_path)
+
+
+def test_local_qwen3_folder(tmp_path, tiny_published):
+    """`git clone https://huggingface.co/jingyaogong/minimind-3-moe` gives a Qwen3-MoE folder: found as <model>/."""
+    shutil.copytree(FILES / "minimind-3-moe-tiny", tmp_path / "Tiny3-MoE")
+    U.write_tokenizer_minimind3(tmp_path / "Tiny3-MoE")
+    model, tok = P.load_pretrained("Tiny3-MoE", path=tmp_path)
+    assert model.config.use_moe and model.config.generation == "minimind-3" and tok.eos_token_id == 2
+    with torch.no_grad():
+        torch.testing.assert_close(model(CASES["moe"]["input_ids"]).logits, CASES["moe"]["logits"], **UPSTREAM_TOL)
+
+
+def test_download_asks_for_minimind3_repositories(tmp_path, tiny_published, monkeypatch):
+    import types
+
+    tokdir = U.write_tokenizer_minimind3(tmp_path / "tok")
+    files = {("jingyaogong/minimind-3-pytorch", "full_sft_32.pth"): FILES / "full_sft_32.pth"}
+    files.update({("jingyaogong/minimind-3", n): tokdir / n for n in ("tokenizer.json", "tokenizer_config.json")})
+    calls = []
+    hub = types.ModuleType("huggingface_hub")
+
+    def hf_hub_download(repo_id, filename, revision=None, cache_dir=None):
+        calls.append((repo_id, filename))
+        if (repo_id, filename) not in files:
+            raise FileNotFoundError(f"404: {repo_id}/{filename}")
+        return str(files[repo_id, filename])
+
+    hub.hf_hub_download = hf_hub_download
+    monkeypatch.setitem(sys.modules, "huggingface_hub", hub)
+    model, tok = P.load_pretrained("Tiny3", download=True)
+    assert model.config.generation == "minimind-3" and tok.encode("<tool_call>") == [21]
+    assert calls[0] == ("jingyaogong/minimind-3-pytorch", "full_sft_32.pth")
+    assert {c[0] for c in calls[1:]} == {"jingyaogong/minimind-3"}
+
+
+def test_load_or_skip_names_the_generation(capsys):
+    assert P.load_or_skip("minimind-3") is None  # under pytest: skipped, whatever is configured
+    assert capsys.readouterr().out == P.SKIP_NOTES["minimind-3"] + "\n"
+    assert "minimind-3 weights not found" in P.SKIP_NOTES["minimind-3"]
+    assert P.load_or_skip("MiniMind2-Small") is None
+    assert capsys.readouterr().out == P.SKIP_NOTE + "\n"

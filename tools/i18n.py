@@ -243,14 +243,22 @@ def site_messages() -> List[Tuple[str, str]]:
 
 
 def source_messages(path: Path) -> List[Tuple[str, str]]:
-    """(message, where) in the order they appear."""
+    """(message, where) in the order they appear: a notebook's markdown messages, and the texts of
+    its ``# BEGIN SOLUTION: <text>`` markers, which the student editions' stubs show
+    (``tools/make_student.py``)."""
     out: List[Tuple[str, str]] = []
     if path.suffix == ".ipynb":
+        if str(Path(__file__).parent) not in sys.path:
+            sys.path.insert(0, str(Path(__file__).parent))
+        import make_student  # tools/make_student.py: what a solution marker is
+
         nb = json.loads(path.read_text())
         for index, cell in enumerate(nb["cells"]):
+            source = "".join(cell["source"])
             if cell["cell_type"] == "markdown":
-                source = "".join(cell["source"])
                 out += [(m, f"{path.name}:{index}") for m in messages(source)]  # file:cell
+            elif cell["cell_type"] == "code":
+                out += [(m, f"{path.name}:{index}") for m in make_student.marker_texts(source)]
     else:
         out += [(m, f"book/{path.name}") for m in messages(path.read_text())]
     return out
@@ -266,8 +274,16 @@ def catalog_path(lang: str, domain: str) -> Path:
     return LOCALES / lang / "LC_MESSAGES" / f"{domain}.po"
 
 
-#: A line break between two Chinese characters: browsers render it as a space, so it is joined.
-CJK_BREAK = re.compile(r"(?<=[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef])\n(?=[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef])")
+_CJK = "\u3000-\u303f\u4e00-\u9fff\uff00-\uffef"
+#: A line break between two Chinese characters, with the indentation of the next line (a list
+#: item's continuation lines are indented) and an emphasis marker on either side (``**``, ``*``,
+#: ``_``): browsers render it as a space, which Chinese text does not have, so it is joined.
+CJK_BREAK = re.compile(rf"(?<=[{_CJK}])(\*\*|\*|_)?\n[ \t]*(\*\*|\*|_)?(?=[{_CJK}])")
+
+
+def join_cjk_lines(text: str) -> str:
+    """``text`` with every line break between two Chinese characters removed (see ``CJK_BREAK``)."""
+    return CJK_BREAK.sub(lambda m: (m.group(1) or "") + (m.group(2) or ""), text)
 
 
 def load_table(lang: str, domain: str) -> Dict[str, str]:
@@ -275,7 +291,7 @@ def load_table(lang: str, domain: str) -> Dict[str, str]:
     path = catalog_path(lang, domain)
     if not path.exists():
         return {}
-    return {e.msgid: CJK_BREAK.sub("", e.msgstr) for e in polib.pofile(str(path))
+    return {e.msgid: join_cjk_lines(e.msgstr) for e in polib.pofile(str(path))
             if e.msgstr and not e.fuzzy and not e.obsolete}
 
 

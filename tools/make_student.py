@@ -15,7 +15,9 @@ In the student edition
 
 The Chinese editions, ``student/zh/NN_topic.ipynb``, are made the same way from the chapter as
 ``tools/i18n.py`` translates it (markdown from ``locales/zh_CN``, the setup cell selecting Chinese
-check messages); their stubs say ``练习 N.M``.
+check messages); their stubs say ``练习 N.M：<the text in Chinese>``: the text of a
+``# BEGIN SOLUTION: ...`` marker is a message of the chapter's catalog (``tools/i18n.py`` extracts
+it), the default text is the translated heading's title.
 
 The result is a pure function of the solution notebook, so ``tests/test_student.py`` can
 regenerate it in memory and fail when the committed ``student/`` copy is stale.
@@ -29,7 +31,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import nbformat
 
@@ -54,8 +56,16 @@ def has_solution(source: str) -> bool:
     return any(BEGIN.match(line) for line in source.splitlines())
 
 
-def stub_source(source: str, label: str, default_text: str, where: str = "cell") -> str:
-    """Replace each ``# BEGIN SOLUTION`` ... ``# END SOLUTION`` block of ``source`` with a stub."""
+def marker_texts(source: str) -> List[str]:
+    """The texts of the ``# BEGIN SOLUTION: <text>`` markers of ``source`` (the stubs' messages)."""
+    return [m.group("text") for m in map(BEGIN.match, source.splitlines()) if m and m.group("text")]
+
+
+def stub_source(source: str, label: str, default_text: str, where: str = "cell",
+                translate: Optional[Callable[[str], str]] = None, separator: str = ": ") -> str:
+    """Replace each ``# BEGIN SOLUTION`` ... ``# END SOLUTION`` block of ``source`` with a stub.
+    ``translate`` turns a marker's text into the edition's language; ``separator`` joins the label
+    and the text (a full-width colon in Chinese)."""
     out: List[str] = []
     lines = source.splitlines()
     i = 0
@@ -74,16 +84,25 @@ def stub_source(source: str, label: str, default_text: str, where: str = "cell")
             j += 1
         if j == len(lines):
             raise StudentEditionError(f"{where}: '# BEGIN SOLUTION' (line {i + 1}) has no '# END SOLUTION'")
-        text = begin.group("text") or default_text
-        message = f"{label}: {text}" if text else label
+        text = begin.group("text")
+        if text and translate is not None:
+            text = translate(text)
+        text = text or default_text
+        message = f"{label}{separator}{text}" if text else label
         out.append(f"{begin.group('indent')}raise NotImplementedError({json.dumps(message, ensure_ascii=False)})")
         i = j + 1
     result = "\n".join(out)
     return result + "\n" if source.endswith("\n") else result
 
 
-def student_notebook(nb: nbformat.NotebookNode, chapter: Optional[str] = None, where: str = "notebook") -> nbformat.NotebookNode:
-    """The student edition of a solution notebook (a new object; ``nb`` is not modified)."""
+#: How a translated edition joins the stub's label and text (``练习 1.1：实现 rms_norm``).
+SEPARATORS = {"练习": "："}
+
+
+def student_notebook(nb: nbformat.NotebookNode, chapter: Optional[str] = None, where: str = "notebook",
+                     translate: Optional[Callable[[str], str]] = None) -> nbformat.NotebookNode:
+    """The student edition of a solution notebook (a new object; ``nb`` is not modified).
+    ``translate`` gives the stubs' marker texts in the edition's language."""
     nb = copy.deepcopy(nb)
     for key in RUN_METADATA:
         nb.metadata.pop(key, None)
@@ -107,7 +126,8 @@ def student_notebook(nb: nbformat.NotebookNode, chapter: Optional[str] = None, w
         if has_solution(cell.source):
             count += 1
             label_number = number or (f"{int(chapter)}.{count}" if chapter else str(count))
-            cell.source = stub_source(cell.source, f"{word} {label_number}", title, where=f"{where}, cell {index}")
+            cell.source = stub_source(cell.source, f"{word} {label_number}", title, where=f"{where}, cell {index}",
+                                      translate=translate, separator=SEPARATORS.get(word, ": "))
             number, title = None, ""  # a heading labels one exercise
     return nb
 
@@ -121,10 +141,13 @@ def render(path: Path, lang: Optional[str] = None) -> str:
         import i18n  # tools/i18n.py: the notebook with its markdown from the catalog
 
         nb = i18n.translated_notebook(path, lang)
+        table = i18n.load_table(lang, i18n.domain_of(path))
+        translate: Optional[Callable[[str], str]] = lambda text: table.get(text, text)
     else:
         nb = nbformat.read(path, as_version=4)
+        translate = None
     match = CHAPTER_NUMBER.match(path.name)
-    student = student_notebook(nb, chapter=match.group(1) if match else None, where=str(path.name))
+    student = student_notebook(nb, chapter=match.group(1) if match else None, where=str(path.name), translate=translate)
     text = nbformat.writes(student)
     return text if text.endswith("\n") else text + "\n"
 

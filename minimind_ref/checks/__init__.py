@@ -4,11 +4,16 @@ Usage in a notebook::
 
     from minimind_ref.checks import ch01
     ch01.check_rms_norm(rms_norm)
+
+A failing check names the mistake it saw and gives a hint; for a worked solution, ask::
+
+    minimind_ref.checks.show_solution("1.1")
 """
 
 from .core import (ExerciseError, call, check, check_close, check_equal, diagnose, exercise, expect_pair, fail, passed,
-                   seeded)
+                   seeded, show_solution, solution)
 
 __all__ = [
-    "ExerciseError", "call", "check", "check_close", "check_equal", "diagnose", "exercise", "expect_pair", "fail", "passed", "seeded",
+    "ExerciseError", "call", "check", "check_close", "check_equal", "diagnose", "exercise", "expect_pair", "fail", "passed",
+    "seeded", "show_solution", "solution",
 ]

@@ -3,7 +3,7 @@
 Each check runs the learner's function on inputs it generates and compares the result with
 ``minimind_ref.RMSNorm`` or ``torch.nn.functional.layer_norm``. A failure names the input it
 failed on and, when the result equals a known mistake computed on the same input, that mistake;
-then a hint about it, and the full recipe last:
+then a hint about it, and the line that says how to see a worked solution (``show_solution``) last:
 
 * ``check_rms_norm(fn)``             ``fn(x, weight, eps=1e-5)``: the RMSNorm formula (fp32 and bf16)
 * ``check_layer_norm(fn)``           ``fn(x, weight, bias, eps=1e-5)``: LayerNorm (biased variance)
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from ..config import MiniMindConfig, minimind2_small
 from ..model import MiniMindForCausalLM
 from ..norm import RMSNorm
-from .core import call, check, check_close, check_equal, fail, seeded
+from .core import call, check, check_close, check_equal, fail, seeded, solution
 
 __all__ = [
     "check_rms_norm",
@@ -67,8 +67,8 @@ def _cases_fp32() -> List[Tuple[str, torch.Tensor, torch.Tensor, float]]:
 # --------------------------------------------------------------------------- rms_norm
 _RMS_HINT = ("RMSNorm divides each vector (the last dimension) by the root of the mean of its squares, with eps "
              "added under the root, and multiplies by the gain; nothing is subtracted.")
-_RMS_RECIPE = ("weight * x / sqrt(mean(x**2, dim=-1, keepdim=True) + eps); torch.rsqrt(v) is 1 / sqrt(v) "
-               "and keepdim=True keeps the reduced dimension so it broadcasts against x.")
+solution("1.1", "weight * x / sqrt(mean(x**2, dim=-1, keepdim=True) + eps); torch.rsqrt(v) is 1 / sqrt(v) "
+                "and keepdim=True keeps the reduced dimension so it broadcasts against x.")
 _RMS_CRASH = ("a size mismatch usually means the mean of squares lost its last dimension: keep it "
               "(keepdim=True) so it broadcasts against x.")
 
@@ -100,7 +100,7 @@ def check_rms_norm(fn: Callable[..., Any]) -> str:
     for label, x, w, eps in cases:
         got = call(fn, x, w, eps=eps, name=name, hint=_RMS_CRASH, case=label, check_inputs=True)
         check_close(got, reference_rms_norm(x, w, eps), name=name, case=label, hint=_RMS_HINT,
-                    mistakes=_rms_mistakes(x, w, eps), recipe=_RMS_RECIPE)
+                    mistakes=_rms_mistakes(x, w, eps))
     # default eps: the signature says eps=1e-5
     x = torch.randn(3, 40, generator=seeded(40)) * 1e-3
     label = "a call without eps (tiny activations)"
@@ -116,7 +116,7 @@ def check_rms_norm(fn: Callable[..., Any]) -> str:
     got = call(fn, xb, wb, eps=1e-5, name=name, hint=_RMS_CRASH, case=label, check_inputs=True)
     check_close(got, reference_rms_norm(xb, wb), name=name, case=label, mistakes=_rms_mistakes(xb, wb, 1e-5),
                 hint="with a bf16 input and a bf16 weight the result should be bf16; do not convert the result "
-                     "to another dtype.", recipe=_RMS_RECIPE)
+                     "to another dtype.")
     return f"{len(cases) + 2} cases match minimind_ref.RMSNorm (fp32 and bf16)"
 
 
@@ -124,8 +124,8 @@ def check_rms_norm(fn: Callable[..., Any]) -> str:
 _LN_HINT = ("LayerNorm centres each vector (subtract its mean), divides by the root of its variance plus eps, then "
             "scales by weight and adds bias; mean and variance are over the last dimension, and the variance "
             "divides by d (the biased one).")
-_LN_RECIPE = ("mean = x.mean(-1, keepdim=True); var = ((x - mean)**2).mean(-1, keepdim=True) "
-              "(or x.var(-1, unbiased=False, keepdim=True)); return (x - mean) / sqrt(var + eps) * weight + bias.")
+solution("1.2", "mean = x.mean(-1, keepdim=True); var = ((x - mean)**2).mean(-1, keepdim=True) "
+                "(or x.var(-1, unbiased=False, keepdim=True)); return (x - mean) / sqrt(var + eps) * weight + bias.")
 
 
 _LN_CRASH = ("a size mismatch usually means the mean or the variance lost its last dimension: keep it "
@@ -161,8 +161,7 @@ def check_layer_norm(fn: Callable[..., Any]) -> str:
         got = call(fn, x, w, b, eps=eps, name=name, hint=_LN_CRASH,
                    case=label, check_inputs=True)
         expected = F.layer_norm(x, (x.shape[-1],), w, b, eps)
-        check_close(got, expected, name=name, case=label, hint=_LN_HINT, mistakes=_ln_mistakes(x, w, b, eps),
-                    recipe=_LN_RECIPE)
+        check_close(got, expected, name=name, case=label, hint=_LN_HINT, mistakes=_ln_mistakes(x, w, b, eps))
         count += 1
     x = torch.randn(2, 24, generator=seeded(60)) * 1e-3
     w, b = torch.ones(24), torch.zeros(24)
@@ -182,7 +181,7 @@ _SAFE_HINT_DTYPE = ("MiniMind casts the *normalized* value back to the input dty
                     "fp16 x with an fp32 weight -> float32; fp16 x with an fp16 weight -> float16.")
 _SAFE_HINT_VALUES = ("the rounding steps must be MiniMind's: statistics and normalization in float32, one rounding "
                      "of the normalized value to x.dtype, then the multiplication by the weight.")
-_SAFE_RECIPE = ("xf = x.float(); normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps); "
+solution("1.3", "xf = x.float(); normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps); "
                 "return weight * normed.type_as(x).")
 
 
@@ -230,15 +229,15 @@ def check_fp16_safe_rms_norm(fn: Callable[..., Any]) -> str:
         if isinstance(got, torch.Tensor) and got.dtype == expected.dtype and got.is_floating_point():
             if bool(torch.isfinite(expected).all()) and bool(((got == 0).all(-1) & (expected != 0).any(-1)).any()):
                 fail(name, f"some rows came back all zeros (expected non-zero values) (on {label}): the squares "
-                     "overflowed", _SAFE_HINT_OVERFLOW, _SAFE_RECIPE)
+                     "overflowed", _SAFE_HINT_OVERFLOW)
             if bool(torch.isfinite(expected).all()) and not bool(torch.isfinite(got).all()):
                 fail(name, f"your result has inf/NaN values where the reference is finite (on {label})",
-                     _SAFE_HINT_OVERFLOW, _SAFE_RECIPE)
+                     _SAFE_HINT_OVERFLOW)
         # the same rounding steps as the reference: at most one ulp of the output dtype apart
         tol = {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1e-5}[expected.dtype]
         wrong_dtype = isinstance(got, torch.Tensor) and got.dtype != expected.dtype
         check_close(got, expected, name=name, case=label, rtol=tol, atol=tol, mistakes=_safe_mistakes(x, w, 1e-5),
-                    hint=_SAFE_HINT_DTYPE if wrong_dtype else _SAFE_HINT_VALUES, recipe=_SAFE_RECIPE)
+                    hint=_SAFE_HINT_DTYPE if wrong_dtype else _SAFE_HINT_VALUES)
     return f"{len(cases)} cases match minimind_ref.RMSNorm, dtypes included"
 
 
@@ -269,6 +268,10 @@ def _count_mistakes(model: torch.nn.Module, first_answer: Any) -> Dict[str, Any]
     }
 
 
+solution("1.4", "sum(isinstance(m, RMSNorm) for m in model.modules()), with RMSNorm imported from minimind_ref "
+                "(not torch.nn.RMSNorm).")
+
+
 @check("Exercise 1.4 count_rmsnorm")
 def check_norm_count(fn: Callable[[torch.nn.Module], Any]) -> str:
     """``fn(model)`` must return the number of ``minimind_ref.RMSNorm`` modules in ``model``,
@@ -276,8 +279,6 @@ def check_norm_count(fn: Callable[[torch.nn.Module], Any]) -> str:
     name = "Exercise 1.4 count_rmsnorm"
     hint = ("each block has one norm before attention and one before the feed-forward network, and the model has "
             "one more after the last block; count from the model rather than from that description.")
-    recipe = ("sum(isinstance(m, RMSNorm) for m in model.modules()), with RMSNorm imported from minimind_ref "
-              "(not torch.nn.RMSNorm).")
     results = []
     first = None
     for index, (label, short, model) in enumerate(_count_models()):
@@ -290,7 +291,7 @@ def check_norm_count(fn: Callable[[torch.nn.Module], Any]) -> str:
         if index == 0:
             first = got
         mistakes = _count_mistakes(model, first if index > 0 else None)
-        check_equal(got, count_rmsnorm_modules(model), name=name, case=label, hint=hint, recipe=recipe,
+        check_equal(got, count_rmsnorm_modules(model), name=name, case=label, hint=hint,
                     mistakes=mistakes)
         results.append(f"{short}: {got}")
     return "; ".join(results)

@@ -2,7 +2,7 @@
 
 Each check runs the learner's function on inputs it generates and compares the result with
 ``minimind_ref.rope``. A failure names the input it failed on and, when the result equals a known
-mistake computed on the same input, that mistake; then a hint about it, and the recipe last:
+mistake computed on the same input, that mistake; then a hint about it, and the line that says how to see a worked solution (``show_solution``) last:
 
 * ``check_rotate_half(fn)``              ``fn(x) -> [-x2, x1]`` (half-split layout)
 * ``check_precompute_freqs_cis(fn)``     ``fn(dim, end, rope_base) -> (cos, sin)``, no scaling
@@ -18,7 +18,7 @@ import torch
 
 from .. import rope
 from ..config import YARN_ROPE_SCALING
-from .core import call, check, check_close, expect_pair, seeded
+from .core import call, check, check_close, expect_pair, seeded, solution
 
 __all__ = [
     "check_rotate_half",
@@ -51,6 +51,9 @@ def _rotate_mistakes(x: torch.Tensor) -> Dict[str, Callable[[], torch.Tensor]]:
     }
 
 
+solution("2.1", "half = x.shape[-1] // 2; return torch.cat((-x[..., half:], x[..., :half]), dim=-1)")
+
+
 @check("Exercise 2.1 rotate_half")
 def check_rotate_half(fn: Callable[[torch.Tensor], torch.Tensor]) -> str:
     """``fn(x)`` must equal ``minimind_ref.rope.rotate_half(x)`` on several shapes and dtypes, and
@@ -58,19 +61,18 @@ def check_rotate_half(fn: Callable[[torch.Tensor], torch.Tensor]) -> str:
     name = "Exercise 2.1 rotate_half"
     hint = ("split the last dimension into a first half x1 and a second half x2 (pairs are (x[i], x[i + d/2])); "
             "the result is the second half, negated, followed by the first half.")
-    recipe = "half = x.shape[-1] // 2; return torch.cat((-x[..., half:], x[..., :half]), dim=-1)"
     shapes = [(2,), (8,), (3, 6), (2, 5, 4, 64), (1, 3, 2, 96)]
     for n, shape in enumerate(shapes):
         x = torch.randn(shape, generator=seeded(100 + n))
         case = f"x of shape {shape}"
         got = call(fn, x, name=name, case=case, check_inputs=True,
                    hint="slice the last dimension (x[..., :half]) and join with torch.cat(..., dim=-1).")
-        check_close(got, rope.rotate_half(x), name=name, case=case, hint=hint, recipe=recipe,
+        check_close(got, rope.rotate_half(x), name=name, case=case, hint=hint,
                     mistakes=_rotate_mistakes(x))
     x = torch.randn(2, 3, 16, generator=seeded(7)).to(torch.bfloat16)
     got = call(fn, x, name=name, case="a bfloat16 x", check_inputs=True)
     check_close(got, rope.rotate_half(x), name=name, case="a bfloat16 x", mistakes=_rotate_mistakes(x),
-                hint="keep the input's dtype (torch.cat of slices does that).", recipe=recipe)
+                hint="keep the input's dtype (torch.cat of slices does that).")
     return f"{len(shapes) + 1} shapes/dtypes match minimind_ref.rope.rotate_half"
 
 
@@ -113,6 +115,10 @@ def _table_mistakes(dim: int, end: int, base: float, which: int) -> Dict[str, Ca
     }
 
 
+solution("2.2", "freqs = 1.0 / rope_base ** (torch.arange(0, dim, 2).float() / dim); angles = torch.outer(torch.arange("
+                "end).float(), freqs); cos = torch.cat([angles.cos(), angles.cos()], -1), and the same for sin.")
+
+
 @check("Exercise 2.2 precompute_freqs_cis")
 def check_precompute_freqs_cis(fn: Callable[..., Any]) -> str:
     """``fn(dim, end, rope_base)`` must return ``(cos, sin)`` equal to ``minimind_ref``'s tables."""
@@ -120,8 +126,6 @@ def check_precompute_freqs_cis(fn: Callable[..., Any]) -> str:
     hint = ("frequency i is rope_base ** (-2i / dim) for i = 0 .. dim/2 - 1; the angle of position p is p times it "
             "(float32, positions 0 .. end - 1); each table holds the cos (sin) of the angles twice along the last "
             "dimension, once for each half.")
-    recipe = ("freqs = 1.0 / rope_base ** (torch.arange(0, dim, 2).float() / dim); angles = torch.outer(torch.arange("
-              "end).float(), freqs); cos = torch.cat([angles.cos(), angles.cos()], -1), and the same for sin.")
     for dim, end, base in _TABLE_CASES:
         case = f"precompute_freqs_cis(dim={dim}, end={end}, rope_base={base:g})"
         got = call(fn, dim, end, base, name=name, case=case,
@@ -137,7 +141,7 @@ def check_precompute_freqs_cis(fn: Callable[..., Any]) -> str:
         for which, (got_t, ref_t, label) in enumerate(((cos, ref_cos, "cos"), (sin, ref_sin, "sin"))):
             wrong_dtype = isinstance(got_t, torch.Tensor) and got_t.dtype != ref_t.dtype
             check_close(got_t, ref_t, name=name, case=f"the {label} table of {case}", rtol=0, atol=atol,
-                        hint=dtype_hint if wrong_dtype else hint, recipe=recipe,
+                        hint=dtype_hint if wrong_dtype else hint,
                         mistakes=_table_mistakes(dim, end, base, which))
     return f"{len(_TABLE_CASES)} (dim, end, rope_base) cases match minimind_ref.rope.precompute_freqs_cis"
 
@@ -161,6 +165,10 @@ def _apply_mistakes(q, k, cos, sin, which: int) -> Dict[str, Callable[[], torch.
     }
 
 
+solution("2.3", "cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [seq, 1, head_dim]; q_embed = (q * cos + "
+                "rotate_half(q) * sin).to(q.dtype), the same for k.")
+
+
 @check("Exercise 2.3 apply_rotary_pos_emb")
 def check_apply_rotary_pos_emb(fn: Callable[..., Any]) -> str:
     """``fn(q, k, cos, sin)`` must rotate ``q`` ``[b, s, h, d]`` and ``k`` ``[b, s, kv, d]`` like
@@ -178,8 +186,6 @@ def check_apply_rotary_pos_emb(fn: Callable[..., Any]) -> str:
             "sequence position t, the same for every batch entry and every head, and q and k both rotate.")
     crash_hint = ("a size mismatch means cos/sin [seq, head_dim] do not line up with q [batch, seq, heads, "
                   "head_dim]: give them a size-1 axis where q has its heads, so they broadcast over the heads.")
-    recipe = ("cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [seq, 1, head_dim]; q_embed = (q * cos + "
-              "rotate_half(q) * sin).to(q.dtype), the same for k.")
     for n, (b, s, h, kv, d, start, dtype) in enumerate(cases):
         g = seeded(200 + n)
         q = torch.randn(b, s, h, d, generator=g).to(dtype)
@@ -192,7 +198,7 @@ def check_apply_rotary_pos_emb(fn: Callable[..., Any]) -> str:
         ref_q, ref_k = rope.apply_rotary_pos_emb(q, k, cos, sin)
         for which, (got_t, ref_t, label) in enumerate(((got_q, ref_q, "q"), (got_k, ref_k, "k"))):
             wrong_dtype = isinstance(got_t, torch.Tensor) and got_t.dtype != ref_t.dtype
-            check_close(got_t, ref_t, name=name, case=f"the {label} result for {case}", recipe=recipe,
+            check_close(got_t, ref_t, name=name, case=f"the {label} result for {case}",
                         hint=("the tables are float32, so the products come out float32: cast each result back to "
                               "its input's dtype (.to(q.dtype), .to(k.dtype)).") if wrong_dtype else hint,
                         mistakes=_apply_mistakes(q, k, cos, sin, which))
@@ -244,6 +250,11 @@ def _yarn_mistakes(dim: int, end: int, base: float, scaling: Optional[Dict[str, 
     }
 
 
+solution("2.4", "freqs = 1 / rope_base ** (torch.arange(0, dim, 2).float() / dim); if rope_scaling and end / "
+                "original_max > 1: ramp, _, _ = my_yarn_ramp(dim, rope_base, original_max, beta_fast, beta_slow); "
+                "freqs = freqs * ((1 - ramp) + ramp / factor) (read the four values from the dict with .get).")
+
+
 @check("Exercise 2.4 yarn_frequencies")
 def check_yarn_frequencies(fn: Callable[..., Any]) -> str:
     """``fn(dim, end, rope_base, rope_scaling)`` must return the (possibly YaRN-scaled)
@@ -252,15 +263,12 @@ def check_yarn_frequencies(fn: Callable[..., Any]) -> str:
     hint = ("without rope_scaling, or when the table is not longer than original_max_position_embeddings, the "
             "frequencies stay as they are; otherwise pair i's frequency is multiplied by (1 - gamma_i) + gamma_i / "
             "factor, with gamma from the ramp (0 for the fast pairs, 1 for the slow ones).")
-    recipe = ("freqs = 1 / rope_base ** (torch.arange(0, dim, 2).float() / dim); if rope_scaling and end / "
-              "original_max > 1: ramp, _, _ = my_yarn_ramp(dim, rope_base, original_max, beta_fast, beta_slow); "
-              "freqs = freqs * ((1 - ramp) + ramp / factor) (read the four values from the dict with .get).")
     for dim, end, base, scaling in _YARN_CASES:
         case = f"yarn_frequencies(dim={dim}, end={end}, rope_base={base:g}, rope_scaling={scaling})"
         got = call(fn, dim, end, base, scaling, name=name, case=case,
                    hint="rope_scaling may be None, and a dict may lack attention_factor or type: read it with .get.")
         expected = reference_yarn_frequencies(dim, end, base, scaling)
         wrong_dtype = isinstance(got, torch.Tensor) and got.dtype != expected.dtype
-        check_close(got, expected, name=name, case=case, recipe=recipe, mistakes=_yarn_mistakes(dim, end, base, scaling),
+        check_close(got, expected, name=name, case=case, mistakes=_yarn_mistakes(dim, end, base, scaling),
                     hint="the frequencies are float32, like the tables built from them." if wrong_dtype else hint)
     return f"{len(_YARN_CASES)} cases (scaling on, off at end <= original_max, other settings) match minimind_ref"

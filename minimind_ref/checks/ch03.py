@@ -4,7 +4,7 @@ Each ``check_*`` runs the learner's function on inputs it makes itself (with its
 generator, so the notebook's random stream is untouched), compares with PyTorch or
 ``minimind_ref`` and prints one ``✓`` line, or raises ``AssertionError`` saying on which input it
 failed, which known mistake the result matches (computed on the same input), a hint about it,
-and the recipe last.
+and the line that says how to see a worked solution last.
 
     from minimind_ref.checks import ch03
     ch03.check_stable_softmax(stable_softmax)
@@ -26,7 +26,7 @@ from ..attention import Attention
 from ..attention import repeat_kv as _ref_repeat_kv
 from ..config import MiniMindConfig
 from ..rope import apply_rotary_pos_emb, precompute_freqs_cis
-from .core import call, check, check_close, fail, seeded
+from .core import call, check, check_close, fail, seeded, solution
 
 __all__ = [
     "check_stable_softmax",
@@ -57,6 +57,9 @@ def _softmax_mistakes(x: torch.Tensor, dim: int) -> Dict[str, Callable[[], torch
     }
 
 
+solution("3.1", "e = torch.exp(x - x.max(dim=dim, keepdim=True).values); return e / e.sum(dim=dim, keepdim=True)")
+
+
 @check("Exercise 3.1 stable_softmax")
 def check_stable_softmax(fn: Callable[..., torch.Tensor]) -> str:
     """``fn(x, dim=-1)`` must equal ``torch.softmax(x, dim)``, also for logits in the thousands,
@@ -64,7 +67,6 @@ def check_stable_softmax(fn: Callable[..., torch.Tensor]) -> str:
     name = "Exercise 3.1 stable_softmax"
     hint = ("softmax(x) = softmax(x - c) for any c taken along dim; with c the maximum along dim, every exponent is "
             "at most 0, so nothing overflows, and the largest term is exp(0) = 1.")
-    recipe = "e = torch.exp(x - x.max(dim=dim, keepdim=True).values); return e / e.sum(dim=dim, keepdim=True)"
     crash = "dim may be any axis (0, -1, ...): reduce along it with keepdim=True so the result broadcasts against x."
     g = seeded(301)
     big = torch.tensor([[1000.0, 1001.0, 1002.0], [-1000.0, -1001.0, -1002.0], [88.0, 89.0, 90.0]])
@@ -80,7 +82,7 @@ def check_stable_softmax(fn: Callable[..., torch.Tensor]) -> str:
     ]
     for label, x, dim in cases:
         got = call(fn, x, dim=dim, name=name, case=label, hint=crash, check_inputs=True)
-        check_close(got, torch.softmax(x, dim=dim), name=name, case=label, hint=hint, recipe=recipe,
+        check_close(got, torch.softmax(x, dim=dim), name=name, case=label, hint=hint,
                     mistakes=_softmax_mistakes(x, dim))
     return "matches torch.softmax, no overflow at logits of 1000"
 
@@ -104,6 +106,10 @@ def _sdpa_mistakes(q, k, v, mask) -> Dict[str, Callable[[], torch.Tensor]]:
     }
 
 
+solution("3.2", "scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]); if mask is not None: scores = scores + mask; "
+                "return stable_softmax(scores, dim=-1) @ v")
+
+
 @check("Exercise 3.2 scaled_dot_product_attention")
 def check_scaled_dot_product_attention(fn: Callable[..., torch.Tensor]) -> str:
     """``fn(q, k, v, mask=None)`` must equal ``F.scaled_dot_product_attention(q, k, v, attn_mask=mask)``
@@ -111,8 +117,6 @@ def check_scaled_dot_product_attention(fn: Callable[..., torch.Tensor]) -> str:
     name = "Exercise 3.2 scaled_dot_product_attention"
     hint = ("score every query against every key (q k^T), scale by 1/sqrt(d) with d = q.shape[-1], add the mask, "
             "softmax along the keys, and take that weighted average of the values.")
-    recipe = ("scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]); if mask is not None: scores = scores + mask; "
-              "return stable_softmax(scores, dim=-1) @ v")
     crash = ("q is [..., s, d] and k, v are [..., t, d]: the scores q @ k.transpose(-2, -1) are [..., s, t]; there may "
              "be fewer queries than keys, and mask may be None.")
     g = seeded(302)
@@ -129,7 +133,7 @@ def check_scaled_dot_product_attention(fn: Callable[..., torch.Tensor]) -> str:
         expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         case = f"q {tuple(q.shape)}, k and v {tuple(k.shape)}, {label}"
         got = call(fn, q, k, v, mask=mask, name=name, case=case, hint=crash, check_inputs=True)
-        check_close(got, expected, name=name, case=case, hint=hint, recipe=recipe,
+        check_close(got, expected, name=name, case=case, hint=hint,
                     mistakes=_sdpa_mistakes(q, k, v, mask))
     return "matches torch.nn.functional.scaled_dot_product_attention"
 
@@ -152,6 +156,10 @@ def _causal_mistakes(q_len: int, kv_len: int) -> Dict[str, Callable[[], torch.Te
     }
 
 
+solution("3.3", "kv_len = q_len if kv_len is None else kv_len; return torch.triu(torch.full((q_len, kv_len), "
+                "float('-inf')), diagonal=kv_len - q_len + 1)")
+
+
 @check("Exercise 3.3 causal_mask")
 def check_causal_mask(fn: Callable[..., torch.Tensor]) -> str:
     """``fn(q_len, kv_len=None)`` -> float32 ``[q_len, kv_len]``: 0 where key ``j`` is visible to
@@ -159,8 +167,6 @@ def check_causal_mask(fn: Callable[..., torch.Tensor]) -> str:
     name = "Exercise 3.3 causal_mask"
     hint = ("query i sits at absolute position i + (kv_len - q_len) (the cached keys come first) and sees every key "
             "j up to that position, its own included. Without a cache that is j <= i.")
-    recipe = ("kv_len = q_len if kv_len is None else kv_len; return torch.triu(torch.full((q_len, kv_len), "
-              "float('-inf')), diagonal=kv_len - q_len + 1)")
     for q_len, kv_len in [(5, None), (1, None), (2, None), (3, 7), (1, 9)]:
         t = q_len if kv_len is None else kv_len
         label = f"causal_mask({q_len})" if kv_len is None else f"causal_mask({q_len}, {kv_len})"
@@ -169,14 +175,14 @@ def check_causal_mask(fn: Callable[..., torch.Tensor]) -> str:
                    hint="kv_len is optional: causal_mask(q_len) means kv_len = q_len (def causal_mask(q_len, kv_len=None)).")
         expected = _expected_causal(q_len, t)
         wrong_dtype = isinstance(got, torch.Tensor) and got.dtype != expected.dtype
-        check_close(got, expected, name=name, case=label, recipe=recipe, mistakes=_causal_mistakes(q_len, t),
+        check_close(got, expected, name=name, case=label, mistakes=_causal_mistakes(q_len, t),
                     hint=("the mask is added to float scores, so it is a float32 tensor of 0 and float('-inf') "
                           "(a bool mask cannot be added).") if wrong_dtype else hint)
         hidden = torch.isinf(expected)
         finite = got[hidden][got[hidden] != float("-inf")]
         if finite.numel():  # check_close lets a large negative pass as "close" to -inf only via the inf check
             fail(name, f"hidden positions must hold -inf (exp(-inf) = 0 exactly), got values like {float(finite[0]):g} "
-                 f"(on {label})", "use float('-inf') for the masked entries.", recipe)
+                 f"(on {label})", "use float('-inf') for the masked entries.")
     return "0 on and below the (bottom-right aligned) diagonal, -inf above"
 
 
@@ -193,21 +199,23 @@ def _repeat_mistakes(x: torch.Tensor, n_rep: int) -> Dict[str, Callable[[], torc
     }
 
 
+solution("3.4", "torch.repeat_interleave(x, n_rep, dim=2), or x[:, :, :, None, :].expand(b, t, n_kv, n_rep, d)"
+                ".reshape(b, t, n_kv * n_rep, d)")
+
+
 @check("Exercise 3.4 repeat_kv")
 def check_repeat_kv(fn: Callable[..., torch.Tensor]) -> str:
     """``fn(x, n_rep)``: ``[b, t, n_kv, d] -> [b, t, n_kv * n_rep, d]``, output head ``j`` = KV head ``j // n_rep``."""
     name = "Exercise 3.4 repeat_kv"
     hint = ("query heads g*n_rep .. g*n_rep + n_rep - 1 share KV head g, so each KV head appears n_rep times in a row "
             "along dim 2: heads [a, b] with n_rep = 2 become [a, a, b, b].")
-    recipe = ("torch.repeat_interleave(x, n_rep, dim=2), or x[:, :, :, None, :].expand(b, t, n_kv, n_rep, d)"
-              ".reshape(b, t, n_kv * n_rep, d)")
     g = seeded(304)
     for b, t, n_kv, d, n_rep in [(2, 5, 2, 4, 4), (1, 3, 4, 8, 2), (2, 3, 2, 6, 1), (1, 4, 1, 4, 8), (1, 2, 3, 2, 3)]:
         x = torch.randn(b, t, n_kv, d, generator=g)
         case = f"x {tuple(x.shape)}, n_rep={n_rep}"
         got = call(fn, x, n_rep, name=name, case=case, check_inputs=True,
                    hint="x is [batch, t, n_kv_heads, head_dim] (the cache layout); the heads are dim 2.")
-        check_close(got, _ref_repeat_kv(x, n_rep), name=name, case=case, hint=hint, recipe=recipe,
+        check_close(got, _ref_repeat_kv(x, n_rep), name=name, case=case, hint=hint,
                     mistakes=_repeat_mistakes(x, n_rep))
     return "head j of the output is KV head j // n_rep"
 
@@ -280,7 +288,7 @@ def _gqa_output_mistakes(attn, x, cos, sin, mask, past) -> Dict[str, Callable[[]
     return {description: thunk(kwargs) for description, kwargs in _GQA_MISTAKES.items()}
 
 
-def _compare_gqa(fn, attn, x, cos, sin, mask, past, label: str, hint: str, recipe: str) -> None:
+def _compare_gqa(fn, attn, x, cos, sin, mask, past, label: str, hint: str) -> None:
     name = "Exercise 3.5 gqa_attention"
     with torch.no_grad():
         expected, present = attn(x, (cos, sin), past_key_value=past, use_cache=True, attention_mask=mask)
@@ -292,7 +300,7 @@ def _compare_gqa(fn, attn, x, cos, sin, mask, past, label: str, hint: str, recip
         fail(name, f"expected a tuple (output, (k, v)), got {type(got).__name__} (on {label})",
              "return out, (k, v) where k, v are the cache tensors [b, t, n_kv_heads, head_dim].")
     out, kv = got
-    check_close(out, expected, name=name, case=f"{label}, the output", hint=hint, recipe=recipe,
+    check_close(out, expected, name=name, case=f"{label}, the output", hint=hint,
                 mistakes=_gqa_output_mistakes(attn, x, cos, sin, mask, past))
     if not (isinstance(kv, (tuple, list)) and len(kv) == 2):
         fail(name, f"the second return value must be the pair (k, v), got {type(kv).__name__} (on {label})",
@@ -311,16 +319,18 @@ def _compare_gqa(fn, attn, x, cos, sin, mask, past, label: str, hint: str, recip
                               "only the new positions cached (the past entries must come first)": no_past[i]})
 
 
+solution("3.5", "project with attn.q_proj/k_proj/v_proj and view as [b, s, heads, head_dim]; apply_rotary_pos_emb(q, k, "
+                "cos, sin); put the past k, v in front (torch.cat on dim 1); keep that pair for the cache; repeat_kv; "
+                "transpose to [b, heads, ., head_dim]; mask = causal_mask(s, p + s) (+ (1 - attention_mask[:, None, None, "
+                ":]) * -1e9); scaled_dot_product_attention; merge the heads; attn.o_proj.")
+
+
 @check("Exercise 3.5 gqa_attention")
 def check_gqa_attention(fn: Callable[..., tuple]) -> str:
     """``fn(attn, x, cos, sin, attention_mask=None, past_key_value=None) -> (out, (k, v))`` must equal
     ``attn(x, (cos, sin), past_key_value, use_cache=True, attention_mask=attention_mask)`` for MHA, GQA
     and MQA layers, full prefill (the reference's SDPA path), padding and a KV cache (its explicit path)."""
     g = seeded(305)
-    recipe = ("project with attn.q_proj/k_proj/v_proj and view as [b, s, heads, head_dim]; apply_rotary_pos_emb(q, k, "
-              "cos, sin); put the past k, v in front (torch.cat on dim 1); keep that pair for the cache; repeat_kv; "
-              "transpose to [b, heads, ., head_dim]; mask = causal_mask(s, p + s) (+ (1 - attention_mask[:, None, None, "
-              ":]) * -1e9); scaled_dot_product_attention; merge the heads; attn.o_proj.")
     base_hint = ("every query head reads the KV head of its group, the scores are scaled by 1/sqrt(head_dim), and "
                  "query i sees keys 0..i (positions, RoPE applied to q and k).")
     pad_hint = ("padding is additive and finite: scores + (1 - mask) * -1e9, broadcast over heads and queries. With "
@@ -334,13 +344,13 @@ def check_gqa_attention(fn: Callable[..., tuple]) -> str:
         attn = _small_attention(n_kv, seed=3050 + n_kv)
         x = torch.randn(b, s, 64, generator=g)
         cos, sin = cos_all[:s], sin_all[:s]
-        _compare_gqa(fn, attn, x, cos, sin, None, None, f"{kind}, full prefill", base_hint, recipe)
+        _compare_gqa(fn, attn, x, cos, sin, None, None, f"{kind}, full prefill", base_hint)
         ones = torch.ones(b, s)
-        _compare_gqa(fn, attn, x, cos, sin, ones, None, f"{kind}, all-ones mask", base_hint, recipe)
+        _compare_gqa(fn, attn, x, cos, sin, ones, None, f"{kind}, all-ones mask", base_hint)
         mask = torch.ones(b, s)
         mask[0, :3] = 0  # left padding: queries 0..2 of row 0 see only padding
         mask[1, :1] = 0
-        _compare_gqa(fn, attn, x, cos, sin, mask, None, f"{kind}, left-padded batch", pad_hint, recipe)
+        _compare_gqa(fn, attn, x, cos, sin, mask, None, f"{kind}, left-padded batch", pad_hint)
         if n_kv != 2:
             continue
         # a KV cache of p tokens, then one new token (decode) and then three new tokens (chunked prefill)
@@ -349,9 +359,8 @@ def check_gqa_attention(fn: Callable[..., tuple]) -> str:
         for n_new in (1, 3):
             x_new = torch.randn(b, n_new, 64, generator=g)
             cos, sin = cos_all[p:p + n_new], sin_all[p:p + n_new]
-            _compare_gqa(fn, attn, x_new, cos, sin, None, past, f"{kind}, cache of {p} + {n_new} new", cache_hint, recipe)
+            _compare_gqa(fn, attn, x_new, cos, sin, None, past, f"{kind}, cache of {p} + {n_new} new", cache_hint)
         mask = torch.ones(b, p + 3)
         mask[1, :2] = 0
-        _compare_gqa(fn, attn, x_new, cos, sin, mask, past, f"{kind}, cache + padding mask", cache_hint + " " + pad_hint,
-                     recipe)
+        _compare_gqa(fn, attn, x_new, cos, sin, mask, past, f"{kind}, cache + padding mask", cache_hint + " " + pad_hint)
     return "MHA, GQA and MQA; prefill, padding and KV-cache cases equal minimind_ref.Attention"

@@ -4,7 +4,7 @@ Each ``check_*`` runs the learner's function on inputs it makes itself (with its
 generator, so the notebook's random stream is untouched), compares with PyTorch or
 ``minimind_ref`` and prints one ``✓`` line, or raises ``AssertionError`` saying on which input it
 failed, which known mistake the result matches (computed on the same input), a hint about it,
-and the recipe last.
+and the line that says how to see a worked solution last.
 
     from minimind_ref.checks import ch04
     ch04.check_silu(silu)
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from ..config import MiniMindConfig, default_intermediate_size
 from ..ffn import FeedForward
-from .core import call, check, check_close, check_equal, fail, seeded
+from .core import call, check, check_close, check_equal, fail, seeded, solution
 
 __all__ = ["check_silu", "check_silu_grad", "check_swiglu_ffn", "check_intermediate_size"]
 
@@ -61,6 +61,9 @@ def _exp_form_grad(x: torch.Tensor) -> torch.Tensor:
     return _grad_at(xr / (1 + torch.exp(-xr)), xr)
 
 
+solution("4.1", "return x * torch.sigmoid(x)")
+
+
 @check("Exercise 4.1 silu")
 def check_silu(fn: Callable[[torch.Tensor], torch.Tensor]) -> str:
     """``fn(x)`` must equal ``F.silu(x)`` = x * sigmoid(x), elementwise, keeping shape and dtype,
@@ -69,11 +72,10 @@ def check_silu(fn: Callable[[torch.Tensor], torch.Tensor]) -> str:
     name = "Exercise 4.1 silu"
     hint = ("SiLU is x times the sigmoid of x: a soft switch, close to x for large x and close to 0 (slightly "
             "negative) for very negative x.")
-    recipe = "return x * torch.sigmoid(x)"
     for label, x in _inputs(401):
         got = call(fn, x, name=name, case=label, check_inputs=True,
                    hint="x can have any shape; torch functions such as torch.sigmoid and torch.exp work elementwise.")
-        check_close(got, F.silu(x), name=name, case=label, hint=hint, recipe=recipe, mistakes=_silu_mistakes(x))
+        check_close(got, F.silu(x), name=name, case=label, hint=hint, mistakes=_silu_mistakes(x))
     # The gradient through the learner's function: a formula can be right in value and still give
     # autograd an inf / inf (x / (1 + exp(-x)) at x = -100 in float32: exp(100) overflows).
     for label, x in _inputs(401)[2:3]:
@@ -84,13 +86,12 @@ def check_silu(fn: Callable[[torch.Tensor], torch.Tensor]) -> str:
         if not isinstance(out, torch.Tensor) or not out.requires_grad:
             fail(name, f"the result does not depend on x through autograd (on {label}, with requires_grad): "
                  "a model could not learn through it", "compute with torch operations on x (no .detach(), .item() "
-                 "or numpy), so that the gradient flows.", recipe)
+                 "or numpy), so that the gradient flows.")
         got_grad = _grad_at(out, xg)
         check_close(got_grad, expected, name=name, case=f"the gradient autograd computes through your silu, {label}",
                     hint=("the value is right but its gradient is not: the formula overflows inside, e.g. exp(-x) is "
                           "inf at x = -100 in float32, and autograd then computes inf / inf = NaN. torch.sigmoid is "
                           "written to avoid that."),
-                    recipe=recipe,
                     mistakes={"x / (1 + exp(-x)), whose gradient at x = -100 is inf / inf = NaN in float32":
                               lambda: _exp_form_grad(x)})
     return "x * sigmoid(x), shape and dtype kept, finite value and gradient at ±100"
@@ -112,19 +113,21 @@ def _silu_grad_mistakes(x: torch.Tensor) -> Dict[str, Callable[[], torch.Tensor]
     }
 
 
+solution("4.2", "s = torch.sigmoid(x); return s * (1 + x * (1 - s))   # = s + x * s * (1 - s)")
+
+
 @check("Exercise 4.2 silu_grad")
 def check_silu_grad(fn: Callable[[torch.Tensor], torch.Tensor]) -> str:
     """``fn(x)`` must equal d silu / dx, as autograd computes it, and leave ``x`` unchanged."""
     name = "Exercise 4.2 silu_grad"
     hint = ("SiLU is a product, x times sigmoid(x): differentiate it with the product rule, and write the sigmoid's "
             "own derivative in terms of the sigmoid. The result is 0.5 at x = 0 and close to 1 for large x.")
-    recipe = "s = torch.sigmoid(x); return s * (1 + x * (1 - s))   # = s + x * s * (1 - s)"
     for label, x in _inputs(402):
         xr = x.clone().requires_grad_(True)
         expected = _grad_at(F.silu(xr), xr)
         got = call(fn, x, name=name, case=label, check_inputs=True,
                    hint="compute the derivative with tensor operations on x (no autograd needed).")
-        check_close(got, expected, name=name, case=label, hint=hint, recipe=recipe, mistakes=_silu_grad_mistakes(x))
+        check_close(got, expected, name=name, case=label, hint=hint, mistakes=_silu_grad_mistakes(x))
     return "s * (1 + x * (1 - s)) equals autograd's gradient"
 
 
@@ -147,6 +150,9 @@ def _swiglu_mistakes(x, w_gate, w_up, w_down) -> Dict[str, Callable[[], torch.Te
     }
 
 
+solution("4.3", "return (F.silu(x @ w_gate.T) * (x @ w_up.T)) @ w_down.T   # or F.linear(x, w) for x @ w.T")
+
+
 @check("Exercise 4.3 swiglu_ffn")
 def check_swiglu_ffn(fn: Callable[..., torch.Tensor]) -> str:
     """``fn(x, w_gate, w_up, w_down)`` must equal ``minimind_ref.FeedForward`` with those weights.
@@ -158,7 +164,6 @@ def check_swiglu_ffn(fn: Callable[..., torch.Tensor]) -> str:
     g = seeded(403)
     hint = ("two projections of the same x to the intermediate width, a gate (through SiLU) and an up branch (no "
             "activation), multiplied elementwise, then projected back down to hidden.")
-    recipe = "return (F.silu(x @ w_gate.T) * (x @ w_up.T)) @ w_down.T   # or F.linear(x, w) for x @ w.T"
     crash = ("the weights are in nn.Linear's layout [out_features, in_features]: w_gate and w_up are [intermediate, "
              "hidden], so x [..., hidden] times a weight needs the transpose (x @ w.T, or F.linear(x, w)).")
     for hidden, inter, shape in [(32, 96, (2, 5)), (48, 128, (7,)), (16, 64, ())]:
@@ -175,7 +180,7 @@ def check_swiglu_ffn(fn: Callable[..., torch.Tensor]) -> str:
                                 ref.down_proj.weight.detach().clone())
         case = f"x {tuple(x.shape)}, w_gate and w_up {tuple(w_gate.shape)}, w_down {tuple(w_down.shape)}"
         got = call(fn, x, w_gate, w_up, w_down, name=name, case=case, hint=crash, check_inputs=True)
-        check_close(got, expected, name=name, case=case, hint=hint, recipe=recipe,
+        check_close(got, expected, name=name, case=case, hint=hint,
                     mistakes=_swiglu_mistakes(x, w_gate, w_up, w_down))
     return "equals minimind_ref.FeedForward for 1-D, 2-D and 3-D inputs"
 
@@ -193,13 +198,15 @@ def _size_mistakes(h: int) -> Dict[str, int]:
     }
 
 
+solution("4.4", "return 64 * math.ceil(int(8 * hidden_size / 3) / 64)")
+
+
 @check("Exercise 4.4 intermediate_size")
 def check_intermediate_size(fn: Callable[[int], int]) -> str:
     """``fn(hidden_size)`` must equal ``minimind_ref.config.default_intermediate_size``."""
     name = "Exercise 4.4 intermediate_size"
     hint = ("take 8/3 of the width, drop the fraction, then round UP to the next multiple of 64; a width that is "
             "already a multiple of 64 stays as it is (768 -> 2048).")
-    recipe = "return 64 * math.ceil(int(8 * hidden_size / 3) / 64)"
     sizes = [512, 640, 768, 24, 48, 64, 96, 100, 128, 200, 256, 1024, 2048, 4096] + list(range(8, 1025, 8))
     for h in sizes:
         case = f"hidden_size={h}"
@@ -210,6 +217,6 @@ def check_intermediate_size(fn: Callable[[int], int]) -> str:
             except TypeError:
                 fail(name, f"expected an int for hidden_size={h}, got {type(got).__name__} {got!r}",
                      "math.ceil returns an int; wrap a float result in int(...).")
-        check_equal(got, default_intermediate_size(h), name=name, case=case, hint=hint, recipe=recipe,
+        check_equal(got, default_intermediate_size(h), name=name, case=case, hint=hint,
                     mistakes=_size_mistakes(h))
     return f"matches the 8/3-rounded-up-to-64 rule for {len(sizes)} widths (512 -> 1408, 640 -> 1728, 768 -> 2048)"

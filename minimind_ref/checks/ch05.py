@@ -3,8 +3,8 @@
 Each ``check_*`` runs the learner's function on inputs it makes itself (with its own random
 generator, so the notebook's random stream is untouched), compares with ``minimind_ref`` and
 prints one ``✓`` line, or raises ``AssertionError`` that names the mistake it recognised (when it
-recognises one), what was expected and what came back, a hint about the bug, and only then the
-recipe.
+recognises one), what was expected and what came back, a hint about the bug, and last the line
+that says how to see a worked solution.
 
     from minimind_ref.checks import ch05
     ch05.check_block_forward(block_forward)                # Exercise 5.1
@@ -26,7 +26,7 @@ from ..config import MiniMindConfig, minimind2, minimind2_small
 from ..model import MiniMindBlock, MiniMindForCausalLM
 from ..params import count_parameters
 from ..rope import precompute_freqs_cis
-from .core import call, check, check_close, fail, seeded
+from .core import call, check, check_close, fail, seeded, solution
 
 __all__ = ["check_block_forward", "check_tie_weights", "check_count_parameters", "check_shifted_cross_entropy"]
 
@@ -113,6 +113,10 @@ def _block_mistakes(block: MiniMindBlock, h: torch.Tensor, pe) -> Dict[str, Call
     }
 
 
+solution("5.1", "h = h + block.self_attn(block.input_layernorm(h), position_embeddings)[0], then "
+                "h = h + block.mlp(block.post_attention_layernorm(h)); return h")
+
+
 @check(BLOCK)
 def check_block_forward(fn: Callable[..., torch.Tensor]) -> str:
     """``fn(block, h, position_embeddings)`` must equal ``MiniMindBlock.forward(h, pe)[0]`` and
@@ -124,8 +128,6 @@ def check_block_forward(fn: Callable[..., torch.Tensor]) -> str:
     g = seeded(501)
     hint = ("each sub-layer reads a normalized copy of h made by its own norm, and its output is added to h "
             "itself; inside the block h is never replaced and never normalized")
-    recipe = ("h = h + block.self_attn(block.input_layernorm(h), position_embeddings)[0], then "
-              "h = h + block.mlp(block.post_attention_layernorm(h)); return h")
     for cfg, shape in [(_small(), (2, 7)), (_small(num_key_value_heads=1, hidden_size=48), (1, 12))]:
         with torch.random.fork_rng(devices=[]):
             block = MiniMindBlock(0, cfg).eval()
@@ -140,19 +142,21 @@ def check_block_forward(fn: Callable[..., torch.Tensor]) -> str:
             if isinstance(got, tuple):
                 fail(BLOCK, f"you returned a tuple of {len(got)} (on {case}); return only the new hidden states",
                      "self_attn returns (output, kv_cache): take [0] of it, and return h alone")
-            check_close(got, expected, name=BLOCK, hint=hint, recipe=recipe, case=case,
+            check_close(got, expected, name=BLOCK, hint=hint, case=case,
                         mistakes=_block_mistakes(block, h, pe))
     return "pre-norm residual block equals minimind_ref.MiniMindBlock"
 
 
 # ----------------------------------------------------------------------------- 5.2 weight tying
+solution("5.2", "assign the head's Parameter to the embedding: model.model.embed_tokens.weight = model.lm_head.weight")
+
+
 @check(TIE)
 def check_tie_weights(fn: Callable[[nn.Module], object]) -> str:
     """``fn(model)`` must make ``model.model.embed_tokens`` and ``model.lm_head`` share one Parameter,
     the head's: after the call, both are the head's original matrix (as upstream ties them)."""
     hint = ("the embedding and the head must hold the very same Parameter object (one tensor, one gradient), "
             "not two tensors that happen to hold equal numbers today")
-    recipe = "assign the head's Parameter to the embedding: model.model.embed_tokens.weight = model.lm_head.weight"
     g = seeded(503)
     cfg = _small()
     with torch.random.fork_rng(devices=[]):
@@ -168,7 +172,7 @@ def check_tie_weights(fn: Callable[[nn.Module], object]) -> str:
     head = getattr(getattr(model, "lm_head", None), "weight", None)
     if not isinstance(emb, nn.Parameter) or not isinstance(head, nn.Parameter):
         fail(TIE, "model.model.embed_tokens.weight and model.lm_head.weight must both still be nn.Parameter "
-             f"objects; got {type(emb).__name__} and {type(head).__name__}", hint, recipe)
+             f"objects; got {type(emb).__name__} and {type(head).__name__}", hint)
     if emb is not head:
         if emb.shape == head.shape and torch.equal(emb.detach(), head.detach()):
             what = ("this looks like tying by copying values: embed_tokens.weight and lm_head.weight are two "
@@ -178,30 +182,29 @@ def check_tie_weights(fn: Callable[[nn.Module], object]) -> str:
             what = "nothing was tied: embed_tokens.weight and lm_head.weight are still two different Parameter objects"
         else:
             what = "embed_tokens.weight and lm_head.weight are two different Parameter objects"
-        fail(TIE, what, hint, recipe)
+        fail(TIE, what, hint)
     if not torch.equal(head.detach(), head_before):
         if torch.equal(head.detach(), emb_before):
             what = ("this looks like tying in the wrong direction: the two now share one matrix, but it holds the "
                     "embedding's old values; upstream gives the embedding the head's matrix")
         else:
             what = "the two share one matrix, but it holds neither the head's values nor the embedding's"
-        fail(TIE, what, "as upstream does (MiniMindForCausalLM.__init__), the head's matrix is the one that survives",
-             recipe)
+        fail(TIE, what, "as upstream does (MiniMindForCausalLM.__init__), the head's matrix is the one that survives")
     n_after = count_parameters(model)
     if n_before - n_after != cfg.vocab_size * cfg.hidden_size:
         fail(TIE, f"tying should remove exactly vocab_size * hidden_size = {cfg.vocab_size * cfg.hidden_size:,} "
-             f"parameters; the count went from {n_before:,} to {n_after:,}", hint, recipe)
+             f"parameters; the count went from {n_before:,} to {n_after:,}", hint)
     keys = set(model.state_dict())
     if not {"model.embed_tokens.weight", "lm_head.weight"} <= keys:
-        fail(TIE, "the state dict lost a key; expected both model.embed_tokens.weight and lm_head.weight", hint, recipe)
+        fail(TIE, "the state dict lost a key; expected both model.embed_tokens.weight and lm_head.weight", hint)
     ids = torch.randint(0, cfg.vocab_size, (2, 6), generator=g)
     try:
         out = model(ids, labels=ids)
         out.loss.backward()
     except Exception as err:  # the learner replaced a module by something the model cannot run
-        fail(TIE, f"the tied model no longer runs: {type(err).__name__}: {err}", hint, recipe)
+        fail(TIE, f"the tied model no longer runs: {type(err).__name__}: {err}", hint)
     if head.grad is None:
-        fail(TIE, "no gradient reached the shared matrix", hint, recipe)
+        fail(TIE, "no gradient reached the shared matrix", hint)
     return f"one shared matrix, {cfg.vocab_size * cfg.hidden_size:,} parameters saved, both state-dict keys kept"
 
 
@@ -239,6 +242,11 @@ def _count_mistakes(cfg: MiniMindConfig, tied: bool, expected: int) -> Dict[str,
     return {k: v for k, v in mistakes.items() if v != expected}
 
 
+solution("5.3", "per layer: q and o are hidden x (heads * head_dim), k and v hidden x (kv_heads * head_dim), the FFN "
+                "3 * hidden * intermediate, two norms of hidden; plus the embedding vocab * hidden, the final norm "
+                "hidden, and a second vocab * hidden only when the head is NOT tied")
+
+
 @check(COUNT)
 def check_count_parameters(fn: Callable[..., int]) -> str:
     """``fn(config, tie_word_embeddings=True)`` must equal the number of parameters of a dense
@@ -246,9 +254,6 @@ def check_count_parameters(fn: Callable[..., int]) -> str:
     hint = ("count one layer matrix by matrix from each weight's shape, multiply by the number of layers, then add "
             "what sits outside the layers; every Linear here is bias-free and every RMSNorm has one gain per "
             "hidden unit")
-    recipe = ("per layer: q and o are hidden x (heads * head_dim), k and v hidden x (kv_heads * head_dim), the FFN "
-              "3 * hidden * intermediate, two norms of hidden; plus the embedding vocab * hidden, the final norm "
-              "hidden, and a second vocab * hidden only when the head is NOT tied")
     configs = [
         ("MiniMind2-Small", minimind2_small()),
         ("MiniMind2", minimind2()),
@@ -271,7 +276,7 @@ def check_count_parameters(fn: Callable[..., int]) -> str:
                 seen = next((k for k, v in _count_mistakes(cfg, tied, expected).items() if v == got), None)
                 prefix = f"this looks like {seen}: " if seen else ""
                 fail(COUNT, f"{prefix}expected {expected:,}, got {got:,}, a difference of {got - expected:+,} (on {case})",
-                     hint, recipe)
+                     hint)
     return "matches minimind_ref.count_parameters for 5 configs, tied and untied (MiniMind2-Small: 25,829,888)"
 
 
@@ -306,14 +311,16 @@ def _loss_mistakes(logits: torch.Tensor, labels: torch.Tensor) -> Dict[str, Call
     }
 
 
+solution("5.4", "F.cross_entropy(logits[:, :-1].reshape(-1, V), labels[:, 1:].reshape(-1), ignore_index=-100) "
+                "with V = logits.shape[-1]")
+
+
 @check(LOSS)
 def check_shifted_cross_entropy(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> str:
     """``fn(logits [b, s, V], labels [b, s])`` must equal MiniMind's next-token loss: position ``i``
     predicts ``labels[i + 1]``; label ``-100`` is ignored; one mean over the remaining positions."""
     hint = ("position i is trained to predict the token at i + 1, so the last position has nothing to predict and "
             "the first label is never a target; positions labelled -100 drop out of both the sum and the count")
-    recipe = ("F.cross_entropy(logits[:, :-1].reshape(-1, V), labels[:, 1:].reshape(-1), ignore_index=-100) "
-              "with V = logits.shape[-1]")
     g = seeded(504)
     # against the reference model's own loss
     cfg = _small()
@@ -338,5 +345,5 @@ def check_shifted_cross_entropy(fn: Callable[[torch.Tensor, torch.Tensor], torch
         cases.append((f"logits {tuple(logits.shape)}, {n_ignored} labels -100", logits, lab, expected))
     for case, logits, lab, expected in cases:
         got = call(fn, logits.clone(), lab.clone(), name=LOSS, hint=hint, case=case, check_inputs=True)
-        check_close(got, expected, name=LOSS, hint=hint, recipe=recipe, case=case, mistakes=_loss_mistakes(logits, lab))
+        check_close(got, expected, name=LOSS, hint=hint, case=case, mistakes=_loss_mistakes(logits, lab))
     return "position i predicts label i+1, -100 ignored, equals MiniMindForCausalLM's loss"

@@ -3,7 +3,8 @@
 Each ``check_*`` runs the learner's function on inputs it makes itself (with its own random
 generator, so the notebook's random stream is untouched), compares with ``minimind_ref`` and prints
 one ``✓`` line, or raises ``AssertionError`` that names the mistake it recognised (when it
-recognises one), what was expected and what came back, a hint about the bug, and the recipe last.
+recognises one), what was expected and what came back, a hint about the bug, and last the line
+that says how to see a worked solution.
 
     from minimind_ref.checks import ch06
     ch06.check_update_cache(update_cache)                    # Exercise 6.1
@@ -22,7 +23,7 @@ import torch
 from ..generation import apply_repetition_penalty as _ref_repetition_penalty
 from ..generation import top_p_filter as _ref_top_p_filter
 from ..rope import precompute_freqs_cis
-from .core import call, check, check_close, expect_pair, fail, seeded
+from .core import call, check, check_close, expect_pair, fail, seeded, solution
 
 __all__ = [
     "check_update_cache",
@@ -54,6 +55,10 @@ def _cache_mistakes(past, new: torch.Tensor, other_expected: torch.Tensor) -> Di
     return mistakes
 
 
+solution("6.1", "past is None: return (k_new, v_new); otherwise return (torch.cat([past_k, k_new], dim=1), "
+                "torch.cat([past_v, v_new], dim=1))")
+
+
 @check(CACHE)
 def check_update_cache(fn: Callable[..., Tuple[torch.Tensor, torch.Tensor]]) -> str:
     """``fn(past, k_new, v_new) -> (k, v)``: ``past`` is ``None`` or a ``(k, v)`` pair of
@@ -62,8 +67,6 @@ def check_update_cache(fn: Callable[..., Tuple[torch.Tensor, torch.Tensor]]) -> 
     hint = ("the cache holds every position so far, oldest first, in the layout [batch, seq, n_kv_heads, head_dim]; "
             "a step adds new positions along the sequence axis and leaves the other axes alone. On the first call "
             "there is nothing cached (past is None)")
-    recipe = ("past is None: return (k_new, v_new); otherwise return (torch.cat([past_k, k_new], dim=1), "
-              "torch.cat([past_v, v_new], dim=1))")
     g = seeded(601)
     # (batch, past_len, new_len, n_kv_heads, head_dim); past_len 0 means past=None
     cases = [(2, 0, 5, 2, 8), (2, 2, 2, 2, 2), (2, 5, 1, 2, 8), (1, 1, 1, 2, 4), (3, 7, 2, 4, 6)]
@@ -80,21 +83,23 @@ def check_update_cache(fn: Callable[..., Tuple[torch.Tensor, torch.Tensor]]) -> 
                 f"past_len={past_len}, new={new_len}, batch={b}, kv_heads={h}")
         got = call(fn, arg_past, k_new.clone(), v_new.clone(), name=CACHE, hint=hint, case=case, check_inputs=True)
         got_k, got_v = expect_pair(got, CACHE, "k, v")
-        check_close(got_k, exp_k, name=f"{CACHE}: keys", hint=hint, recipe=recipe, case=case, rtol=0, atol=0,
+        check_close(got_k, exp_k, name=f"{CACHE}: keys", hint=hint, case=case, rtol=0, atol=0,
                     mistakes=_cache_mistakes(None if past is None else past[0], k_new, exp_v))
-        check_close(got_v, exp_v, name=f"{CACHE}: values", hint=hint, recipe=recipe, case=case, rtol=0, atol=0,
+        check_close(got_v, exp_v, name=f"{CACHE}: values", hint=hint, case=case, rtol=0, atol=0,
                     mistakes=_cache_mistakes(None if past is None else past[1], v_new, exp_k))
     return "new keys and values appended after the cached ones on dim 1"
 
 
 # ----------------------------------------------------------------------------- 6.2 RoPE offset
+solution("6.2", "return cos[past_len : past_len + n_new], sin[past_len : past_len + n_new]")
+
+
 @check(ROPE)
 def check_rope_for_new_tokens(fn: Callable[..., Tuple[torch.Tensor, torch.Tensor]]) -> str:
     """``fn(cos, sin, past_len, n_new) -> (cos_new, sin_new)``: the rows of the precomputed tables
     for the absolute positions ``past_len .. past_len + n_new - 1``."""
     hint = ("row r of the tables is the rotation of absolute position r, and the new tokens come right after the "
             "past_len cached ones")
-    recipe = "return cos[past_len : past_len + n_new], sin[past_len : past_len + n_new]"
     cos, sin = precompute_freqs_cis(dim=16, end=64, rope_base=1e6)
     cases = [(0, 6), (6, 1), (7, 1), (17, 3), (40, 1), (63, 1)]
     for past_len, n_new in cases:
@@ -114,7 +119,7 @@ def check_rope_for_new_tokens(fn: Callable[..., Tuple[torch.Tensor, torch.Tensor
                 "cos and sin swapped": other[past_len:past_len + n_new],
                 "the last n_new rows of the table instead of the new tokens' rows": table[-n_new:],
             }
-            check_close(got_t, table[past_len:past_len + n_new], name=f"{ROPE}: {which}", hint=hint, recipe=recipe,
+            check_close(got_t, table[past_len:past_len + n_new], name=f"{ROPE}: {which}", hint=hint,
                         case=case, rtol=0, atol=0, mistakes=mistakes)
     return "new tokens get the rows of positions past_len .. past_len + n_new - 1"
 
@@ -155,15 +160,17 @@ def _top_p_mistakes(logits: torch.Tensor, top_p: float) -> Dict[str, Callable[[]
     }
 
 
+solution("6.3", "sorted_logits, sorted_idx = torch.sort(logits, descending=True, dim=-1); probs = sorted_logits.softmax(-1); "
+                "remove = (probs.cumsum(-1) - probs) >= top_p; return logits.masked_fill(remove.scatter(-1, sorted_idx, "
+                "remove), float('-inf'))")
+
+
 @check(TOP_P)
 def check_top_p_filter(fn: Callable[..., torch.Tensor]) -> str:
     """``fn(logits [b, vocab], top_p) -> logits`` with the tokens outside the nucleus set to
     ``-inf``, equal to ``minimind_ref.generation.top_p_filter``; ``logits`` is left unchanged."""
     hint = ("rank the tokens from most to least likely and keep a token while the probability of the tokens ranked "
             "above it is still below top_p; every other token becomes -inf at its own position in the vocabulary")
-    recipe = ("sorted_logits, sorted_idx = torch.sort(logits, descending=True, dim=-1); probs = sorted_logits.softmax(-1); "
-              "remove = (probs.cumsum(-1) - probs) >= top_p; return logits.masked_fill(remove.scatter(-1, sorted_idx, "
-              "remove), float('-inf'))")
     g = seeded(603)
     peaked = torch.tensor([[6.0, 1.0, 0.5, 0.0, -1.0, -2.0]])  # top token alone has ~0.98 of the mass
     # exact binary fractions, shuffled: the mass before a token hits top_p exactly (the boundary)
@@ -182,7 +189,7 @@ def check_top_p_filter(fn: Callable[..., torch.Tensor]) -> str:
     for case, logits, p in cases:
         expected = _ref_top_p_filter(logits.clone(), p)
         got = call(fn, logits.clone(), p, name=TOP_P, hint=hint, case=case, check_inputs=True)
-        check_close(got, expected, name=TOP_P, hint=hint, recipe=recipe, case=case, mistakes=_top_p_mistakes(logits, p))
+        check_close(got, expected, name=TOP_P, hint=hint, case=case, mistakes=_top_p_mistakes(logits, p))
     return "the nucleus (threshold-crossing token included, boundary exact) is kept, the rest is -inf"
 
 
@@ -215,14 +222,16 @@ def _penalty_mistakes(logits: torch.Tensor, prev: torch.Tensor, penalty: float) 
     }
 
 
+solution("6.4", "seen = logits.gather(1, previous_ids); seen = torch.where(seen > 0, seen / penalty, seen * penalty); "
+                "return logits.scatter(1, previous_ids, seen)")
+
+
 @check(PENALTY)
 def check_repetition_penalty(fn: Callable[..., torch.Tensor]) -> str:
     """``fn(logits [b, vocab], previous_ids [b, t], penalty) -> logits``, equal to
     ``minimind_ref.generation.apply_repetition_penalty`` (without a mask); ``logits`` is left unchanged."""
     hint = ("only the tokens that occur in the row's own previous_ids change, each once however often it occurred, "
             "and the change must make each of them less likely whatever the sign of its logit")
-    recipe = ("seen = logits.gather(1, previous_ids); seen = torch.where(seen > 0, seen / penalty, seen * penalty); "
-              "return logits.scatter(1, previous_ids, seen)")
     g = seeded(604)
     cases = []
     for b, vocab, t, penalty in [(2, 20, 6, 1.3), (3, 50, 10, 2.0), (1, 12, 8, 1.1), (2, 16, 5, 0.8), (2, 10, 4, 1.0)]:
@@ -234,5 +243,5 @@ def check_repetition_penalty(fn: Callable[..., torch.Tensor]) -> str:
         expected = _ref_repetition_penalty(logits.clone(), prev.clone(), penalty)
         got = call(fn, logits.clone(), prev.clone(), penalty, name=PENALTY, hint=hint, case=case, check_inputs=True)
         mistakes = _penalty_mistakes(logits, prev, penalty) if not math.isclose(penalty, 1.0) else None
-        check_close(got, expected, name=PENALTY, hint=hint, recipe=recipe, case=case, mistakes=mistakes)
+        check_close(got, expected, name=PENALTY, hint=hint, case=case, mistakes=mistakes)
     return "seen tokens: positive logits / penalty, negative logits * penalty, each once"

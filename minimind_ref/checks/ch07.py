@@ -4,7 +4,7 @@ Every check builds the matching ``minimind_ref`` module (``MoEGate``, ``MOEFeedF
 ``seq_aux_loss``) on several random cases, edge cases included (top-1 routing, experts that get
 no token, several shared experts, sequences routed differently), and compares the learner's
 function with it. A failure names the mistake it recognised (when it recognises one), then gives a
-hint about the bug, and the recipe last. The checks build their modules under
+hint about the bug, and last the line that says how to see a worked solution. The checks build their modules under
 ``torch.random.fork_rng``, so the notebook's random stream is untouched.
 
     from minimind_ref.checks import ch07
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from ..config import MiniMindConfig
 from ..moe import MOEFeedForward, MoEGate, global_aux_loss, seq_aux_loss
-from .core import call, check, check_close, diagnose, fail
+from .core import call, check, check_close, diagnose, fail, solution
 
 __all__ = ["check_route", "check_dispatch", "check_moe_forward", "check_seq_aux_loss"]
 
@@ -69,15 +69,17 @@ def _route_weight_mistakes(x: torch.Tensor, weight: torch.Tensor, top_k: int, no
     return {k: _sort_by_expert(idx, v)[1] for k, v in out.items()}
 
 
+solution("7.1", "scores = F.linear(x, weight).softmax(dim=-1); topk_weight, topk_idx = torch.topk(scores, k=top_k, "
+                "dim=-1, sorted=False); if top_k > 1 and norm_topk_prob: topk_weight = topk_weight / "
+                "(topk_weight.sum(dim=-1, keepdim=True) + 1e-20)")
+
+
 @check(ROUTE)
 def check_route(route: Callable[..., Tuple[torch.Tensor, torch.Tensor]]) -> str:
     """``route(x [n, d], weight [E, d], top_k, norm_topk_prob) -> (topk_idx [n, k], topk_weight [n, k])``."""
     g = torch.Generator().manual_seed(71)
     hint = ("each token's scores are a probability distribution over the experts; keep the k best experts, and "
             "rescale their k weights to sum to 1 only when that is asked for and there is more than one of them")
-    recipe = ("scores = F.linear(x, weight).softmax(dim=-1); topk_weight, topk_idx = torch.topk(scores, k=top_k, "
-              "dim=-1, sorted=False); if top_k > 1 and norm_topk_prob: topk_weight = topk_weight / "
-              "(topk_weight.sum(dim=-1, keepdim=True) + 1e-20)")
     cases: List[Tuple[int, int, bool]] = [(4, 2, True), (4, 1, True), (8, 2, False), (6, 3, True), (4, 4, True), (5, 1, False)]
     for n_experts, top_k, norm in cases:
         n, d = 12, 16
@@ -103,7 +105,7 @@ def check_route(route: Callable[..., Tuple[torch.Tensor, torch.Tensor]]) -> str:
                  f"{getattr(idx, 'dtype', type(idx).__name__)} (on {case})", hint)
         if tuple(idx.shape) != (n, top_k):
             fail(ROUTE, f"topk_idx has shape {tuple(idx.shape)}, expected {(n, top_k)}: one row per token, k expert ids "
-                 f"per row (on {case})", hint, recipe)
+                 f"per row (on {case})", hint)
         ri, rw = _sort_by_expert(ref_idx, ref_w)
         gi, gw = _sort_by_expert(idx, w.detach() if isinstance(w, torch.Tensor) else w)
         if not torch.equal(gi, ri):
@@ -116,8 +118,8 @@ def check_route(route: Callable[..., Tuple[torch.Tensor, torch.Tensor]]) -> str:
             rows = int((gi != ri).any(dim=-1).sum())
             fail(ROUTE, (f"this looks like {seen}: " if seen else "") + f"different experts chosen for {rows} of {n} "
                  f"tokens (on {case}); first: token {int((gi != ri).any(dim=-1).nonzero()[0])} expected "
-                 f"{ri[(gi != ri).any(dim=-1)][0].tolist()}, got {gi[(gi != ri).any(dim=-1)][0].tolist()}", hint, recipe)
-        check_close(gw, rw, name=f"{ROUTE}: topk_weight", hint=hint, recipe=recipe, case=case,
+                 f"{ri[(gi != ri).any(dim=-1)][0].tolist()}, got {gi[(gi != ri).any(dim=-1)][0].tolist()}", hint)
+        check_close(gw, rw, name=f"{ROUTE}: topk_weight", hint=hint, case=case,
                     mistakes=_route_weight_mistakes(x, weight, top_k, norm))
     return f"{len(cases)} routing cases (top-1, top-k, k = E, with and without renormalization) match MoEGate"
 
@@ -168,6 +170,11 @@ def _dispatch_mistakes(x, experts, flat_idx, flat_weight, top_k) -> Dict[str, Ca
     }
 
 
+solution("7.2", "order = flat_idx.argsort(); ends = flat_idx.bincount(minlength=len(experts)).cumsum(0); for each "
+                "expert i with a non-empty run order[start:end]: tokens = order[start:end] // top_k, "
+                "y = experts[i](x[tokens]) * flat_weight[order[start:end]], out.index_add_(0, tokens, y)")
+
+
 @check(DISPATCH)
 def check_dispatch(dispatch: Callable[..., torch.Tensor]) -> str:
     """``dispatch(x [n, d], experts, flat_idx [n*k], flat_weight [n*k, 1], top_k) -> [n, d]``; the
@@ -175,9 +182,6 @@ def check_dispatch(dispatch: Callable[..., torch.Tensor]) -> str:
     g = torch.Generator().manual_seed(72)
     hint = ("every slot j carries one (token, expert, weight) triple; after sorting the slots by expert, keep track of "
             "which token and which weight each sorted slot came from, and remember that a token owns top_k slots")
-    recipe = ("order = flat_idx.argsort(); ends = flat_idx.bincount(minlength=len(experts)).cumsum(0); for each "
-              "expert i with a non-empty run order[start:end]: tokens = order[start:end] // top_k, "
-              "y = experts[i](x[tokens]) * flat_weight[order[start:end]], out.index_add_(0, tokens, y)")
     cases = [(4, 2, -1), (4, 1, -1), (4, 2, 3), (6, 3, 0), (5, 2, 2)]
     for n_experts, top_k, skip in cases:
         n, d = 10, 16
@@ -192,7 +196,7 @@ def check_dispatch(dispatch: Callable[..., torch.Tensor]) -> str:
         with torch.no_grad():
             got = call(dispatch, x.clone(), moe.experts, flat_idx.clone(), flat_w.clone(), top_k, name=DISPATCH,
                        hint=hint, case=case, check_inputs=True)
-            check_close(got, expected, name=DISPATCH, hint=hint, recipe=recipe, case=case,
+            check_close(got, expected, name=DISPATCH, hint=hint, case=case,
                         mistakes=_dispatch_mistakes(x, moe.experts, flat_idx, flat_w, top_k))
     return f"{len(cases)} routings (top-1..3, an expert with no token) match MOEFeedForward.moe_infer"
 
@@ -231,15 +235,17 @@ def _moe_mistakes(moe: MOEFeedForward, x: torch.Tensor) -> Dict[str, Callable[[]
     return out
 
 
+solution("7.3", "topk_idx, topk_weight, _ = moe.gate(x); y = dispatch(x.view(-1, d), moe.experts, topk_idx.view(-1), "
+                "topk_weight.view(-1, 1), moe.config.num_experts_per_tok).view(b, s, d); then for every expert in "
+                "getattr(moe, 'shared_experts', []): y = y + expert(x)")
+
+
 @check(MOE)
 def check_moe_forward(moe_forward: Callable[..., torch.Tensor]) -> str:
     """``moe_forward(moe: MOEFeedForward, x [b, s, d]) -> [b, s, d]``, equal to ``moe.eval()(x)``."""
     g = torch.Generator().manual_seed(73)
     hint = ("the layer's output is the routed mixture of the chosen experts (with their routing weights), laid out "
             "like x, plus the output of every shared expert on x")
-    recipe = ("topk_idx, topk_weight, _ = moe.gate(x); y = dispatch(x.view(-1, d), moe.experts, topk_idx.view(-1), "
-              "topk_weight.view(-1, 1), moe.config.num_experts_per_tok).view(b, s, d); then for every expert in "
-              "getattr(moe, 'shared_experts', []): y = y + expert(x)")
     cases = [(4, 2, 1), (4, 1, 1), (4, 2, 0), (6, 2, 2), (3, 3, 1)]
     for n_experts, top_k, n_shared in cases:
         with torch.random.fork_rng(devices=[]):
@@ -250,7 +256,7 @@ def check_moe_forward(moe_forward: Callable[..., torch.Tensor]) -> str:
         with torch.no_grad():
             expected = moe(x)
             got = call(moe_forward, moe, x.clone(), name=MOE, hint=hint, case=case, check_inputs=True)
-            check_close(got, expected, name=MOE, hint=hint, recipe=recipe, case=case, mistakes=_moe_mistakes(moe, x))
+            check_close(got, expected, name=MOE, hint=hint, case=case, mistakes=_moe_mistakes(moe, x))
     return f"{len(cases)} layers (0, 1 and 2 shared experts; top-1..3) match MOEFeedForward in eval mode"
 
 
@@ -277,6 +283,10 @@ def _balance_mistakes(scores, topk_idx, batch, n_experts, alpha) -> Dict[str, Ca
     }
 
 
+solution("7.4", "f = F.one_hot(topk_idx.view(b, s * k), E).float().mean(dim=1) * E; P = scores.view(b, s, E).mean(dim=1); "
+                "loss = alpha * (f * P).sum(dim=1).mean()")
+
+
 @check(BALANCE)
 def check_seq_aux_loss(seq_balance_loss: Callable[..., torch.Tensor]) -> str:
     """``seq_balance_loss(scores [b*s, E], topk_idx [b*s, k], batch, n_experts, alpha) -> scalar``,
@@ -284,8 +294,6 @@ def check_seq_aux_loss(seq_balance_loss: Callable[..., torch.Tensor]) -> str:
     g = torch.Generator().manual_seed(74)
     hint = ("work sequence by sequence: f_i is expert i's share of that sequence's routing slots, scaled so an even "
             "load gives 1, P_i its mean router probability over the sequence; perfect balance gives exactly alpha")
-    recipe = ("f = F.one_hot(topk_idx.view(b, s * k), E).float().mean(dim=1) * E; P = scores.view(b, s, E).mean(dim=1); "
-              "loss = alpha * (f * P).sum(dim=1).mean()")
     cases = [(3, 5, 4, 1, 0.01), (2, 6, 4, 2, 0.1), (1, 8, 8, 2, 1.0), (4, 4, 3, 3, 0.5)]
     for batch, seq, n_experts, top_k, alpha in cases:
         # each sequence gets its own bias, so sequences are routed differently (seq-level != global)
@@ -302,7 +310,7 @@ def check_seq_aux_loss(seq_balance_loss: Callable[..., torch.Tensor]) -> str:
         if isinstance(got, torch.Tensor) and got.numel() == 1 and got.dim() > 0:
             fail(BALANCE, f"return a 0-d tensor (a scalar), got shape {tuple(got.shape)} (on {case})",
                  "reduce to a single number with .mean()/.sum() instead of keeping a dimension of size 1")
-        check_close(got, expected.detach(), name=f"{BALANCE}: value", hint=hint, recipe=recipe, case=case,
+        check_close(got, expected.detach(), name=f"{BALANCE}: value", hint=hint, case=case,
                     mistakes=_balance_mistakes(scores, topk_idx, batch, n_experts, alpha))
         if not got.requires_grad:
             fail(BALANCE, f"the loss does not depend on `scores` through autograd (on {case})",

@@ -21,7 +21,7 @@ from ..tokenizer import merge_pair as ref_merge_pair
 from ..train import causal_lm_loss as ref_causal_lm_loss
 from ..train import lr_at as ref_lr_at
 from ..train import train_step as ref_train_step
-from .core import call, check, check_close, fail
+from .core import call, check, check_close, fail, solution
 
 
 # ---------------------------------------------------------------------- 8.1 BPE merge
@@ -61,6 +61,10 @@ MERGE_MISTAKES = {
 }
 
 
+solution("8.1", "out, i = [], 0; while i < len(ids): if i + 1 < len(ids) and (ids[i], ids[i + 1]) == pair: "
+                "out.append(new_id); i += 2; else: out.append(ids[i]); i += 1; return out")
+
+
 @check("Exercise 8.1 merge_pair")
 def check_merge_pair(merge_pair: Callable[..., Any]) -> str:
     """``merge_pair(ids, pair, new_id)`` must equal ``minimind_ref.tokenizer.merge_pair`` and
@@ -90,9 +94,7 @@ def check_merge_pair(merge_pair: Callable[..., Any]) -> str:
             seen = next((d for d, f in MERGE_MISTAKES.items() if f(ids, pair, new_id) == list(got)), None)
             fail(name, (f"this looks like {seen}: " if seen else "") + f"{case}: expected {expected}, got {list(got)}",
                  "when ids[i], ids[i + 1] equal the pair, the two are replaced by one new_id and both are consumed; "
-                 "otherwise ids[i] is kept. Think about what happens at the last position.",
-                 "i = 0; while i < len(ids): if i + 1 < len(ids) and (ids[i], ids[i+1]) == pair: append new_id, "
-                 "i += 2; else: append ids[i], i += 1.")
+                 "otherwise ids[i] is kept. Think about what happens at the last position.")
     return f"{len(cases)} cases, overlaps and edge cases included, input left unchanged"
 
 
@@ -115,6 +117,10 @@ def _loss_mistakes(logits, ids, mask):
         "the shift in the wrong direction (logits[:, 1:] against tokens[:, :-1])":
             lambda: _ce(logits[:, 1:], ids[:, :-1].masked_fill(mask[:, :-1] == 0, -100)),
     }
+
+
+solution("8.2", "labels = input_ids.masked_fill(attention_mask == 0, -100); compare logits[:, :-1] with "
+                "labels[:, 1:] in F.cross_entropy(..., ignore_index=-100).")
 
 
 @check("Exercise 8.2 causal_lm_loss")
@@ -142,9 +148,7 @@ def check_causal_lm_loss(causal_lm_loss: Callable[..., Any]) -> str:
         check_close(got, expected, name=name, rtol=1e-5, atol=1e-6, case=case,
                     mistakes=_loss_mistakes(logits, ids, mask),
                     hint="which position's token is the target of logits[:, t]? Which mask entry says whether "
-                         "that target is real?",
-                    recipe="labels = input_ids.masked_fill(attention_mask == 0, -100); compare logits[:, :-1] with "
-                           "labels[:, 1:] in F.cross_entropy(..., ignore_index=-100).")
+                         "that target is real?")
     return "no padding, right padding and left padding"
 
 
@@ -168,6 +172,10 @@ LR_MISTAKES = {
     "upstream MiniMind's schedule (lr * (0.1 + 0.45 * (1 + cos(pi * t / T))), no warmup) instead of the exercise's":
         lambda s, T, w, hi, lo: hi * (0.1 + 0.45 * (1 + math.cos(math.pi * s / T))),
 }
+
+
+solution("8.3", "warmup: max_lr * (step + 1) / warmup_steps; then progress = min(1, (step - warmup_steps) / "
+                "max(1, max_steps - warmup_steps)) and min_lr + 0.5 * (max_lr - min_lr) * (1 + cos(pi * progress)).")
 
 
 @check("Exercise 8.3 lr_at")
@@ -203,9 +211,7 @@ def check_lr_at(lr_at: Callable[..., Any]) -> str:
              f"With {case}, {len(bad)} of {len(steps)} steps differ; the largest difference is at step {s} "
              f"({phase}): expected {expected[worst]!r}, got {got[worst]!r}",
              "check the three phases separately: step 0 of the warmup, the first step after it (max_lr), and the "
-             "last steps (min_lr, and it must stay there after max_steps).",
-             "warmup: max_lr * (step + 1) / warmup_steps; then progress = min(1, (step - warmup_steps) / "
-             "max(1, max_steps - warmup_steps)) and min_lr + 0.5 * (max_lr - min_lr) * (1 + cos(pi * progress)).")
+             "last steps (min_lr, and it must stay there after max_steps).")
     return f"{n} steps over {len(settings)} schedules"
 
 
@@ -240,6 +246,10 @@ STEP_MISTAKES = {
     "no_aux": "the MoE auxiliary loss left out (only out.loss was minimised, the router got no balancing gradient)",
     "clip_1": "clipping to a fixed norm of 1.0 instead of max_grad_norm",
 }
+
+
+solution("8.4", "loss = out.loss + out.aux_loss; loss.backward(); torch.nn.utils.clip_grad_norm_(model.parameters(), "
+                "max_grad_norm); optimizer.step(); optimizer.zero_grad().")
 
 
 @check("Exercise 8.4 training_step")
@@ -302,8 +312,6 @@ def check_training_step(training_step: Callable[..., Any]) -> str:
                  f"{kind} model, after two steps: {len(differs)} parameters differ from the reference "
                  f"(first {pname}, max abs diff {diff:.3g})",
                  "gradient clipping must act on the gradients the optimizer is about to apply, and PyTorch adds "
-                 "new gradients to old ones until they are cleared.",
-                 "loss = out.loss + out.aux_loss; loss.backward(); torch.nn.utils.clip_grad_norm_(model.parameters(), "
-                 "max_grad_norm); optimizer.step(); optimizer.zero_grad().")
+                 "new gradients to old ones until they are cleared.")
         check_loss(1)
     return "dense and MoE models, two steps each, clipping active"

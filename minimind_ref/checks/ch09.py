@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import sft as ref_sft
-from .core import call, check, check_close, check_equal, fail, seeded
+from .core import call, check, check_close, check_equal, fail, seeded, solution
 
 S, E = ref_sft.IM_START, ref_sft.IM_END
 
@@ -90,6 +90,11 @@ RENDER_CASES: List[Dict[str, Any]] = [
 ]
 
 
+solution("9.1", f"start with '{S}system\\n' + (messages[0]['content'] if it is a system message else "
+                f"'{ref_sft.DEFAULT_SYSTEM_PROMPT}') + '{E}\\n', add every other message as a turn, "
+                f"then '{S}assistant\\n' if add_generation_prompt.")
+
+
 @check("Exercise 9.1 render_chat")
 def check_render_chat(render_chat: Callable[..., Any]) -> str:
     """``render_chat(messages, add_generation_prompt)`` must return exactly the string of
@@ -107,10 +112,7 @@ def check_render_chat(render_chat: Callable[..., Any]) -> str:
         check_equal(got, expected, name=name, case=case,
                     mistakes={d: (lambda f=f: f(messages, gen)) for d, f in RENDER_MISTAKES.items()},
                     hint=f"every turn is '{S}' + role + '\\n' + content + '{E}' + '\\n'; a first system message "
-                         "replaces the default system prompt; the generation prompt opens an assistant turn.",
-                    recipe=f"start with '{S}system\\n' + (messages[0]['content'] if it is a system message else "
-                           f"'{ref_sft.DEFAULT_SYSTEM_PROMPT}') + '{E}\\n', add every other message as a turn, "
-                           f"then '{S}assistant\\n' if add_generation_prompt.")
+                         "replaces the default system prompt; the generation prompt opens an assistant turn.")
     return f"{len(RENDER_CASES)} conversations (default and custom system prompt, multi-turn, generation prompt)"
 
 
@@ -212,6 +214,11 @@ def _mask_cases() -> List[Dict[str, Any]]:
     ]]
 
 
+solution("9.2", "start = i + len(bos); end = start; while end < len(ids) and ids[end:end+len(eos)] != eos: "
+                "end += 1; set mask[j] = 1 for j in range(start, min(end + len(eos), max_length, len(ids))); "
+                "continue scanning at end + len(eos).")
+
+
 @check("Exercise 9.2 assistant_loss_mask")
 def check_assistant_loss_mask(assistant_loss_mask: Callable[..., Any]) -> str:
     """``assistant_loss_mask(input_ids, bos_ids, eos_ids, max_length)`` must equal
@@ -234,10 +241,7 @@ def check_assistant_loss_mask(assistant_loss_mask: Callable[..., Any]) -> str:
                     mistakes={d: (lambda f=f: list(f(ids, bos, eos, max_length))) for d, f in MASK_MISTAKES.items()},
                     hint="counting starts right after the assistant header and runs through the whole end marker "
                          "(the reply, <|im_end|> and the newline); a reply without an end marker counts to the end; "
-                         "never at or past max_length.",
-                    recipe="start = i + len(bos); end = start; while end < len(ids) and ids[end:end+len(eos)] != eos: "
-                           "end += 1; set mask[j] = 1 for j in range(start, min(end + len(eos), max_length, len(ids))); "
-                           "continue scanning at end + len(eos).")
+                         "never at or past max_length.")
     return f"{len(cases)} sequences (multi-turn, multi-token markers, cut-off reply, max_length)"
 
 
@@ -278,6 +282,9 @@ def _loss_mistakes(logits: torch.Tensor, labels: torch.Tensor) -> Dict[str, Call
     }
 
 
+solution("9.3", "F.cross_entropy(logits[:, :-1].reshape(-1, V), labels[:, 1:].reshape(-1), ignore_index=-100)")
+
+
 @check("Exercise 9.3 sft_loss")
 def check_sft_loss(sft_loss: Callable[..., Any]) -> str:
     """``sft_loss(logits [b, t, v], labels [b, t])`` must equal the model's own loss,
@@ -289,13 +296,13 @@ def check_sft_loss(sft_loss: Callable[..., Any]) -> str:
         logits, labels, case = c["logits"], c["labels"], c["case"]
         x = logits.clone().requires_grad_(True)
         got = call(sft_loss, x, labels.clone(), name=name, case=case, check_inputs=True,
-                   hint="shift first: logits[:, :-1] against labels[:, 1:]; then ignore the -100 targets.")
+                   hint="F.cross_entropy wants logits [N, vocab] and targets [N]; mind which position predicts "
+                        "which label.")
         v = logits.shape[-1]
         expected = F.cross_entropy(logits[:, :-1].reshape(-1, v), labels[:, 1:].reshape(-1), ignore_index=-100)
         check_close(got, expected, name=name, case=case, rtol=1e-5, atol=1e-5, mistakes=_loss_mistakes(logits, labels),
                     hint="the labels are the token ids, -100 where the loss does not count; the model predicts the "
-                         "NEXT token, so compare position t's logits with the label at t + 1.",
-                    recipe="F.cross_entropy(logits[:, :-1].reshape(-1, V), labels[:, 1:].reshape(-1), ignore_index=-100)")
+                         "NEXT token, so compare position t's logits with the label at t + 1.")
         if not got.requires_grad:
             fail(name, f"the loss has no gradient ({case})", "compute it from the logits with torch operations "
                  "(no .item(), no .detach(), no torch.no_grad()).")
@@ -339,6 +346,10 @@ def lost_replies_reference(sequences: Sequence[Sequence[int]], bos_ids: Sequence
     return out
 
 
+solution("9.4", "header = bos_ids[:-1]; keep n when sum(ids[j:j+len(header)] == header) > "
+                "sum(ids[j:j+len(bos_ids)] == bos_ids)")
+
+
 @check("Exercise 9.4 lost_replies")
 def check_lost_replies(lost_replies: Callable[..., Any]) -> str:
     """``lost_replies(sequences, bos_ids, eos_ids) -> list of indices``: the sequences (token ids of
@@ -370,8 +381,7 @@ def check_lost_replies(lost_replies: Callable[..., Any]) -> str:
     seen = [k for k, v in mistakes.items() if sorted(v) == got]
     fail(name, f"expected {expected}, got {got} ({case})" + (f"; this looks like {seen[0]}" if seen else ""),
          "count the assistant headers (bos_ids without its last token) and the full markers (bos_ids) in each "
-         "sequence; where there are fewer markers than headers, a reply got no label.",
-         "header = bos_ids[:-1]; keep n when sum(ids[j:j+len(header)] == header) > sum(ids[j:j+len(bos_ids)] == bos_ids)")
+         "sequence; where there are fewer markers than headers, a reply got no label.")
 
 
 def _keep_cases() -> List[Dict[str, Any]]:
@@ -406,6 +416,11 @@ def _keep_mistakes(ids, max_length) -> Dict[str, Callable[[], List[int]]]:
     }
 
 
+solution("9.5", "at i: if ids[i:i+len(bos)] == bos: start = i + len(bos); elif ids[i:i+len(bos)-1] == bos[:-1] "
+                "and ids[i+len(bos)-1] in merged_starts: start = i + len(bos) - 1; then count to the end of the next "
+                "eos as in 9.2.")
+
+
 @check("Exercise 9.5 keep_merged_mask")
 def check_keep_merged_mask(assistant_loss_mask: Callable[..., Any]) -> str:
     """``assistant_loss_mask(input_ids, bos_ids, eos_ids, max_length, merged_starts)``: upstream's
@@ -427,10 +442,7 @@ def check_keep_merged_mask(assistant_loss_mask: Callable[..., Any]) -> str:
         expected = ref_sft.assistant_loss_mask(ids, _BOS, _EOS, max_length, _MERGED)
         check_equal(got, expected, name=name, case=case, mistakes=_keep_mistakes(ids, max_length),
                     hint="a reply starts after the full marker bos_ids, or at a merged token when the header "
-                         "bos_ids[:-1] is followed by one (merged_starts); from there the rule is upstream's.",
-                    recipe="at i: if ids[i:i+len(bos)] == bos: start = i + len(bos); elif ids[i:i+len(bos)-1] == "
-                           "bos[:-1] and ids[i+len(bos)-1] in merged_starts: start = i + len(bos) - 1; then count to "
-                           "the end of the next eos as in 9.2.")
+                         "bos_ids[:-1] is followed by one (merged_starts); from there the rule is upstream's.")
     return f"{len(cases)} sequences (normal and merged replies, cut-off, max_length)"
 
 
@@ -486,6 +498,10 @@ M3_CASES: List[Dict[str, Any]] = [
 ]
 
 
+solution("9.6", "turns as in 9.1 without the default system turn; for an assistant message write the thinking block "
+                "before the content; append the generation prompt with its empty block.")
+
+
 @check("Exercise 9.6 render_chat (minimind-3)")
 def check_render_chat_minimind3(render_chat: Callable[..., Any]) -> str:
     """``render_chat(messages, add_generation_prompt)`` must return exactly
@@ -503,9 +519,7 @@ def check_render_chat_minimind3(render_chat: Callable[..., Any]) -> str:
                     mistakes={d: (lambda f=f: f(messages, gen)) for d, f in M3_MISTAKES.items()},
                     hint="no system turn unless the conversation has one; an assistant turn is '<|im_start|>assistant\\n"
                          "<think>\\n' + reasoning.strip('\\n') + '\\n</think>\\n\\n' + content + '<|im_end|>\\n'; "
-                         "the generation prompt is '<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n'.",
-                    recipe="turns as in 9.1 without the default system turn; for an assistant message write the "
-                           "thinking block before the content; append the generation prompt with its empty block.")
+                         "the generation prompt is '<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n'.")
     return f"{len(M3_CASES)} conversations (reasoning, no default system prompt, generation prompt)"
 
 

@@ -17,7 +17,7 @@ from torch import nn
 
 from .. import lora as ref_lora
 from ..config import MiniMindConfig, preset
-from .core import call, check, check_close, check_equal, fail, seeded
+from .core import call, check, check_close, check_equal, fail, seeded, solution
 
 
 # ---------------------------------------------------------------------- 10.1 the adapted layer
@@ -54,6 +54,9 @@ def _forward_mistakes(x, weight, A, B, scale) -> Dict[str, Callable[[], torch.Te
     }
 
 
+solution("10.1", "F.linear(x, weight) + scale * F.linear(F.linear(x, A), B)")
+
+
 @check("Exercise 10.1 lora_forward")
 def check_lora_forward(lora_forward: Callable[..., Any]) -> str:
     """``lora_forward(x [..., in], weight [out, in], A [rank, in], B [out, rank], scale)`` must equal
@@ -67,8 +70,7 @@ def check_lora_forward(lora_forward: Callable[..., Any]) -> str:
         check_close(got, lora_forward_reference(x, weight, A, B, scale), name=name, case=case, rtol=1e-5, atol=1e-5,
                     mistakes=_forward_mistakes(x, weight, A, B, scale),
                     hint="an nn.Linear with weight W [out, in] computes x @ W.T; the adapter is A first (in -> rank), "
-                         "then B (rank -> out), times scale.",
-                    recipe="F.linear(x, weight) + scale * F.linear(F.linear(x, A), B)")
+                         "then B (rank -> out), times scale.")
     return f"{len(cases)} layers (square and rectangular W, batched x, scale 1 and 2), rtol = atol = 1e-5"
 
 
@@ -86,6 +88,9 @@ def _merge_mistakes(weight, A, B, scale) -> Dict[str, Callable[[], torch.Tensor]
     }
 
 
+solution("10.3", "weight + scale * (B @ A)")
+
+
 @check("Exercise 10.3 merge_weight")
 def check_merge_weight(merge_weight: Callable[..., Any]) -> str:
     """``merge_weight(weight [out, in], A [rank, in], B [out, rank], scale)`` must return a new
@@ -98,8 +103,8 @@ def check_merge_weight(merge_weight: Callable[..., Any]) -> str:
                    hint="return a new tensor (weight + ...), do not add into weight in place.")
         check_close(got, merge_weight_reference(weight, A, B, scale), name=name, case=case, rtol=1e-5, atol=1e-5,
                     mistakes=_merge_mistakes(weight, A, B, scale),
-                    hint="x W^T + scale (x A^T) B^T = x (W + scale B A)^T: the merged weight has W's shape [out, in].",
-                    recipe="weight + scale * (B @ A)")
+                    hint="the merged layer must give the adapted layer's output for every x: write that output as x "
+                         "times one matrix (transposed), which has W's shape [out, in].")
         x = c["x"]
         if not torch.allclose(F.linear(x, got), lora_forward_reference(x, weight, A, B, scale), rtol=1e-4, atol=1e-5):
             fail(name, f"the merged layer's output differs from the adapted layer's ({case})")
@@ -123,9 +128,11 @@ def _count_cases() -> List[Dict[str, Any]]:
                             vocab_size=512, intermediate_size=384)
     full_kv = MiniMindConfig(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
                              vocab_size=300)
+    # MiniMind2-Small first: with its 8 layers, forgetting the layer count and counting half the
+    # adapters give different numbers (with the course model's 2 layers they coincide)
     return [
-        {"config": course, "rank": 8, "case": "the course model (hidden 128, 2 layers, 8 heads, 2 KV heads), rank 8"},
         {"config": preset("MiniMind2-Small"), "rank": 16, "case": "MiniMind2-Small, rank 16"},
+        {"config": course, "rank": 8, "case": "the course model (hidden 128, 2 layers, 8 heads, 2 KV heads), rank 8"},
         {"config": preset("MiniMind2-MoE"), "rank": 4, "case": "MiniMind2-MoE, rank 4"},
         {"config": full_kv, "rank": 2, "case": "hidden 64, 3 layers, 4 heads and 4 KV heads (k_proj, v_proj square too)"},
     ]
@@ -137,6 +144,7 @@ def _count_mistakes(config: MiniMindConfig, rank: int) -> Dict[str, int]:
     right = lora_parameter_count_reference(config, rank)
     inter = config.intermediate_size
     return {
+        "the layer count left out (one block counted; the model has num_hidden_layers of them)": right // layers,
         "half the count: only q_proj adapted (o_proj is square too) or only A counted (B adds out * rank more)":
             layers * rank * 2 * h,
         "k_proj and v_proj counted as square (they map hidden to num_key_value_heads * head_dim)": layers * 4 * rank * 2 * h,
@@ -144,6 +152,10 @@ def _count_mistakes(config: MiniMindConfig, rank: int) -> Dict[str, int]:
             right + layers * 3 * rank * (h + inter),
         "a full matrix per layer (rank * (in + out) per adapter, not in * out)": layers * 2 * h * h,
     }
+
+
+solution("10.2", "h = config.hidden_size; kv = config.num_key_value_heads * (h // config.num_attention_heads); "
+                 "per_layer = 2 + (2 if kv == h else 0); return config.num_hidden_layers * per_layer * rank * 2 * h")
 
 
 @check("Exercise 10.2 lora_parameter_count")
@@ -164,11 +176,9 @@ def check_lora_parameter_count(lora_parameter_count: Callable[..., Any]) -> str:
             fail(name, f"expected an int, got {type(got).__name__}: {got!r:.80} ({case})", "return the count as an int.")
         check_equal(got, lora_parameter_count_reference(config, rank), name=name, case=case,
                     mistakes=_count_mistakes(config, rank),
-                    hint="an adapter on a [d, d] layer has A [rank, d] and B [d, rank]; which layers of a MiniMind block "
-                         "are square? q_proj and o_proj always; k_proj and v_proj only when num_key_value_heads equals "
-                         "num_attention_heads; the MLP and lm_head never.",
-                    recipe="h = config.hidden_size; kv = config.num_key_value_heads * (h // config.num_attention_heads); "
-                           "per_layer = 2 + (2 if kv == h else 0); return config.num_hidden_layers * per_layer * rank * 2 * h")
+                    hint="an adapter on a [d_out, d_in] layer has A [rank, d_in] and B [d_out, rank], and upstream "
+                         "adapts only the square nn.Linear layers: which layers of a block are square for this "
+                         "config, and how many blocks are there?")
     return f"{len(cases)} configs (the course model, MiniMind2-Small, MiniMind2-MoE, full KV heads)"
 
 
@@ -199,6 +209,10 @@ def _layer_cases() -> List[Dict[str, Any]]:
                                   moe_intermediate_size=64, **small),
          "case": "minimind-3 MoE whose experts' width equals hidden (gate_proj of an expert square!)"},
     ]
+
+
+solution("10.4", "with torch.device('meta'): m = MiniMindForCausalLM(config); return [n for n, x in "
+                 "m.named_modules() if isinstance(x, nn.Linear) and x.weight.shape[0] == x.weight.shape[1]]")
 
 
 @check("Exercise 10.4 adapted_layers")
@@ -234,9 +248,7 @@ def check_adapted_layers(adapted_layers: Callable[..., Any]) -> str:
             hints.append("an MLP projection is square only when its width equals hidden (an expert can be)")
         fail(name, f"{what or 'the right names, but some twice'} ({case})",
              "; ".join(hints) or "build the shapes from the config: q [heads * head_dim, hidden], k/v [kv_heads * "
-             "head_dim, hidden], o [hidden, heads * head_dim], MLP [width, hidden] and [hidden, width].",
-             "with torch.device('meta'): m = MiniMindForCausalLM(config); return [n for n, x in m.named_modules() if "
-             "isinstance(x, nn.Linear) and x.weight.shape[0] == x.weight.shape[1]]")
+             "head_dim, hidden], o [hidden, heads * head_dim], MLP [width, hidden] and [hidden, width].")
     return f"{len(cases)} layouts (MiniMind2, minimind-3, a free head_dim, full KV heads, MoE)"
 
 
@@ -251,6 +263,10 @@ def merge_file_reference(state_dict: Dict[str, torch.Tensor], adapters: Dict[str
             out[f"{layer}.weight"] = state_dict[f"{layer}.weight"].half() + (
                 adapters[f"{layer}.lora.B.weight"] @ adapters[key]).half()
     return out
+
+
+solution("10.5", "out = {k: v.half() for k, v in state_dict.items()}; for each layer with an adapter: "
+                 "out[layer + '.weight'] = state_dict[layer + '.weight'].half() + (B @ A).half()")
 
 
 @check("Exercise 10.5 merge_file")
@@ -299,9 +315,7 @@ def check_merge_file(merge_file: Callable[..., Any]) -> str:
                 }
             check_close(got[key], want, name=name, rtol=0, atol=0, mistakes=mistakes, case=f"{case}; tensor {key}",
                         hint="upstream: state_dict[k] = module.weight.half(); then state_dict[k] += (B.weight @ "
-                             "A.weight).half() for a layer with an adapter.",
-                        recipe="out = {k: v.half() for k, v in state_dict.items()}; for each layer with an adapter: "
-                               "out[layer + '.weight'] = state_dict[layer + '.weight'].half() + (B @ A).half()")
+                             "A.weight).half() for a layer with an adapter.")
     return "two models, ranks 16 and 4, bit for bit"
 
 

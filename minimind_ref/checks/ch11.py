@@ -1,6 +1,7 @@
-"""Checks for chapter 11 (DPO): the masked sequence log-probability, the DPO loss (c090b69's
-per-token mean and d65ef2c's sum), the implicit rewards, the shift of a DPO example, and the
-length effect of the two reductions.
+"""Checks for chapter 11 (DPO), in the order the chapter asks for them: the masked sequence
+log-probability (11.1), the shift of a DPO example (11.2), c090b69's DPO loss (11.3: the mean per
+reply token) and the implicit rewards (11.4); then d65ef2c's summed DPO loss (11.5) and the length
+effect of the two reductions, predicted and measured (11.6).
 
 Each check runs the learner's function on inputs it generates (empty masks, unequal lengths,
 several betas) and compares with ``minimind_ref.dpo``; a mismatch names the known mistake it
@@ -15,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import dpo as ref_dpo
-from .core import call, check, check_close, expect_pair, fail, seeded
+from .core import call, check, check_close, expect_pair, fail, seeded, solution
 
 
 def _logits_case(seed: int, pairs: int = 3, seq: int = 9, vocab: int = 11, empty_row: bool = True
@@ -45,6 +46,10 @@ def _log_probs_case(seed: int, pairs: int, seq: int, empty_row: bool) -> Tuple[t
 
 
 # ---------------------------------------------------------------------- 11.1 sequence log-prob
+solution("11.1", "token_lp = log_softmax(logits, -1).gather(-1, labels[..., None]).squeeze(-1); "
+                 "return (token_lp * mask).sum(1) / mask.sum(1).clamp_min(1e-8)")
+
+
 @check("Exercise 11.1 sequence_log_probs")
 def check_sequence_log_probs(sequence_log_probs: Callable[..., Any]) -> str:
     """``sequence_log_probs(logits, labels, mask) -> [batch]``: upstream's per-sequence
@@ -63,9 +68,10 @@ def check_sequence_log_probs(sequence_log_probs: Callable[..., Any]) -> str:
         mistakes: Dict[str, Any] = {
             "the masked sum, not the mean (the DPO paper's sum; upstream divides by the reply's length)":
                 lambda: (token_lp * m).sum(1),
-            "the mean over every position, padding and prompt included (upstream before issue #298)":
+            "the mean over every position, padding and prompt included (the mask not applied)":
                 lambda: token_lp.mean(1),
-            "the masked sum divided by the whole row length instead of the number of masked tokens":
+            "the masked sum divided by the whole row length instead of the number of masked tokens (upstream's "
+            "loss before issue #298)":
                 lambda: (token_lp * m).sum(1) / m.shape[1],
             "raw logits gathered without log_softmax": lambda: (logits.gather(-1, labels[..., None]).squeeze(-1) * m).sum(1)
             / m.sum(1).clamp_min(1e-8),
@@ -78,37 +84,89 @@ def check_sequence_log_probs(sequence_log_probs: Callable[..., Any]) -> str:
         }
         if isinstance(got, torch.Tensor) and got.shape == expected.shape and bool(torch.isnan(got).any()):
             fail(name, f"your result has NaN for a sequence whose mask is all zeros ({case})",
-                 "0 / 0 is NaN: divide by mask.sum(dim=1).clamp_min(1e-8) as upstream does, so an empty mask gives 0.",
-                 "token_lp = log_softmax(logits, -1).gather(-1, labels[..., None]).squeeze(-1); "
-                 "return (token_lp * mask).sum(1) / mask.sum(1).clamp_min(1e-8)")
+                 "0 / 0 is NaN: keep the count away from 0 (upstream clamps it at 1e-8), so an empty mask gives 0.")
         check_close(got, expected, name=name, rtol=1e-5, atol=1e-6, check_dtype=False, mistakes=mistakes, case=case,
-                    hint="log_softmax over the vocabulary, gather the label's entry, zero the positions where the "
-                         "mask is 0, and divide each row's sum by that row's number of masked tokens.",
-                    recipe="token_lp = log_softmax(logits, -1).gather(-1, labels[..., None]).squeeze(-1); "
-                           "return (token_lp * mask).sum(1) / mask.sum(1).clamp_min(1e-8)")
+                    hint="each label's log-probability under the model's distribution over the vocabulary, "
+                         "averaged over the positions the mask keeps: each row has its own count.")
     return "unequal lengths, an empty mask, one pair"
 
 
-# ---------------------------------------------------------------------- 11.2 the loss
-def _check_dpo_loss(dpo_loss: Callable[..., Any], name: str, reduction: str) -> str:
+# ---------------------------------------------------------------------- 11.2 the shift
+def _shift_cases() -> List[Tuple[str, List[int], List[int]]]:
+    return [
+        ("a reply in the middle", [1, 5, 6, 2, 7, 1, 8, 9, 4, 2, 7], [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1]),
+        ("two replies", [1, 8, 9, 3, 2, 7, 1, 8, 9, 4, 2, 7], [0, 0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 1]),
+        ("a reply cut off at the end", [1, 8, 9, 3, 3, 3], [0, 0, 0, 1, 1, 1]),
+        ("no reply", [1, 5, 6, 2], [0, 0, 0, 0]),
+    ]
+
+
+solution("11.2", "ids, mask = torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.long); "
+                 "return ids[:-1], ids[1:], mask[1:]")
+
+
+@check("Exercise 11.2 shift_example")
+def check_shift_example(shift_example: Callable[..., Any]) -> str:
+    """``shift_example(ids, mask) -> (x, y, loss_mask)``: upstream's ``DPODataset`` shift,
+    ``x = ids[:-1]``, ``y = ids[1:]``, ``loss_mask = mask[1:]`` (long tensors)."""
+    name = "Exercise 11.2 shift_example"
+    for case, ids, mask in _shift_cases():
+        got = call(shift_example, list(ids), list(mask), name=name, case=case, check_inputs=True)
+        if not isinstance(got, (tuple, list)) or len(got) != 3:
+            fail(name, f"expected three tensors (x, y, loss_mask), got {type(got).__name__} ({case})",
+                 "return x, y, loss_mask")
+        t_ids, t_mask = torch.tensor(ids), torch.tensor(mask)
+        expected = (t_ids[:-1], t_ids[1:], t_mask[1:])
+        swapped = "inputs and targets the other way round"
+        mistakes = [
+            {swapped: t_ids[1:], "the whole sequence as input (x = ids: the last token predicts nothing)": t_ids},
+            {swapped: t_ids[:-1], "the whole sequence as target (y = ids)": t_ids},
+            {"the mask not shifted (mask[:-1] goes with the inputs; the loss counts where the *target* is an "
+             "assistant token, so the first reply token would be missed and the token after the reply counted)":
+                 t_mask[:-1]},
+        ]
+        for part, (g_part, e_part, label) in enumerate(zip(got, expected, ("x", "y", "loss_mask"))):
+            if isinstance(g_part, torch.Tensor) and g_part.dtype != torch.long:
+                fail(name, f"{label} has dtype {g_part.dtype}; upstream's dataset returns torch.long ({case})",
+                     "make the tensors with dtype=torch.long.")
+            check_close(g_part, e_part, name=f"{name} ({label})", rtol=0, atol=0, mistakes=mistakes[part],
+                        case=case, hint="position t of x predicts y[t], the token after it; loss_mask[t] says "
+                                        "whether that target counts, so the mask goes with the targets.")
+    return "four examples, a cut-off reply and an example without a reply included"
+
+
+# ---------------------------------------------------------------------- 11.3 the loss
+solution("11.3", "m = mask.float(); seq = lambda lp: (lp * m).sum(1) / m.sum(1).clamp_min(1e-8); "
+                 "pol, ref = seq(policy_log_probs), seq(ref_log_probs); B = pol.shape[0] // 2; "
+                 "logits = (pol[:B] - pol[B:]) - (ref[:B] - ref[B:]); return -F.logsigmoid(beta * logits).mean()")
+
+
+@check("Exercise 11.3 dpo_loss")
+def check_dpo_loss(dpo_loss: Callable[..., Any]) -> str:
+    """``dpo_loss(ref_log_probs, policy_log_probs, mask, beta)`` must equal c090b69's ``dpo_loss``
+    (the mean log-probability per reply token: ``minimind_ref.dpo.dpo_loss(..., reduction="mean")``),
+    value and gradient. ``check_summed_dpo_loss`` (11.5) checks d65ef2c's sum."""
+    name = "Exercise 11.3 dpo_loss"
     n = 0
-    other = "sum" if reduction == "mean" else "mean"
     for seed, (pairs, seq, empty, beta) in enumerate([(3, 9, True, 0.1), (2, 12, False, 0.5), (4, 8, False, 2.0),
-                                                      (1, 10, False, 0.15), (2, 7, True, 1.0)]):
+                                                      (1, 10, False, 0.1), (2, 7, True, 1.0)]):
         ref, policy, mask = _log_probs_case(seed + 10, pairs, seq, empty)
         case = f"{pairs} pair(s), beta={beta}" + (", one empty mask" if empty else "")
         pol = policy.clone().requires_grad_(True)
-        got = call(dpo_loss, ref.clone(), pol, mask.clone(), beta, name=name, case=case)
-        expected = ref_dpo.dpo_loss(ref, policy, mask, beta, reduction=reduction)
-        seq_ref = ref_dpo.sequence_log_probs(ref, mask, reduction)
-        seq_pol = ref_dpo.sequence_log_probs(policy, mask, reduction)
+        got = call(dpo_loss, ref.clone(), pol, mask.clone(), beta, name=name, case=case, check_inputs=True)
+        expected = ref_dpo.dpo_loss(ref, policy, mask, beta, reduction="mean")
+        m = mask.float()
+        seq_ref = (ref * m).sum(1) / m.sum(1).clamp_min(1e-8)
+        seq_pol = (policy * m).sum(1) / m.sum(1).clamp_min(1e-8)
         b = pairs
 
         def from_logits(logits: torch.Tensor) -> torch.Tensor:
             return (-F.logsigmoid(beta * logits)).mean()
 
         mistakes: Dict[str, Any] = {
-            "chosen and rejected swapped (the batch holds the chosen replies first, then the rejected ones)":
+            "the margin's sign reversed: either chosen and rejected swapped (the batch holds the chosen replies "
+            "first, then the rejected ones) or the policy and the reference swapped (the policy's margin minus "
+            "the reference's)":
                 lambda: from_logits((seq_pol[b:] - seq_pol[:b]) - (seq_ref[b:] - seq_ref[:b])),
             "the reference terms left out (ref_c - ref_r is what makes DPO relative to the starting model)":
                 lambda: from_logits(seq_pol[:b] - seq_pol[b:]),
@@ -122,38 +180,76 @@ def _check_dpo_loss(dpo_loss: Callable[..., Any], name: str, reduction: str) -> 
                 lambda: F.logsigmoid(beta * ((seq_pol[:b] - seq_pol[b:]) - (seq_ref[:b] - seq_ref[b:]))).mean(),
             "summed over the pairs instead of averaged":
                 lambda: (-F.logsigmoid(beta * ((seq_pol[:b] - seq_pol[b:]) - (seq_ref[:b] - seq_ref[b:])))).sum(),
-            ("the paper's summed sequence log-probabilities (d65ef2c's default; this exercise is c090b69's mean per "
-             "reply token)" if reduction == "mean" else
-             "the mean log-probability per reply token (c090b69's variant; d65ef2c sums the reply's tokens, as the "
-             "DPO paper does)"):
-                lambda: ref_dpo.dpo_loss(ref, policy, mask, beta, reduction=other),
+            "the paper's summed sequence log-probabilities (d65ef2c's default; this exercise is c090b69's mean per "
+            "reply token)":
+                lambda: ref_dpo.dpo_loss(ref, policy, mask, beta, reduction="sum"),
         }
         if isinstance(got, torch.Tensor) and got.dim() != 0:
             fail(name, f"expected a scalar loss, got shape {tuple(got.shape)} ({case})",
                  "average the per-pair losses with .mean() at the end.")
-        per_sequence = ("masked mean of the log-probabilities (clamp the count)" if reduction == "mean" else
-                        "masked sum of the log-probabilities")
         check_close(got, expected, name=name, rtol=1e-5, atol=1e-6, check_dtype=False, mistakes=mistakes, case=case,
-                    hint=f"per sequence: {per_sequence}; split the rows into chosen = first half, rejected = "
-                         "second half; logits = (pi_c - pi_r) - (ref_c - ref_r); loss = -logsigmoid(beta * logits).mean().")
+                    hint="per sequence, the masked mean log-probability (as in 11.1); the first half of the rows "
+                         "are the chosen replies, the second half the rejected ones; the margin asks how much more "
+                         "the policy prefers the chosen reply than the reference does.")
         if not got.requires_grad:
             fail(name, f"the loss carries no gradient ({case})",
                  "compute it with torch operations on policy_log_probs (no .item(), .detach() or numpy).")
         got.backward()
+        if pol.grad is None:
+            fail(name, f"the loss does not depend on policy_log_probs: its gradient with respect to them is None "
+                 f"({case}); was the policy detached (.detach(), .item(), torch.tensor(...)) on the way?",
+                 "compute the loss from policy_log_probs itself with torch operations, so the gradient reaches it.")
         pol_ref = policy.clone().requires_grad_(True)
-        ref_dpo.dpo_loss(ref, pol_ref, mask, beta, reduction=reduction).backward()
+        ref_dpo.dpo_loss(ref, pol_ref, mask, beta, reduction="mean").backward()
         check_close(pol.grad, pol_ref.grad, name=name + " (gradient)", rtol=1e-5, atol=1e-7, case=case,
                     hint="the value matches but the gradient does not: is something computed from a detached copy?")
         n += 1
     return f"value and gradient on {n} batches, betas 0.1 to 2, empty masks included"
 
 
-@check("Exercise 11.2 dpo_loss")
-def check_dpo_loss(dpo_loss: Callable[..., Any]) -> str:
-    """``dpo_loss(ref_log_probs, policy_log_probs, mask, beta)`` must equal c090b69's ``dpo_loss``
-    (the mean log-probability per reply token; ``minimind_ref.dpo.dpo_loss(..., reduction="mean")``),
-    value and gradient. ``check_summed_dpo_loss`` checks d65ef2c's sum."""
-    return _check_dpo_loss(dpo_loss, "Exercise 11.2 dpo_loss", "mean")
+# ---------------------------------------------------------------------- 11.4 implicit rewards
+solution("11.4", "r = beta * (policy_seq - ref_seq); B = r.shape[0] // 2; return r[:B], r[B:]")
+
+
+@check("Exercise 11.4 implicit_rewards")
+def check_implicit_rewards(implicit_rewards: Callable[..., Any]) -> str:
+    """``implicit_rewards(policy_seq, ref_seq, beta) -> (chosen, rejected)``: from ``[2B]``
+    sequence log-probabilities (chosen rows first), the implicit rewards
+    ``beta * (log pi - log pi_ref)`` of the chosen and of the rejected replies, ``[B]`` each."""
+    name = "Exercise 11.4 implicit_rewards"
+    g = seeded(11)
+    for pairs, beta in ((3, 0.1), (1, 0.5), (5, 2.0)):
+        ref = -torch.rand(2 * pairs, generator=g) * 3
+        policy = ref + torch.randn(2 * pairs, generator=g)
+        case = f"{pairs} pair(s), beta={beta}"
+        got = call(implicit_rewards, policy.clone(), ref.clone(), beta, name=name, case=case, check_inputs=True)
+        chosen, rejected = expect_pair(got, name, "the chosen rewards and the rejected rewards")
+        r = ref_dpo.implicit_rewards(policy, ref, beta)
+        exp_c, exp_r = r[:pairs], r[pairs:]
+        for got_part, expected, other, label in ((chosen, exp_c, exp_r, "chosen"), (rejected, exp_r, exp_c, "rejected")):
+            mistakes = {
+                "beta left out": (policy - ref)[:pairs] if label == "chosen" else (policy - ref)[pairs:],
+                "the log-ratio reversed (log pi_ref - log pi)": -expected,
+                "the chosen and rejected halves swapped (chosen rows come first)": other,
+                "rows split as neighbours (0::2 / 1::2) instead of halves":
+                    (beta * (policy - ref))[0::2] if label == "chosen" else (beta * (policy - ref))[1::2],
+                "a ratio of probabilities (exp) instead of a difference of log-probabilities":
+                    beta * (policy.exp() / ref.exp())[:pairs] if label == "chosen" else beta * (policy.exp() / ref.exp())[pairs:],
+                "the policy's log-probability alone (no reference)":
+                    beta * policy[:pairs] if label == "chosen" else beta * policy[pairs:],
+            }
+            check_close(got_part, expected, name=f"{name} ({label})", rtol=1e-5, atol=1e-7, check_dtype=False,
+                        mistakes=mistakes, case=case,
+                        hint="an implicit reward is beta times how much more log-probability the policy gives a "
+                             "reply than the reference does; the first half of the rows are the chosen replies, the "
+                             "second half the rejected ones.")
+    return "three batches, betas 0.1 to 2"
+
+
+# ---------------------------------------------------------------------- 11.5 d65ef2c's summed loss
+solution("11.5", "m = mask.float(); pol, ref = (policy_log_probs * m).sum(1), (ref_log_probs * m).sum(1); "
+                 "B = pol.shape[0] // 2; logits = (pol[:B] - pol[B:]) - (ref[:B] - ref[B:]); "
+                 "return -F.logsigmoid(beta * logits).mean()")
 
 
 @check("Exercise 11.5 summed dpo_loss")
@@ -161,7 +257,55 @@ def check_summed_dpo_loss(dpo_loss: Callable[..., Any]) -> str:
     """``dpo_loss(ref_log_probs, policy_log_probs, mask, beta)`` must equal d65ef2c's ``dpo_loss``
     (the reply's summed log-probabilities, as the DPO paper writes it; ``minimind_ref.dpo.dpo_loss``
     with its defaults), value and gradient."""
-    return _check_dpo_loss(dpo_loss, "Exercise 11.5 summed dpo_loss", "sum")
+    name = "Exercise 11.5 summed dpo_loss"
+    n = 0
+    for seed, (pairs, seq, empty, beta) in enumerate([(3, 9, True, 0.15), (2, 12, False, 0.5), (4, 8, False, 2.0),
+                                                      (1, 10, False, 0.1), (2, 7, True, 1.0)]):
+        ref, policy, mask = _log_probs_case(seed + 40, pairs, seq, empty)
+        case = f"{pairs} pair(s), beta={beta}" + (", one empty mask" if empty else "")
+        pol = policy.clone().requires_grad_(True)
+        got = call(dpo_loss, ref.clone(), pol, mask.clone(), beta, name=name, case=case, check_inputs=True)
+        expected = ref_dpo.dpo_loss(ref, policy, mask, beta)
+        m = mask.float()
+        seq_ref, seq_pol = (ref * m).sum(1), (policy * m).sum(1)
+        b = pairs
+
+        def from_logits(logits: torch.Tensor) -> torch.Tensor:
+            return (-F.logsigmoid(beta * logits)).mean()
+
+        mistakes: Dict[str, Any] = {
+            "the mean log-probability per reply token (c090b69's variant; d65ef2c sums the reply's tokens, as the "
+            "DPO paper does)": lambda: ref_dpo.dpo_loss(ref, policy, mask, beta, reduction="mean"),
+            "the margin's sign reversed: either chosen and rejected swapped (the batch holds the chosen replies "
+            "first, then the rejected ones) or the policy and the reference swapped (the policy's margin minus "
+            "the reference's)":
+                lambda: from_logits((seq_pol[b:] - seq_pol[:b]) - (seq_ref[b:] - seq_ref[:b])),
+            "the reference terms left out (ref_c - ref_r is what makes DPO relative to the starting model)":
+                lambda: from_logits(seq_pol[:b] - seq_pol[b:]),
+            "beta outside the log-sigmoid (it must scale the margin inside)":
+                lambda: (-beta * F.logsigmoid((seq_pol[:b] - seq_pol[b:]) - (seq_ref[:b] - seq_ref[b:]))).mean(),
+            "the sums over every position, the mask not applied (prompt and padding counted)":
+                lambda: from_logits((policy.sum(1)[:b] - policy.sum(1)[b:]) - (ref.sum(1)[:b] - ref.sum(1)[b:])),
+        }
+        if isinstance(got, torch.Tensor) and got.dim() != 0:
+            fail(name, f"expected a scalar loss, got shape {tuple(got.shape)} ({case})",
+                 "average the per-pair losses with .mean() at the end.")
+        check_close(got, expected, name=name, rtol=1e-5, atol=1e-6, check_dtype=False, mistakes=mistakes, case=case,
+                    hint="per sequence, the masked SUM of the log-probabilities (the reply's log-probability); then "
+                         "the margin as in 11.3.")
+        if not got.requires_grad:
+            fail(name, f"the loss carries no gradient ({case})",
+                 "compute it with torch operations on policy_log_probs (no .item(), .detach() or numpy).")
+        got.backward()
+        if pol.grad is None:
+            fail(name, f"the loss does not depend on policy_log_probs ({case})",
+                 "compute the loss from policy_log_probs itself with torch operations, so the gradient reaches it.")
+        pol_ref = policy.clone().requires_grad_(True)
+        ref_dpo.dpo_loss(ref, pol_ref, mask, beta).backward()
+        check_close(pol.grad, pol_ref.grad, name=name + " (gradient)", rtol=1e-5, atol=1e-7, case=case,
+                    hint="the value matches but the gradient does not: is something computed from a detached copy?")
+        n += 1
+    return f"value and gradient on {n} batches, betas 0.1 to 2, empty masks included"
 
 
 # ---------------------------------------------------------------------- 11.6 the length effect
@@ -170,6 +314,9 @@ def gradient_ratio_reference(chosen_length: int, rejected_length: int, reduction
     that of one rejected token: 1 under the sum (every token weighs the same), ``rejected_length /
     chosen_length`` under the mean (each token weighs ``1 / its reply's length``)."""
     return 1.0 if reduction == "sum" else rejected_length / chosen_length
+
+
+solution("11.6", "return 1.0 if reduction == 'sum' else rejected_length / chosen_length")
 
 
 @check("Exercise 11.6 gradient_ratio")
@@ -208,81 +355,5 @@ def check_gradient_ratio(gradient_ratio: Callable[..., Any]) -> str:
         fail(name, f"measured {measured:.4g}, you predicted {float(got):.4g} ({case})" +
              (f"; this looks like {seen[0]}" if seen else ""),
              "write the sequence log-probability as sum_t w_t * lp_t: w_t = 1 under 'sum', 1 / (the reply's number "
-             "of tokens) under 'mean'; at policy = reference both replies get the same outer factor.",
-             "return 1.0 if reduction == 'sum' else rejected_length / chosen_length")
+             "of tokens) under 'mean'; at policy = reference both replies get the same outer factor.")
     return f"{len(cases)} pairs, predicted and measured with autograd"
-
-
-# ---------------------------------------------------------------------- 11.3 implicit rewards
-@check("Exercise 11.3 implicit_rewards")
-def check_implicit_rewards(implicit_rewards: Callable[..., Any]) -> str:
-    """``implicit_rewards(policy_seq, ref_seq, beta) -> (chosen, rejected)``: from ``[2B]``
-    sequence log-probabilities (chosen rows first), the implicit rewards
-    ``beta * (log pi - log pi_ref)`` of the chosen and of the rejected replies, ``[B]`` each."""
-    name = "Exercise 11.3 implicit_rewards"
-    g = seeded(11)
-    for pairs, beta in ((3, 0.1), (1, 0.5), (5, 2.0)):
-        ref = -torch.rand(2 * pairs, generator=g) * 3
-        policy = ref + torch.randn(2 * pairs, generator=g)
-        case = f"{pairs} pair(s), beta={beta}"
-        got = call(implicit_rewards, policy.clone(), ref.clone(), beta, name=name, case=case, check_inputs=True)
-        chosen, rejected = expect_pair(got, name, "the chosen rewards and the rejected rewards")
-        r = ref_dpo.implicit_rewards(policy, ref, beta)
-        exp_c, exp_r = r[:pairs], r[pairs:]
-        for got_part, expected, other, label in ((chosen, exp_c, exp_r, "chosen"), (rejected, exp_r, exp_c, "rejected")):
-            mistakes = {
-                "beta left out": (policy - ref)[:pairs] if label == "chosen" else (policy - ref)[pairs:],
-                "the log-ratio reversed (log pi_ref - log pi)": -expected,
-                "the chosen and rejected halves swapped (chosen rows come first)": other,
-                "rows split as neighbours (0::2 / 1::2) instead of halves":
-                    (beta * (policy - ref))[0::2] if label == "chosen" else (beta * (policy - ref))[1::2],
-                "a ratio of probabilities (exp) instead of a difference of log-probabilities":
-                    beta * (policy.exp() / ref.exp())[:pairs] if label == "chosen" else beta * (policy.exp() / ref.exp())[pairs:],
-                "the policy's log-probability alone (no reference)":
-                    beta * policy[:pairs] if label == "chosen" else beta * policy[pairs:],
-            }
-            check_close(got_part, expected, name=f"{name} ({label})", rtol=1e-5, atol=1e-7, check_dtype=False,
-                        mistakes=mistakes, case=case,
-                        hint="reward = beta * (policy_seq - ref_seq); the first half of the rows are the chosen "
-                             "replies, the second half the rejected ones.")
-    return "three batches, betas 0.1 to 2"
-
-
-# ---------------------------------------------------------------------- 11.4 the shift
-def _shift_cases() -> List[Tuple[str, List[int], List[int]]]:
-    return [
-        ("a reply in the middle", [1, 5, 6, 2, 7, 1, 8, 9, 4, 2, 7], [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1]),
-        ("two replies", [1, 8, 9, 3, 2, 7, 1, 8, 9, 4, 2, 7], [0, 0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 1]),
-        ("a reply cut off at the end", [1, 8, 9, 3, 3, 3], [0, 0, 0, 1, 1, 1]),
-        ("no reply", [1, 5, 6, 2], [0, 0, 0, 0]),
-    ]
-
-
-@check("Exercise 11.4 shift_example")
-def check_shift_example(shift_example: Callable[..., Any]) -> str:
-    """``shift_example(ids, mask) -> (x, y, loss_mask)``: upstream's ``DPODataset`` shift,
-    ``x = ids[:-1]``, ``y = ids[1:]``, ``loss_mask = mask[1:]`` (long tensors)."""
-    name = "Exercise 11.4 shift_example"
-    for case, ids, mask in _shift_cases():
-        got = call(shift_example, list(ids), list(mask), name=name, case=case, check_inputs=True)
-        if not isinstance(got, (tuple, list)) or len(got) != 3:
-            fail(name, f"expected three tensors (x, y, loss_mask), got {type(got).__name__} ({case})",
-                 "return x, y, loss_mask")
-        t_ids, t_mask = torch.tensor(ids), torch.tensor(mask)
-        expected = (t_ids[:-1], t_ids[1:], t_mask[1:])
-        swapped = "inputs and targets the other way round"
-        mistakes = [
-            {swapped: t_ids[1:], "the whole sequence as input (x = ids: the last token predicts nothing)": t_ids},
-            {swapped: t_ids[:-1], "the whole sequence as target (y = ids)": t_ids},
-            {"the mask not shifted (mask[:-1] goes with the inputs; the loss counts where the *target* is an "
-             "assistant token, so the first reply token would be missed and the token after the reply counted)":
-                 t_mask[:-1]},
-        ]
-        for part, (g_part, e_part, label) in enumerate(zip(got, expected, ("x", "y", "loss_mask"))):
-            if isinstance(g_part, torch.Tensor) and g_part.dtype != torch.long:
-                fail(name, f"{label} has dtype {g_part.dtype}; upstream's dataset returns torch.long ({case})",
-                     "torch.tensor(list_of_ints, dtype=torch.long)")
-            check_close(g_part, e_part, name=f"{name} ({label})", rtol=0, atol=0, mistakes=mistakes[part],
-                        case=case, hint="x = ids[:-1], y = ids[1:], loss_mask = mask[1:]: position t of x predicts "
-                                        "y[t] = ids[t + 1], and loss_mask[t] says whether that target counts.")
-    return "four examples, a cut-off reply and an example without a reply included"

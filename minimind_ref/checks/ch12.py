@@ -15,11 +15,13 @@ from typing import Any, Callable, Dict, Tuple
 import torch
 
 from .. import grpo as ref_grpo
-from .core import call, check, check_close, fail, seeded
+from .core import call, check, check_close, fail, seeded, solution
 
 
 # ---------------------------------------------------------------------- 12.1 advantages
 def _rewards_case(seed: int, groups: int, size: int, flat_group: bool) -> torch.Tensor:
+    """Rewards of 0, 0.25, ..., 1.5 with a spread in every group but (optionally) the last; a group
+    of 102 or more with one success reaches the +-10 clamp ((G - 1) / sqrt(G) > 10)."""
     g = seeded(seed)
     rewards = torch.randint(0, 2, (groups, size), generator=g).float()
     rewards[:, 0], rewards[:, 1] = 1.0, 0.0  # every group has a spread ...
@@ -29,15 +31,34 @@ def _rewards_case(seed: int, groups: int, size: int, flat_group: bool) -> torch.
     return rewards.flatten()
 
 
+def _lone_success_case(size: int) -> torch.Tensor:
+    """Two groups of ``size``: the first has one reward 1 and the others 0, whose z-score is
+    (G - 1) / sqrt(G), above 10 for G >= 102, so upstream's clamp acts; the second is half 1, half 0
+    (z-scores near +-1). Two groups of different shapes keep the clamp visible after the batch
+    normalisation (a batch of two distinct values would standardise to the same numbers either way)."""
+    rewards = torch.zeros(2, size)
+    rewards[0, 3] = 1.0
+    rewards[1, 1::2] = 1.0
+    return rewards.flatten()
+
+
+solution("12.1", "g = rewards.view(-1, G); a = ((rewards - g.mean(1).repeat_interleave(G)) / "
+                 "(g.std(1).repeat_interleave(G) + 1e-4)).clamp(-10, 10); return (a - a.mean()) / (a.std() + 1e-8)")
+
+
 @check("Exercise 12.1 group_advantages")
 def check_group_advantages(group_advantages: Callable[..., Any]) -> str:
     """``group_advantages(rewards [N], num_generations) -> [N]``: c090b69's two normalisations
     (per group with the unbiased std, + 1e-4, clamped to +-10; then over the whole batch, + 1e-8);
     ``check_advantages_once`` checks d65ef2c's."""
     name = "Exercise 12.1 group_advantages"
-    for seed, (groups, size, flat) in enumerate([(3, 4, True), (2, 8, False), (4, 2, False), (1, 6, False)]):
-        rewards = _rewards_case(seed + 1, groups, size, flat)
-        case = f"{groups} group(s) of {size}" + (", the last group's rewards all equal" if flat else "")
+    cases = [(_rewards_case(seed + 1, groups, size, flat), size,
+              f"{groups} group(s) of {size}" + (", the last group's rewards all equal" if flat else ""))
+             for seed, (groups, size, flat) in enumerate([(3, 4, True), (2, 8, False), (4, 2, False), (1, 6, False)])]
+    lone = 128
+    cases.append((_lone_success_case(lone), lone, f"2 groups of {lone}, one of them with a single success (its "
+                  f"z-score is {(lone - 1) / lone ** 0.5:.1f}: the clamp acts)"))
+    for rewards, size, case in cases:
         got = call(group_advantages, rewards.clone(), size, name=name, case=case, check_inputs=True)
         expected = ref_grpo.group_advantages(rewards, size, **ref_grpo.C090B69_ADVANTAGES)
         grouped = rewards.view(-1, size)
@@ -48,6 +69,8 @@ def check_group_advantages(group_advantages: Callable[..., Any]) -> str:
             return (a - a.mean()) / (a.std() + 1e-8)
 
         mistakes: Dict[str, Any] = {
+            "the clamp to [-10, 10] left out (upstream clamps the group z-scores before the batch normalisation)":
+                lambda: batch_norm((rewards - mean) / (std + 1e-4)),
             "only the per-group normalisation: upstream normalises the advantages again over the whole batch":
                 lambda: torch.clamp((rewards - mean) / (std + 1e-4), -10, 10),
             "one mean and std over the whole batch instead of per group (no groups: plain reward normalisation)":
@@ -61,16 +84,13 @@ def check_group_advantages(group_advantages: Callable[..., Any]) -> str:
         }
         if isinstance(got, torch.Tensor) and got.shape == expected.shape and bool(torch.isnan(got).any()):
             fail(name, f"your advantages have NaN ({case})",
-                 "A group whose rewards are all equal has std 0: (r - mean) / std is 0 / 0. Add 1e-4 to the std "
-                 "as upstream does, so that group gets advantage 0 (no signal).",
-                 "std + 1e-4 in the group step, a.std() + 1e-8 in the batch step")
+                 "A group whose rewards are all equal has std 0: (r - mean) / std is 0 / 0. Upstream keeps the "
+                 "denominator away from 0 with a small constant, so that group gets advantage 0 (no signal).")
         check_close(got, expected, name=name, rtol=1e-5, atol=1e-5, check_dtype=False, mistakes=mistakes, case=case,
-                    hint="view(-1, num_generations): one row per group; mean and std (unbiased) per row, "
-                         "repeat_interleave back to [N]; (r - mean) / (std + 1e-4), clamp to [-10, 10]; then "
-                         "(a - a.mean()) / (a.std() + 1e-8) over the whole batch.",
-                    recipe="g = rewards.view(-1, G); a = ((rewards - g.mean(1).repeat_interleave(G)) / "
-                           "(g.std(1).repeat_interleave(G) + 1e-4)).clamp(-10, 10); return (a - a.mean()) / (a.std() + 1e-8)")
-    return "groups of 2 to 8, a group with no spread"
+                    hint="two normalisations, as the chapter lists them: first each group's z-score (the rows of "
+                         "one prompt sit next to each other; torch's default, unbiased std), then the whole batch "
+                         "again; mind the constants that keep each denominator away from 0 and the clamp.")
+    return "groups of 2 to 128, a group with no spread, a lone success the clamp cuts"
 
 
 # ---------------------------------------------------------------------- 12.2 completion mask
@@ -84,6 +104,10 @@ def _completion_case(seed: int, rows: int, length: int, eos: int) -> torch.Tenso
     ids[0, 0] = eos  # stops at once: the mask keeps only the marker
     ids[1, -1] = eos  # a second marker after the first
     return ids
+
+
+solution("12.2", "is_eos = ids == eos; idx = torch.full((N,), R); has = is_eos.any(1); "
+                 "idx[has] = is_eos.int().argmax(1)[has]; return (torch.arange(R) <= idx[:, None]).int()")
 
 
 @check("Exercise 12.2 completion_mask")
@@ -114,10 +138,8 @@ def check_completion_mask(completion_mask: Callable[..., Any]) -> str:
         if isinstance(got, torch.Tensor) and got.shape == expected.shape and got.dtype == torch.bool:
             got = got.int()
         check_close(got, expected, name=name, rtol=0, atol=0, check_dtype=False, mistakes=mistakes, case=case,
-                    hint="find each row's first end marker (is_eos.int().argmax(1), but only where is_eos.any(1); "
-                         "rows without one get index R), then mask = arange(R) <= that index.",
-                    recipe="is_eos = ids == eos; idx = torch.full((N,), R); has = is_eos.any(1); "
-                           "idx[has] = is_eos.int().argmax(1)[has]; return (torch.arange(R) <= idx[:, None]).int()")
+                    hint="find each row's first end marker; the mask is 1 up to and including it. Mind the rows "
+                         "without a marker: argmax of an all-zero row is 0.")
     return "markers first, last, repeated and missing"
 
 
@@ -133,6 +155,10 @@ def _loss_case(seed: int, rows: int, length: int) -> Tuple[torch.Tensor, torch.T
     return lp, ref, adv, mask
 
 
+solution("12.3", "kl = torch.exp(ref - lp) - (ref - lp) - 1; t = -(torch.exp(lp - lp.detach()) * adv[:, None] "
+                 "- beta * kl); return ((t * mask).sum(1) / mask.sum(1)).mean()")
+
+
 @check("Exercise 12.3 grpo_loss")
 def check_grpo_loss(grpo_loss: Callable[..., Any]) -> str:
     """``grpo_loss(per_token_logps, ref_per_token_logps, advantages, completion_mask, beta)``:
@@ -143,7 +169,8 @@ def check_grpo_loss(grpo_loss: Callable[..., Any]) -> str:
         lp, ref, adv, mask = _loss_case(seed + 1, rows, length)
         case = f"{rows} completions, beta={beta}, unequal lengths"
         pol = lp.clone().requires_grad_(True)
-        got = call(grpo_loss, pol, ref.clone(), adv.clone(), mask.clone(), beta, name=name, case=case)
+        got = call(grpo_loss, pol, ref.clone(), adv.clone(), mask.clone(), beta, name=name, case=case,
+                   check_inputs=True)
         if not isinstance(got, torch.Tensor) or got.dim() != 0:
             fail(name, f"expected a scalar tensor, got {type(got).__name__} {tuple(getattr(got, 'shape', ()))} ({case})",
                  "average over each completion's masked tokens, then over the completions.")
@@ -177,14 +204,16 @@ def check_grpo_loss(grpo_loss: Callable[..., Any]) -> str:
             fail(name, f"your loss is NaN ({case})", "divide each completion's masked sum by its mask's sum.")
         mistakes = {k: (lambda f=f: f(lp).detach()) for k, f in forms.items()}
         check_close(got.detach(), expected, name=name, rtol=1e-5, atol=1e-6, check_dtype=False, mistakes=mistakes,
-                    case=case, hint="per token: -(exp(lp - lp.detach()) * A[:, None] - beta * (exp(ref - lp) - (ref - lp) - 1)); "
-                    "average over each row's mask, then over rows.",
-                    recipe="kl = torch.exp(ref - lp) - (ref - lp) - 1; t = -(torch.exp(lp - lp.detach()) * adv[:, None] "
-                           "- beta * kl); return ((t * mask).sum(1) / mask.sum(1)).mean()")
+                    case=case, hint="the per-token term of the chapter's loss (the policy-gradient ratio times the "
+                    "advantage, minus beta times k3); average over each completion's mask, then over completions.")
         if not got.requires_grad:
             fail(name, f"your loss has no gradient with respect to per_token_logps ({case})",
                  "do not detach lp or call .item(): the loss must stay in the graph. Only the ratio's denominator is detached.")
-        (grad,) = torch.autograd.grad(got, pol)
+        (grad,) = torch.autograd.grad(got, pol, allow_unused=True)
+        if grad is None:
+            fail(name, f"your loss does not depend on per_token_logps: its gradient with respect to them is None "
+                 f"({case}); was lp detached (.detach(), .item(), torch.tensor(...)) on the way?",
+                 "compute the loss from per_token_logps itself; only the ratio's denominator is detached.")
         p2 = lp.clone().requires_grad_(True)
         (expected_grad,) = torch.autograd.grad(ref_grpo.grpo_loss(p2, p2.detach(), ref, adv, mask, beta, loss_type="grpo"), p2)
         grad_mistakes = {}
@@ -202,6 +231,10 @@ def check_grpo_loss(grpo_loss: Callable[..., Any]) -> str:
 
 
 # ---------------------------------------------------------------------- 12.4 d65ef2c's advantages
+solution("12.4", "g = rewards.view(-1, G); return (rewards - g.mean(1).repeat_interleave(G)) / "
+                 "(g.std(1, unbiased=False).repeat_interleave(G) + 1e-4)")
+
+
 @check("Exercise 12.4 group_advantages (d65ef2c)")
 def check_advantages_once(group_advantages: Callable[..., Any]) -> str:
     """``group_advantages(rewards [N], num_generations) -> [N]``: d65ef2c's one normalisation,
@@ -230,9 +263,7 @@ def check_advantages_once(group_advantages: Callable[..., Any]) -> str:
                  "A group whose rewards are all equal has std 0: add 1e-4 to the std, so that group gets advantage 0.")
         check_close(got, expected, name=name, rtol=1e-5, atol=1e-5, check_dtype=False, mistakes=mistakes, case=case,
                     hint="view(-1, num_generations): one row per group; mean and std(unbiased=False) per row, "
-                         "repeat_interleave back to [N]; (r - mean) / (std + 1e-4), and nothing more.",
-                    recipe="g = rewards.view(-1, G); return (rewards - g.mean(1).repeat_interleave(G)) / "
-                           "(g.std(1, unbiased=False).repeat_interleave(G) + 1e-4)")
+                         "repeat_interleave back to [N]; (r - mean) / (std + 1e-4), and nothing more.")
     return "groups of 2 to 8, a group with no spread"
 
 
@@ -285,8 +316,6 @@ def _check_policy_loss(fn: Callable[..., Any], name: str, loss_type: str) -> str
             }
             hint = ("ratio = exp(lp - old); per token -(min(ratio * A, clamp(ratio, 1 - eps, 1 + eps) * A) - beta * k3); "
                     "average over each row's mask (count clamped at 1), then over rows.")
-            recipe = ("r = torch.exp(lp - old); t = -(torch.min(r * adv[:, None], r.clamp(1 - eps, 1 + eps) * adv[:, None]) "
-                      "- beta * (torch.exp(ref - lp) - (ref - lp) - 1)); return ((t * mask).sum(1) / mask.sum(1).clamp(min=1)).mean()")
         else:
             forms = {
                 "the ratio not detached: CISPO's weight carries no gradient, only log pi does":
@@ -301,14 +330,12 @@ def _check_policy_loss(fn: Callable[..., Any], name: str, loss_type: str) -> str
             }
             hint = ("ratio = exp(lp - old); per token -(clamp(ratio, max=epsilon_high).detach() * A * lp - beta * k3); "
                     "average over each row's mask, then over rows.")
-            recipe = ("w = torch.exp(lp - old).clamp(max=eps_high).detach(); t = -(w * adv[:, None] * lp - beta * "
-                      "(torch.exp(ref - lp) - (ref - lp) - 1)); return ((t * mask).sum(1) / mask.sum(1).clamp(min=1)).mean()")
         expected = loss(lp.detach())
         mistakes = {k: (lambda f=f: f(lp).detach()) for k, f in forms.items()}
         if isinstance(got, torch.Tensor) and got.shape == expected.shape and bool(torch.isnan(got)):
             fail(name, f"your loss is NaN ({case})", "divide each completion's masked sum by its mask's sum.")
         check_close(got.detach(), expected, name=name, rtol=1e-5, atol=1e-6, check_dtype=False, mistakes=mistakes,
-                    case=case, hint=hint, recipe=recipe)
+                    case=case, hint=hint)
         if not got.requires_grad:
             fail(name, f"your loss has no gradient with respect to per_token_logps ({case})",
                  "do not detach lp or call .item(): the loss must stay in the graph.")
@@ -325,6 +352,13 @@ def _check_policy_loss(fn: Callable[..., Any], name: str, loss_type: str) -> str
                     mistakes=grad_mistakes, case=case, hint="the value can be right while the gradient is not: "
                     "which factors are detached decides the gradient.")
     return "value and gradient, ratios from 0.2 to 5, beta from 0 to 0.5"
+
+
+solution("12.5", "r = torch.exp(lp - old); t = -(torch.min(r * adv[:, None], r.clamp(1 - eps, 1 + eps) * "
+                 "adv[:, None]) - beta * (torch.exp(ref - lp) - (ref - lp) - 1)); "
+                 "return ((t * mask).sum(1) / mask.sum(1).clamp(min=1)).mean()")
+solution("12.6", "w = torch.exp(lp - old).clamp(max=eps_high).detach(); t = -(w * adv[:, None] * lp - beta * "
+                 "(torch.exp(ref - lp) - (ref - lp) - 1)); return ((t * mask).sum(1) / mask.sum(1).clamp(min=1)).mean()")
 
 
 @check("Exercise 12.5 ppo_clip_loss")
@@ -358,6 +392,9 @@ def smallest_group_reference(p: float, max_no_signal: float, largest: int = 64) 
     return largest
 
 
+solution("12.7", "return next(G for G in range(2, 65) if p**G + (1 - p)**G <= max_no_signal)")
+
+
 @check("Exercise 12.7 smallest_group")
 def check_smallest_group(smallest_group: Callable[..., Any]) -> str:
     """``smallest_group(p, max_no_signal) -> int``: given a measured success rate ``p`` of the
@@ -383,6 +420,5 @@ def check_smallest_group(smallest_group: Callable[..., Any]) -> str:
         seen = [k for k, v in mistakes.items() if v == got]
         fail(name, f"expected {expected}, got {got} ({case})" + (f"; this looks like {seen[0]}" if seen else ""),
              "a group of G 0/1 rewards is all equal when all G samples are right (p**G) or all wrong ((1 - p)**G); "
-             "try G = 2, 3, ... until p**G + (1 - p)**G <= max_no_signal.",
-             "return next(G for G in range(2, 65) if p**G + (1 - p)**G <= max_no_signal)")
+             "try G = 2, 3, ... until p**G + (1 - p)**G <= max_no_signal.")
     return f"{len(cases)} success rates and bounds"

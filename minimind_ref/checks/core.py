@@ -2,15 +2,22 @@
 
 A check runs the learner's code on inputs it generates, compares with ``minimind_ref`` and either
 prints one ``✓`` line or raises ``AssertionError`` with: which exercise, what was expected, what
-was got, and a hint. Comparisons go type -> shape -> dtype -> values, so the first message is
-the most useful one.
+was got, the known mistake that output matches (when one does), and a hint. Comparisons go type ->
+shape -> dtype -> values, so the first message is the most useful one.
+
+A failure never shows the answer. Each chapter's module registers one worked solution per exercise
+(``solution("9.1", "...")``), and a failing check ends with one line saying how to ask for it::
+
+    minimind_ref.checks.show_solution("9.1")
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Callable, Iterator, Mapping, NoReturn, Optional, Tuple
+import importlib
+import re
+from typing import Any, Callable, Dict, Iterator, Mapping, NoReturn, Optional, Tuple
 
 import torch
 
@@ -27,20 +34,81 @@ def seeded(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def fail(name: str, what: str, hint: Optional[str] = None, recipe: Optional[str] = None) -> NoReturn:
+# --------------------------------------------------------------------------------------------
+# Worked solutions: registered by the chapters' modules, shown only on request
+# --------------------------------------------------------------------------------------------
+
+_SOLUTIONS: Dict[str, str] = {}
+_NUMBER = re.compile(r"^(\d+)\.(\d+)$")
+_NAMED = re.compile(r"\bExercise (\d+\.\d+)\b")
+
+
+def solution(number: str, recipe: str) -> str:
+    """Register the worked solution of Exercise ``number`` ("9.1"), which ``show_solution`` prints
+    when a learner asks for it; a failing check only says how to ask. Returns ``recipe``."""
+    if not isinstance(number, str) or not _NUMBER.match(number):
+        raise ValueError(f"solution: the exercise number must be a string like '9.1', got {number!r}.")
+    _SOLUTIONS[number] = recipe
+    return recipe
+
+
+def exercise_number(name: str) -> Optional[str]:
+    """``"9.1"`` for a check name such as ``"Exercise 9.1 render_chat (gradient)"``, else None."""
+    found = _NAMED.search(name) if isinstance(name, str) else None
+    return found.group(1) if found else None
+
+
+def _lookup(number: Any) -> Tuple[str, str]:
+    """(number, recipe) for ``show_solution``'s argument, importing the chapter's checks if needed."""
+    text = str(number).strip() if isinstance(number, (str, float)) else None
+    found = _NUMBER.match(text) if text else None
+    if not found:
+        raise ValueError(f"show_solution: give the exercise number as a string, e.g. show_solution(\"9.1\"); "
+                         f"got {number!r}.")
+    text = f"{int(found.group(1))}.{int(found.group(2))}"
+    if text not in _SOLUTIONS:
+        try:
+            importlib.import_module(f"{__package__}.ch{int(found.group(1)):02d}")
+        except ModuleNotFoundError:
+            pass
+    if text not in _SOLUTIONS:
+        chapter = sorted((n for n in _SOLUTIONS if n.split(".")[0] == found.group(1).lstrip("0")),
+                         key=lambda n: int(n.split(".")[1]))
+        known = ", ".join(chapter) if chapter else "none"
+        raise ValueError(f"show_solution: no exercise {text} (this chapter's exercises: {known}).")
+    return text, _SOLUTIONS[text]
+
+
+def show_solution(number: Any) -> None:
+    """Print the worked solution of Exercise ``number`` (``"9.1"``), in the learner's language.
+
+    Try the failure's hint first: the solution is one way to write the exercise, in a line or two."""
+    text, recipe = _lookup(number)
+    print(_t(f"Exercise {text}, one way to write it:") + "\n    " + _t(recipe))
+
+
+def _ask_line(name: str) -> Optional[str]:
+    number = exercise_number(name)
+    if number is None or number not in _SOLUTIONS:
+        return None
+    return _t(f"stuck? minimind_ref.checks.show_solution(\"{number}\") prints a solution")
+
+
+def fail(name: str, what: str, hint: Optional[str] = None) -> NoReturn:
     """Raise the check failure ``[name] what``, then the hint about the mistake, then (last) the
-    recipe for a learner who is stuck. Every part is shown in the learner's language
-    (``minimind_ref.i18n``; English unless chosen otherwise)."""
-    _fail(name, _t(what), hint, recipe)
+    line that says how to see a worked solution (``show_solution``). Every part is shown in the
+    learner's language (``minimind_ref.i18n``; English unless chosen otherwise)."""
+    _fail(name, _t(what), hint)
 
 
-def _fail(name: str, what: str, hint: Optional[str], recipe: Optional[str]) -> NoReturn:
+def _fail(name: str, what: str, hint: Optional[str]) -> NoReturn:
     """``fail`` for a ``what`` already in the learner's language (this module builds some from parts)."""
     msg = f"[{_t(name)}] {what}"
     if hint:
         msg += "\n  " + _t(f"hint: {hint}")
-    if recipe:
-        msg += "\n  " + _t(f"if you are stuck: {recipe}")
+    ask = _ask_line(name)
+    if ask:
+        msg += "\n  " + ask
     raise ExerciseError(msg)
 
 
@@ -104,7 +172,6 @@ def check_close(
     atol: Optional[float] = None,
     check_dtype: bool = True,
     mistakes: Optional[Mapping[str, Any]] = None,
-    recipe: Optional[str] = None,
     case: Optional[str] = None,
 ) -> None:
     """Assert ``got`` equals ``expected`` within tolerance, with a learner-friendly message.
@@ -113,20 +180,20 @@ def check_close(
     tolerances come from ``minimind_ref.utils.default_tolerance`` for the expected tensor's device
     and dtype (fp32 on CPU: rtol = atol = 1e-5). A mismatch names, when it can, the known mistake
     (``mistakes``: description -> what that mistake outputs) that produces exactly ``got``; then it
-    reports the first mismatching index, the hint, and the recipe last. ``case`` says which input
-    failed ("batch 2, padded on the left").
+    reports the first mismatching index and the hint; the last line says how to see a solution.
+    ``case`` says which input failed ("batch 2, padded on the left").
     """
     if not isinstance(got, torch.Tensor):
-        fail(name, f"expected a torch.Tensor, got {type(got).__name__}: {got!r:.80}{_on(case)}", hint, recipe)
+        fail(name, f"expected a torch.Tensor, got {type(got).__name__}: {got!r:.80}{_on(case)}", hint)
     d_rtol, d_atol = default_tolerance(expected.device, expected.dtype)
     rtol = d_rtol if rtol is None else rtol
     atol = d_atol if atol is None else atol
     if tuple(got.shape) != tuple(expected.shape):
         seen = diagnose(got, mistakes, rtol, atol, expected)
         what = _t(f"shape mismatch: expected {tuple(expected.shape)}, got {tuple(got.shape)}{_on(case)}")
-        _fail(name, (_t(f"this looks like {seen}: ") if seen else "") + what, hint, recipe)
+        _fail(name, (_t(f"this looks like {seen}: ") if seen else "") + what, hint)
     if check_dtype and got.dtype != expected.dtype:
-        fail(name, f"dtype mismatch: expected {expected.dtype}, got {got.dtype}{_on(case)}", hint, recipe)
+        fail(name, f"dtype mismatch: expected {expected.dtype}, got {got.dtype}{_on(case)}", hint)
     g = got.detach().to(device=expected.device, dtype=torch.float64)
     e = expected.detach().to(torch.float64)
     nan_g, nan_e = torch.isnan(g), torch.isnan(e)
@@ -150,7 +217,7 @@ def check_close(
                       "number or zero somewhere in the computation")
         else:
             what = _t(f"expected NaN{_fmt_index(idx)}, got {float(g[idx]):.6g}{_on(case)}")
-        _fail(name, prefix + what, hint, recipe)
+        _fail(name, prefix + what, hint)
     if bool(bad_inf.any()):
         idx = tuple(int(i) for i in torch.nonzero(bad_inf)[0]) if not scalar else ()
         n = int(bad_inf.sum())
@@ -160,10 +227,10 @@ def check_close(
             what += _t(" (the reference removes this entry with -inf; yours keeps a finite value)")
         elif bool(torch.isinf(g[idx])) and not bool(torch.isinf(e[idx])):
             what += _t(" (yours removes or overflows an entry the reference keeps finite)")
-        _fail(name, prefix + what, hint, recipe)
+        _fail(name, prefix + what, hint)
     if scalar:
         _fail(name, prefix + _t(f"expected {float(e):.6g}, got {float(g):.6g} (difference {float(diff):.3g}, tolerance "
-                                f"rtol={rtol:g}, atol={atol:g}){_on(case)}"), hint, recipe)
+                                f"rtol={rtol:g}, atol={atol:g}){_on(case)}"), hint)
     idx = tuple(int(i) for i in torch.nonzero(bad_val)[0])
     max_diff = float(diff[finite].max())
     _fail(
@@ -172,7 +239,6 @@ def check_close(
                     f"max abs diff {max_diff:.3g}; first at index {idx}: expected {float(e[idx]):.6g}, got {float(g[idx]):.6g}"
                     f"{_on(case)}"),
         hint,
-        recipe,
     )
 
 
@@ -182,18 +248,17 @@ def check_equal(
     name: str = "check",
     hint: Optional[str] = None,
     mistakes: Optional[Mapping[str, Any]] = None,
-    recipe: Optional[str] = None,
     case: Optional[str] = None,
 ) -> None:
     """Exact equality for non-tensor answers (counts, shapes, ints).
 
     ``mistakes`` maps a description to the value that mistake produces for this input (or a
     zero-argument function computing it); a mismatch names the first one equal to ``got``, then
-    gives the hint, and the recipe last."""
+    gives the hint."""
     if isinstance(expected, torch.Tensor):
         if not isinstance(got, torch.Tensor) or got.shape != expected.shape or not torch.equal(got.to(expected.device), expected):
             fail(name, f"expected {expected.tolist()!r:.200}, got {got.tolist() if isinstance(got, torch.Tensor) else got!r:.200}"
-                 f"{_on(case)}", hint, recipe)
+                 f"{_on(case)}", hint)
         return
     if got != expected:
         seen = None
@@ -207,7 +272,7 @@ def check_equal(
                 seen = description
                 break
         prefix = _t(f"this looks like {seen}: ") if seen else ""
-        _fail(name, prefix + _t(f"expected {expected!r}, got {got!r}{_on(case)}"), hint, recipe)
+        _fail(name, prefix + _t(f"expected {expected!r}, got {got!r}{_on(case)}"), hint)
 
 
 def expect_pair(got: Any, name: str, what: str) -> Tuple[Any, Any]:
