@@ -100,13 +100,16 @@ def score_reply(exchange: chat_data.Exchange, reply: str) -> bool:
     return reply.strip() == exchange.answer.strip()
 
 
-def heldout_prompts() -> List[chat_data.Exchange]:
+def heldout_prompts(n_per_kind: Optional[int] = None) -> List[chat_data.Exchange]:
     """Every prompt the stage report asks (all held out): ``chat_data.heldout_exchanges`` of each
-    kind, then chapter 10's doubling prompts (``chat_data.double_eval_exchanges("test")``)."""
+    kind, then chapter 10's doubling prompts (``chat_data.double_eval_exchanges("test")``);
+    ``n_per_kind``: only the first ``n_per_kind`` of each (a quicker, noisier look for a chapter)."""
+    if n_per_kind is not None and (isinstance(n_per_kind, bool) or not isinstance(n_per_kind, int) or n_per_kind < 1):
+        raise ValueError(f"n_per_kind must be a whole number >= 1 (or None: every held-out prompt), got {n_per_kind!r}.")
     out: List[chat_data.Exchange] = []
     for kind in chat_data.KINDS:
-        out += chat_data.heldout_exchanges(kind)
-    return out + chat_data.double_eval_exchanges("test")
+        out += chat_data.heldout_exchanges(kind)[:n_per_kind]
+    return out + chat_data.double_eval_exchanges("test")[:n_per_kind]
 
 
 def reference_replies(model: torch.nn.Module, tokenizer: Any,
@@ -134,12 +137,14 @@ def own_reply_pairs(exchanges: Sequence[chat_data.Exchange], replies: Dict[str, 
 
 
 def evaluate_chat(model: torch.nn.Module, tokenizer: Any, reference: Optional[Dict[str, str]] = None,
-                  n_pairs: int = 160, max_new_tokens: int = EVAL_MAX_NEW_TOKENS) -> Dict[str, float]:
+                  n_pairs: int = 160, max_new_tokens: int = EVAL_MAX_NEW_TOKENS,
+                  n_per_kind: Optional[int] = None) -> Dict[str, float]:
     """The stage report's held-out evaluation of one model (greedy decoding; see the module
     docstring for the metrics). ``reference``: another model's ``reference_replies`` (the
-    report passes the SFT model's of the same seed) for ``win_rate``. Deterministic for a given
-    model and machine."""
-    prompts = heldout_prompts()
+    report passes the SFT model's of the same seed) for ``win_rate``. ``n_per_kind`` and
+    ``n_pairs`` evaluate on the first prompts / pairs only (the report uses them all).
+    Deterministic for a given model and machine."""
+    prompts = heldout_prompts(n_per_kind)
     replies = generate_replies(model, tokenizer, [[{"role": "user", "content": ex.user}] for ex in prompts],
                                max_new_tokens=max_new_tokens)
     metrics: Dict[str, float] = {}
