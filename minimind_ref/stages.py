@@ -504,6 +504,9 @@ def render_seed_report(records: Dict[str, Any]) -> str:
             continue
         cells = []
         for key in REPORT_KEYS:
+            if key == "win_rate" and name == "base":  # against the SFT model's wrong replies: SFT's measure
+                cells.append("–")
+                continue
             try:
                 values = seed_values(records, name, key)
             except ValueError:
@@ -511,7 +514,8 @@ def render_seed_report(records: Dict[str, Any]) -> str:
                 continue
             fmt = _fmt(key)
             mark = ""
-            if STAGE_INFO[name].parent and records["stages"].get(STAGE_INFO[name].parent):
+            own = key == "win_rate" and name == "sft"  # its own replies are the reference: low by construction
+            if STAGE_INFO[name].parent and records["stages"].get(STAGE_INFO[name].parent) and not own:
                 try:
                     direction = stage_effect(name, key, records)["direction"]
                     mark = {"up": " ▲", "down": " ▼"}.get(direction, "")
@@ -528,11 +532,10 @@ def render_seed_report(records: Dict[str, Any]) -> str:
     lines.append("| held-out prompts | | " + " | ".join(n_cells) + " |")
     legend = (f"\nMean over {len(seeds)} seeds ({', '.join(map(str, seeds))}), range (min–max) below it. "
               "▲ / ▼: every seed of the stage lies above / below every seed of its parent stage (`base` for "
-              "`sft`, `sft` for the others). `base` is one model (chapter 08's), evaluated once per lineage; its "
-              "win rate differs by lineage because each lineage's SFT replies are the reference. The win rate "
-              "counts the held-out prompts the lineage's SFT model answers wrongly (so the number of such "
-              "prompts varies by seed; seed "
-              f"{seeds[0]}'s count is shown).\n")
+              "`sft`, `sft` for the others). `base` is one model (chapter 08's), evaluated once per lineage. The win "
+              "rate is measured on the held-out prompts the lineage's SFT model answers wrongly, against that "
+              "model's own replies (so `sft`'s own win rate is low by construction, and the number of such "
+              f"prompts varies by seed; seed {seeds[0]}'s count is shown).\n")
     return "\n".join(lines) + "\n" + legend
 
 

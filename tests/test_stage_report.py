@@ -101,6 +101,7 @@ def test_rendering_marks_the_effects_and_shows_ranges():
     assert "▲" not in rows["lora"] and "▼" not in rows["lora"]
     assert "25.0% ▼" in rows["dpo"] and "65.3% ▲" in rows["grpo"]
     assert "3 seeds (0, 1, 2)" in table
+    assert rows["base"].split(" | ")[-2] == "–" and "▲" not in rows["sft"].split(" | ")[-2]  # the win rate
     broken = copy.deepcopy(rec)
     del broken["stages"]["lora"]["2"]["metrics"]["win_rate"]
     assert "–" in stages.render_seed_report(broken)
