@@ -54,11 +54,13 @@ def test_shipped_stage_loads_and_its_metrics_are_consistent():
     config = model.config
     assert m["trainable_parameters"] == config.num_hidden_layers * 2 * rank * 2 * config.hidden_size
     assert m["total_parameters"] == sum(p.numel() for p in model.parameters())
-    assert m["double_accuracy_parent"] <= 0.1 < 0.6 <= m["double_accuracy"], "the skill is new and learned"
+    assert m["double_accuracy_parent"] <= 0.2 < 0.6 <= m["double_accuracy"], "the skill is new and learned"
+    assert m["trainable_parameters"] / m["total_parameters"] < 0.05  # a small fraction of the model
     assert m["double_accuracy_merged"] == m["double_accuracy"], "merging changes no greedy answer"
     recorded = meta["evaluate_chat"]
     sft_recorded = stages.stage_metadata("sft")["evaluate_chat"]
-    assert recorded["sum_accuracy"] >= sft_recorded["sum_accuracy"] - 0.2 and recorded["stop_rate"] >= 0.95
+    # the cost (tests/test_stage_report.py checks it over seeds): held-out sums fall, stopping does not
+    assert recorded["sum_accuracy"] >= sft_recorded["sum_accuracy"] - 0.3 and recorded["stop_rate"] >= 0.95
     # the shipped model answers the new skill on a few held-out prompts, as recorded (greedy, this machine)
     again = lora.double_accuracy(model, tok)
     assert abs(again - m["double_accuracy"]) <= 0.1
