@@ -398,23 +398,34 @@ def heldout_rl_prompts() -> List[Dict[str, Conversation]]:
 
 # ---------------------------------------------------------------------- files
 def save_jsonl(records: Iterable[Dict[str, Any]], path: str) -> None:
-    """One JSON object per line (UTF-8), as upstream's datasets are stored."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        for record in records:
-            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    """One JSON object per line (UTF-8), as upstream's datasets are stored. The write is atomic
+    (``files.atomic_write``): a crash or a kill mid-write leaves the previous file whole."""
+    from .files import atomic_write
+
+    with atomic_write(path, "w") as f:
+        for number, record in enumerate(records):
+            try:
+                line = json.dumps(record, ensure_ascii=False)
+            except (TypeError, ValueError) as err:
+                raise TypeError(f"record {number} cannot be written as JSON ({err}); nothing was written to {path}.") from None
+            f.write(line + "\n")
 
 
 def load_jsonl(path: str) -> List[Dict[str, Any]]:
     """Read a JSONL file written by ``save_jsonl`` or taken from MiniMind's datasets."""
     records = []
-    with open(path, encoding="utf-8") as f:
+    path = os.path.expanduser(os.fspath(path))
+    with open(path, encoding="utf-8-sig") as f:  # -sig: a byte-order mark some editors write is skipped
         for number, line in enumerate(f, 1):
             if line.strip():
                 try:
-                    records.append(json.loads(line))
+                    record = json.loads(line)
                 except json.JSONDecodeError as err:
                     raise ValueError(f"{path}:{number} is not a JSON object: {err}") from None
+                if not isinstance(record, dict):
+                    raise ValueError(f"{path}:{number} is a JSON {type(record).__name__}, not an object: JSONL holds one "
+                                     "record ({...}) per line (a JSON array is not JSONL).")
+                records.append(record)
     return records
 
 

@@ -11,6 +11,12 @@ Three promises:
   previous checkpoint intact (at worst a hidden ``.NAME.*.tmp`` file stays behind).
 * **Nothing non-finite.** A NaN or inf weight (or optimizer tensor in ``extra``) is refused at
   save time and reported at load time, naming the tensor.
+* **Verified.** ``save_checkpoint`` records the SHA-256 of the weights (``files.weights_digest``);
+  ``load_checkpoint`` (and resuming, and the stage files) recompute it and refuse a file whose
+  weights changed since (flipped bytes, a tensor edited by hand). Files written before the digest
+  existed, and upstream's bare state dicts, have none and load as before.
+  ``check_weights`` is the one validation every loader runs (``load_checkpoint``, ``load_pth``,
+  ``load_hf_dir``, ``load_lora``, resume, stage files): the digest, then finite values.
 * **Weights only.** Every file is read with ``torch.load(..., weights_only=True)``: tensors,
   numbers, strings and containers, never arbitrary Python objects (unpickling those can run
   code). ``save_checkpoint`` therefore refuses ``extra`` values that could not be read back
@@ -20,17 +26,16 @@ Three promises:
 from __future__ import annotations
 
 import collections
-import contextlib
 import os
 import pickle
 import re
-import uuid
 from typing import Any, Dict, Iterable, Mapping, Optional, Tuple, Union
 
 import numpy as np
 import torch
 
-from .config import MiniMindConfig
+from .config import YARN_ROPE_SCALING, MiniMindConfig, validate_rope_scaling
+from .files import DIGEST_KEY, META_DIGEST_KEY, expand, meta_digest, save_torch, weights_digest
 from .model import MiniMindForCausalLM
 
 FORMAT = "minimind_ref"
@@ -41,7 +46,8 @@ _PLAIN_TYPES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, 
 
 
 # ---------------------------------------------------------------------- saving
-def save_checkpoint(model: MiniMindForCausalLM, path: PathLike, extra: Optional[Dict[str, Any]] = None) -> None:
+def save_checkpoint(model: MiniMindForCausalLM, path: PathLike, extra: Optional[Dict[str, Any]] = None,
+                    allow_lora: bool = False) -> None:
     """Save weights and config (plus ``extra``: the step, the optimizer state, a loss history...).
 
     ``model`` may be wrapped (``DistributedDataParallel``, ``torch.compile``): the inner model is
@@ -55,12 +61,22 @@ def save_checkpoint(model: MiniMindForCausalLM, path: PathLike, extra: Optional[
     that names where it sits in ``extra``.
 
     Raises ``ValueError`` (and writes nothing) when a floating-point tensor of the model or of
-    ``extra`` holds NaN or inf: a diverged run must not overwrite a good checkpoint.
+    ``extra`` holds NaN or inf: a diverged run must not overwrite a good checkpoint; and when the
+    model carries unmerged LoRA adapters, which ``load_checkpoint`` could not rebuild (merge them, or
+    ``save_lora`` them). ``allow_lora=True`` keeps them: the training loop's resume files do, since
+    resuming loads them into the same adapted model.
     """
     model = _unwrap(model)
     if extra is not None and not isinstance(extra, dict):
         raise TypeError(f"extra must be a dict (or None), got {type(extra).__name__}.")
     state_dict = model.state_dict()
+    adapters = [k for k in state_dict if ".lora." in k]
+    if adapters and not allow_lora:
+        raise ValueError(
+            f"the model carries unmerged LoRA adapters ({len(adapters)} tensors, e.g. {adapters[0]!r}), which a "
+            "MiniMindForCausalLM file cannot hold: merge them first (lora.merge_lora(model)) to save the whole model, "
+            "or save the adapters alone with lora.save_lora(model, path)."
+        )
     bad = _first_nonfinite(state_dict.items())
     if bad is not None:
         name, count = bad
@@ -69,8 +85,39 @@ def save_checkpoint(model: MiniMindForCausalLM, path: PathLike, extra: Optional[
             "(the run has diverged: lower the learning rate or check the data); the previous file is kept."
         )
     extra = _clean(extra or {}, "extra")
-    blob = {"format": FORMAT, "config": model.config.to_dict(), "state_dict": state_dict, "extra": extra}
+    config = _config_dict(model.config)
+    blob = {"format": FORMAT, "config": config, "state_dict": state_dict, "extra": extra,
+            DIGEST_KEY: weights_digest(state_dict), META_DIGEST_KEY: meta_digest({"config": config, "extra": extra})}
     _atomic_save(blob, path)
+
+
+def _derived_rope_scaling(config: MiniMindConfig) -> Any:
+    return dict(YARN_ROPE_SCALING) if config.inference_rope_scaling else None
+
+
+def _config_dict(config: MiniMindConfig) -> Dict[str, Any]:
+    """``config.to_dict()``, plus ``rope_scaling`` when it was set by hand (the constructor derives
+    it from ``inference_rope_scaling``, so ``to_dict`` leaves it out and a custom one was lost)."""
+    d = config.to_dict()
+    if config.rope_scaling != _derived_rope_scaling(config):
+        d["rope_scaling"] = dict(config.rope_scaling) if config.rope_scaling is not None else None
+    return d
+
+
+def _config_from_dict(d: Mapping[str, Any], overrides: Mapping[str, Any]) -> MiniMindConfig:
+    """The config a file recorded (``_config_dict``), with ``overrides``; a hand-set ``rope_scaling`` is restored."""
+    d = dict(d)
+    if "inference_rope_scaling" in overrides and "rope_scaling" not in overrides:
+        d.pop("rope_scaling", None)  # the caller chose the derived setting
+    d.update(overrides)
+    has_scaling = "rope_scaling" in d
+    scaling = d.pop("rope_scaling", None)
+    config = MiniMindConfig(**d)
+    if has_scaling and scaling != config.rope_scaling:
+        if scaling is not None:
+            validate_rope_scaling(scaling)
+        config.rope_scaling = scaling
+    return config
 
 
 def _unwrap(model: Any) -> Any:
@@ -92,29 +139,9 @@ def _unwrap(model: Any) -> Any:
 
 
 def _atomic_save(obj: Any, path: PathLike) -> None:
-    """``torch.save`` to a temporary file in the target's folder, fsync, then ``os.replace``."""
-    path = os.fspath(path)
-    if os.path.isdir(path):
-        raise IsADirectoryError(f"{path} is a folder; give a file name, e.g. {os.path.join(path, 'ckpt.pt')}.")
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "xb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
-    with contextlib.suppress(OSError, AttributeError):  # make the rename durable (POSIX only)
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    """``torch.save`` to a temporary file in the target's folder, fsync, then ``os.replace``
+    (``files.atomic_write``: a kill leaves the previous file, a full disk is a clear ``OSError``)."""
+    save_torch(obj, path)
 
 
 def _first_nonfinite(items: Iterable[Tuple[str, Any]]) -> Optional[Tuple[str, int]]:
@@ -166,7 +193,7 @@ def _clean_key(key: Any, where: str) -> Any:
 # ---------------------------------------------------------------------- reading a file
 def _torch_load(path: PathLike, map_location: Union[str, torch.device]) -> Any:
     """``torch.load(weights_only=True)`` with one-line errors for files that are not checkpoints."""
-    path = os.fspath(path)
+    path = expand(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"no checkpoint at {path}")
     if os.path.isdir(path):
@@ -349,6 +376,67 @@ def _infer_heads(hidden: int, kv_width: int, heads: Optional[int], kv_heads: Opt
 
 
 # ---------------------------------------------------------------------- loading
+def check_weights(state_dict: Mapping[str, torch.Tensor], source: PathLike, check_finite: bool = True,
+                  digest: Optional[str] = None) -> None:
+    """The checks every loader runs on the weights it read, whatever the file format.
+
+    * ``digest`` (the ``weights_sha256`` a ``save_checkpoint`` file recorded; ``None`` for files
+      without one): the weights must hash to it, else the file was changed after it was saved;
+    * ``check_finite``: no NaN or inf in any floating-point tensor.
+
+    Raises ``ValueError`` naming ``source`` (and the tensor)."""
+    if digest is not None:
+        if not isinstance(digest, str) or weights_digest(state_dict) != digest:
+            raise ValueError(
+                f"{os.fspath(source)} is damaged: its weights do not match the SHA-256 digest recorded when it was "
+                "saved (flipped bytes on the disk, an incomplete copy, or tensors edited by hand). Use another copy, "
+                "or save or rebuild it again."
+            )
+    if check_finite:
+        bad = _first_nonfinite(state_dict.items())
+        if bad is not None:
+            raise ValueError(
+                f"{os.fspath(source)} holds non-finite weights: {bad[0]!r} has {bad[1]} NaN/inf value(s) (saved from a "
+                "diverged run?); pass check_finite=False to load it anyway for inspection."
+            )
+
+
+def check_metadata(blob: Mapping[str, Any], source: PathLike) -> None:
+    """A ``save_checkpoint`` file's config and ``extra`` must match the ``meta_sha256`` it recorded
+    (files without one pass): a changed number there (a flipped byte, a hand edit) would change
+    the model or the figures it reports without a word."""
+    recorded = blob.get(META_DIGEST_KEY)
+    if recorded is not None and recorded != meta_digest({"config": blob.get("config"), "extra": blob.get("extra")}):
+        raise ValueError(
+            f"{os.fspath(source)} is damaged: its config or metadata do not match the SHA-256 digest recorded when it "
+            "was saved (flipped bytes on the disk, an incomplete copy, or values edited by hand). Use another copy, or "
+            "save or rebuild it again."
+        )
+
+
+def tokenizer_size(tokenizer: Any) -> int:
+    """How many ids ``tokenizer`` can produce (``get_vocab_size()`` or ``len()``)."""
+    if hasattr(tokenizer, "get_vocab_size"):
+        return int(tokenizer.get_vocab_size())
+    return len(tokenizer)
+
+
+def check_tokenizer_fits(config: MiniMindConfig, tokenizer: Any, source: PathLike = "the model") -> None:
+    """A model and a tokenizer belong together when every id the tokenizer produces has a row in
+    the embedding and the embedding is not bigger than the tokenizer rounded up to a multiple of
+    128 (room some models keep for padding); MiniMind's are equal (6,400). ``ValueError`` otherwise:
+    the ids would mean other tokens, or index past the embedding."""
+    n = tokenizer_size(tokenizer)
+    vocab = config.vocab_size
+    if n > vocab or vocab > -(-n // 128) * 128:
+        raise ValueError(
+            f"{os.fspath(source)} has a vocabulary of {vocab} tokens but the tokenizer has {n}: they were not trained "
+            "together (token ids would mean other tokens"
+            + (", and some would index past the embedding" if n > vocab else "")
+            + "). Use the tokenizer that was saved with these weights."
+        )
+
+
 def load_state_dict_strict(model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor]) -> None:
     """``load_state_dict(strict=True)`` with a readable ``ValueError`` listing every missing key,
     unexpected key and shape mismatch (and a hint), instead of PyTorch's RuntimeError."""
@@ -366,7 +454,11 @@ def load_state_dict_strict(model: torch.nn.Module, state_dict: Mapping[str, torc
             if items:
                 shown = ", ".join(items[:8]) + (f", ... ({len(items)} in all)" if len(items) > 8 else "")
                 lines.append(f"  {title}: {shown}")
-        if any(".mlp.experts." in k for k in unexpected) or any(".mlp.experts." in k for k in missing):
+        if any(".lora." in k for k in unexpected):
+            lines.append("  hint: the file holds unmerged LoRA adapters (a LoRA run's checkpoint, or a file saved before "
+                         "save_checkpoint refused them): apply_lora(model, rank) with the file's rank first; to resume "
+                         "the run, pass that model to train(); to keep the result, merge_lora(model) and save that.")
+        elif any(".mlp.experts." in k for k in unexpected) or any(".mlp.experts." in k for k in missing):
             lines.append("  hint: one side is a MoE model; set use_moe to match the checkpoint.")
         else:
             lines.append("  hint: build the model from the checkpoint's config (load_checkpoint does this) "
@@ -391,22 +483,30 @@ def load_checkpoint(
     (upstream ships fp16); pass ``dtype=None`` to keep them. The model is returned in eval mode.
 
     A file that is not a checkpoint (empty, truncated, random bytes) or that holds Python objects
-    besides tensors is a one-line ``ValueError``; nothing in it is ever executed. Weights holding
+    besides tensors is a one-line ``ValueError``; nothing in it is ever executed. A file whose
+    weights no longer match the digest ``save_checkpoint`` recorded is a ``ValueError``. Weights holding
     NaN or inf are a ``ValueError`` naming the tensor; ``check_finite=False`` loads them anyway
     (to inspect a diverged model).
     """
     if config is not None and not isinstance(config, MiniMindConfig):
         raise TypeError(f"config must be a MiniMindConfig, got {type(config).__name__}.")
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating-point torch.dtype (torch.float32, torch.bfloat16, ...) or None, got "
+                        f"{dtype!r}: weights cast to it would lose their fractions.")
     blob = _torch_load(path, map_location)
     if isinstance(blob, dict) and blob.get("format") == FORMAT:
         if not isinstance(blob.get("state_dict"), dict) or not isinstance(blob.get("config"), dict):
             raise ValueError(f"{os.fspath(path)} is a damaged minimind_ref checkpoint: its 'state_dict' or 'config' is missing.")
         state_dict = blob["state_dict"]
+        check_metadata(blob, path)
         if config is None:
-            config = MiniMindConfig(**{**blob["config"], **config_overrides})
+            config = _config_from_dict(blob["config"], config_overrides)
         elif config_overrides:
             config = config.replace(**config_overrides)
     elif isinstance(blob, dict) and blob and all(isinstance(v, torch.Tensor) for v in blob.values()):
+        if all(".lora." in k or k == "lora_scale" for k in blob):
+            raise ValueError(f"{os.fspath(path)} holds LoRA adapters only (a save_lora file), not a model: apply_lora("
+                             "model, rank) to the model they were trained on, then lora.load_lora(model, path).")
         state_dict = blob
         if config is None:
             config = infer_config(state_dict, **config_overrides)
@@ -414,15 +514,9 @@ def load_checkpoint(
             config = config.replace(**config_overrides)
     else:
         raise ValueError(f"{os.fspath(path)} is neither an upstream MiniMind state dict nor a minimind_ref checkpoint.")
+    check_weights(state_dict, path, check_finite, blob.get(DIGEST_KEY) if blob.get("format") == FORMAT else None)
     # RoPE tables are recomputed, never loaded (upstream marks them non-persistent)
     state_dict = {k: v for k, v in state_dict.items() if not k.endswith(("freqs_cos", "freqs_sin"))}
-    if check_finite:
-        bad = _first_nonfinite(state_dict.items())
-        if bad is not None:
-            raise ValueError(
-                f"{os.fspath(path)} holds non-finite weights: {bad[0]!r} has {bad[1]} NaN/inf value(s) (saved from a "
-                "diverged run?); pass check_finite=False to load it anyway for inspection."
-            )
     if dtype is not None:
         state_dict = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state_dict.items()}
     model = MiniMindForCausalLM(config)

@@ -135,10 +135,25 @@ def read_text_documents(path: str, min_chars: int = 1) -> List[str]:
 
 # ---------------------------------------------------------------------- tokens and datasets
 def encode_documents(tokenizer, docs: Iterable[str], bos_id: int = BOS_ID, eos_id: int = EOS_ID) -> torch.Tensor:
-    """One long token stream: ``[bos] doc_1 [eos] [bos] doc_2 [eos] ...`` as a 1-D ``torch.long``."""
-    encodings = tokenizer.encode_batch(list(docs))
+    """One long token stream: ``[bos] doc_1 [eos] [bos] doc_2 [eos] ...`` as a 1-D ``torch.long``.
+
+    A document's text is encoded as plain text: a literal ``<|im_end|>`` in it stays those
+    characters (``tokenizer.encode_special_tokens``), so only the framing ids are special. With a
+    tokenizer that cannot do that, a document whose text encodes to a framing id is a ``ValueError``."""
+    docs = list(docs)
+    previous = getattr(tokenizer, "encode_special_tokens", None)
+    if previous is not None:
+        tokenizer.encode_special_tokens = True
+    try:
+        encodings = tokenizer.encode_batch(docs)
+    finally:
+        if previous is not None:
+            tokenizer.encode_special_tokens = previous
     ids: List[int] = []
-    for enc in encodings:
+    for n, enc in enumerate(encodings):
+        if previous is None and {bos_id, eos_id} & set(enc.ids):
+            raise ValueError(f"document {n} contains the text of a special token (ids {bos_id}/{eos_id}, e.g. "
+                             f"'<|im_end|>'): {docs[n][:60]!r}; this tokenizer cannot encode it as plain text.")
         ids.append(bos_id)
         ids.extend(enc.ids)
         ids.append(eos_id)

@@ -35,12 +35,14 @@ from __future__ import annotations
 import copy
 import hashlib
 import math
+import warnings
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 
-from .sft import assistant_loss_mask, encode_chat, marker_ids, merged_newline_ids
+from .sft import (_check_max_length, assistant_loss_mask, encode_chat, has_reply, marker_ids, merged_newline_ids,
+                  truncation_kind, truncation_note)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .train import RunData, TrainConfig, TrainResult
@@ -89,6 +91,8 @@ def sequence_log_probs(log_probs: torch.Tensor, mask: torch.Tensor, reduction: s
     if log_probs.shape != mask.shape or log_probs.dim() != 2:
         raise ValueError(f"log_probs and mask must both be [batch, seq]; got {tuple(log_probs.shape)} and "
                          f"{tuple(mask.shape)}.")
+    if not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError(f"mask must hold 0 and 1 only (1 where a token counts), got values {mask.unique().tolist()[:6]}.")
     total = (log_probs * mask).sum(dim=1)
     if reduction == "sum":
         return total
@@ -176,34 +180,73 @@ class DPODataset:
     ``max_length - 1``); ``batch(indices)`` pads only to the widest row of the batch (both sides
     alike): right padding has mask 0 and cannot change a real position under the causal mask, so
     the loss is the same and short batches are cheaper. Both return upstream's keys ``x_chosen,
-    y_chosen, mask_chosen, x_rejected, y_rejected, mask_rejected`` (``long``)."""
+    y_chosen, mask_chosen, x_rejected, y_rejected, mask_rejected`` (``long``).
+
+    Checked, where upstream trains on anything: a record whose chosen and rejected conversations
+    are the same is a ``ValueError`` (it holds no preference: its loss is the constant log 2 and
+    its gradient 0). Truncation is counted as in ``sft.SFTDataset``: ``self.truncation`` counts the
+    pairs with a side that lost its whole answer (``no_answer``: that side's log-probability is
+    0, the pair only adds noise) or the end of it (``cut_answer``), with a warning;
+    ``drop_truncated=True`` leaves them out."""
 
     KEYS = ("x_chosen", "y_chosen", "mask_chosen", "x_rejected", "y_rejected", "mask_rejected")
 
     def __init__(self, records: Sequence[Dict[str, Any]], tokenizer: Any, max_length: int = 256, pad_id: int = 0,
-                 empty_think_ratio: float = 0.2, seed: int = 0) -> None:
+                 empty_think_ratio: float = 0.2, seed: int = 0, drop_truncated: bool = False) -> None:
         import random
 
         from .sft import EMPTY_THINK, render_chat
 
-        if max_length < 2:
-            raise ValueError(f"max_length must be at least 2 (one input and the token it predicts), got {max_length}.")
+        _check_max_length(max_length)
         if isinstance(empty_think_ratio, bool) or not isinstance(empty_think_ratio, (int, float)) \
                 or not 0 <= empty_think_ratio <= 1:
             raise ValueError(f"empty_think_ratio must be a probability in [0, 1], got {empty_think_ratio!r}.")
         self.max_length, self.pad_id = max_length, pad_id
         self.pairs: List[Tuple[List[int], List[int], List[int], List[int]]] = []
         self.kinds: List[Optional[str]] = []
+        self.truncation: Dict[str, int] = {"examples": 0, "no_answer": 0, "cut_answer": 0, "dropped": 0,
+                                         "max_length": max_length}
+        self.truncated: List[int] = []
+        same: List[int] = []
+        bos, eos = marker_ids(tokenizer)
+        merged = merged_newline_ids(tokenizer)
         rng = random.Random(seed)
         for n, record in enumerate(records):
             if not isinstance(record, dict) or "chosen" not in record or "rejected" not in record:
                 raise ValueError(f"record {n} must have 'chosen' and 'rejected' conversations (upstream's DPO format): "
                                  f"{record!r:.100}")
+            for side in ("chosen", "rejected"):
+                if not isinstance(record[side], (list, tuple)) or not has_reply(record[side]):
+                    raise ValueError(f"record {n}: the {side} conversation has no assistant reply; each side of a "
+                                     "preference pair ends with the assistant's turn (upstream's DPO format).")
+            if record["chosen"] == record["rejected"]:
+                same.append(n)
+                continue
             drop = EMPTY_THINK in render_chat(record["chosen"]) and rng.random() > empty_think_ratio
-            chosen = encode_reply(tokenizer, record["chosen"], max_length, drop)
-            rejected = encode_reply(tokenizer, record["rejected"], max_length, drop)
+            full = (encode_chat(tokenizer, record["chosen"], drop_empty_think=drop),
+                    encode_chat(tokenizer, record["rejected"], drop_empty_think=drop))
+            self.truncation["examples"] += 1
+            kinds = {truncation_kind(ids, max_length, bos, eos) for ids in full} - {None}
+            if kinds:
+                kind = "no_answer" if "no_answer" in kinds else "cut_answer"
+                self.truncation[kind] += 1
+                self.truncated.append(n)
+                if drop_truncated:
+                    self.truncation["dropped"] += 1
+                    continue
+            chosen, rejected = ((ids[:max_length], assistant_loss_mask(ids[:max_length], bos, eos, max_length, merged))
+                                for ids in full)
             self.pairs.append((*chosen, *rejected))
             self.kinds.append(record.get("kind"))
+        if same:
+            raise ValueError(
+                f"{len(same)} record(s) have the same conversation as 'chosen' and 'rejected' (first: record {same[0]}); "
+                "such a pair states no preference (its DPO loss is the constant log 2, its gradient 0). Remove them "
+                "from the data."
+            )
+        if self.truncated:
+            warnings.warn("DPODataset: " + truncation_note(self.truncation, "pairs", max_length, drop_truncated),
+                          stacklevel=2)
 
     def __len__(self) -> int:
         return len(self.pairs)
@@ -243,6 +286,10 @@ def concat_pairs(batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, torch.Te
     missing = [k for k in DPODataset.KEYS if k not in batch]
     if missing:
         raise ValueError(f"a DPO batch needs the keys {DPODataset.KEYS}; missing {missing}.")
+    shapes = {k: tuple(batch[k].shape) for k in DPODataset.KEYS}
+    if len(set(shapes.values())) != 1 or len(shapes["x_chosen"]) != 2:
+        raise ValueError(f"every tensor of a DPO batch must be [pairs, seq] with one row per pair on each side (row i "
+                         f"of the chosen and of the rejected tensors is pair i), all of one shape; got {shapes}.")
     x = torch.cat([batch["x_chosen"], batch["x_rejected"]], dim=0)
     y = torch.cat([batch["y_chosen"], batch["y_rejected"]], dim=0)
     mask = torch.cat([batch["mask_chosen"], batch["mask_rejected"]], dim=0)
@@ -250,6 +297,19 @@ def concat_pairs(batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, torch.Te
 
 
 # ---------------------------------------------------------------------- the objective
+def check_reference(policy: torch.nn.Module, ref_model: Optional[torch.nn.Module]) -> None:
+    """Refuse a reference that is the policy itself or shares its parameters (``ValueError``,
+    raised before anything is changed): the reference must stay fixed while the policy trains,
+    and freezing it would freeze the policy too."""
+    if ref_model is None or not isinstance(ref_model, torch.nn.Module):
+        return
+    policy_storage = {p.data_ptr() for p in policy.parameters() if p.data_ptr()}
+    if ref_model is policy or any(p.data_ptr() in policy_storage for p in ref_model.parameters()):
+        raise ValueError("ref_model is the policy itself (or shares its parameters): the reference must stay fixed "
+                         "while the policy trains, and freezing it would freeze the policy. Pass ref_model='copy' (the "
+                         "default: a frozen copy made before training) or ref_model=freeze_reference(model).")
+
+
 def freeze_reference(model: torch.nn.Module) -> torch.nn.Module:
     """A frozen copy of ``model`` to serve as the reference: eval mode, ``requires_grad`` off
     (upstream loads the SFT weights a second time and does the same)."""
@@ -294,6 +354,7 @@ class DPOObjective:
             return self.ref_model(x).logits.detach()
 
     def __call__(self, model: torch.nn.Module, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        check_reference(model, self.ref_model)
         x, y, mask = concat_pairs(batch)
         ref_logits = self._reference_logits(x)
         out = model(x)
@@ -452,14 +513,15 @@ def train_dpo(model: torch.nn.Module, tokenizer: Any, cfg: "Optional[TrainConfig
     """DPO with ``minimind_ref.train``'s loop; ``model`` (the policy) is trained in place.
 
     ``ref_model``: ``"copy"`` (default) freezes a copy of ``model`` before training, as upstream
-    does; a module is used as given (frozen); ``None`` trains without a reference (the
-    ablation). The default evaluation logs the objective's metrics on ``data.val``
+    does; a module is used as given (frozen; the policy itself is refused, see ``check_reference``);
+    ``None`` trains without a reference (the ablation). The default evaluation logs the objective's metrics on ``data.val``
     (``history["eval_reward_accuracy"]``, ``eval_margin``, ...). Returns the ``TrainResult``;
     the objective (with its reference) is ``result.objective``."""
     from .train import TrainConfig, evaluate_objective, train
 
     if isinstance(ref_model, str) and ref_model != "copy":
         raise ValueError(f"ref_model must be 'copy', a model, or None (no reference), got {ref_model!r}.")
+    check_reference(model, ref_model)
     cfg = cfg if cfg is not None else TrainConfig.from_json(DPO_CONFIG)
     if isinstance(ref_model, str):
         ref_model = freeze_reference(model)

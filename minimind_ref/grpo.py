@@ -57,6 +57,8 @@ attended to; with one prompt per batch the two are the same computation.
 from __future__ import annotations
 
 import copy
+import math
+import numbers
 import re
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
@@ -78,6 +80,25 @@ THINK_PATTERNS = (r"^<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>$",
 THINK_TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 
 
+def _check_beta(beta: Any) -> None:
+    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta < 0:
+        raise ValueError(f"beta must be a number >= 0 and finite (the KL penalty's weight; upstream's default is 0.1), got {beta!r}.")
+
+
+def _checked_reward(value: Any, reply: str, reward_fn: Callable[..., Any]) -> float:
+    """``value`` (what ``reward_fn`` returned for ``reply``) as a float, or a clear error."""
+    name = getattr(reward_fn, "__name__", type(reward_fn).__name__)
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if not isinstance(value, numbers.Real):  # bool counts (True = 1.0)
+        raise TypeError(f"the reward function {name} returned {value!r} ({type(value).__name__}) for the reply {reply!r:.60}; "
+                        "it must return a number (e.g. 1.0 for a right answer, 0.0 otherwise).")
+    if not math.isfinite(value):
+        raise ValueError(f"the reward function {name} returned {value!r} for the reply {reply!r:.60}; rewards must be "
+                         "finite numbers (a NaN or inf reward makes every advantage NaN).")
+    return float(value)
+
+
 # ---------------------------------------------------------------------- upstream's computations
 def group_advantages(rewards: torch.Tensor, num_generations: int, eps: float = 1e-4, unbiased: bool = False,
                      clamp: Optional[float] = None, normalize_batch: bool = False) -> torch.Tensor:
@@ -91,6 +112,9 @@ def group_advantages(rewards: torch.Tensor, num_generations: int, eps: float = 1
         raise ValueError(f"rewards must be 1-D [batch * num_generations], got shape {tuple(rewards.shape)}.")
     if isinstance(num_generations, bool) or not isinstance(num_generations, int) or num_generations < 2:
         raise ValueError(f"num_generations must be an int >= 2 (a group needs a spread), got {num_generations!r}.")
+    if not bool(torch.isfinite(rewards.float()).all()):
+        raise ValueError(f"rewards must be finite numbers; got {rewards.tolist()[:8]}: the reward function returned NaN "
+                         "or inf.")
     if rewards.numel() % num_generations:
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of num_generations={num_generations}; "
                          "pass the rewards of whole groups, in sampling order.")
@@ -177,7 +201,7 @@ def grpo_loss(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor, 
         raise ValueError(f"loss_type must be one of {LOSS_TYPES} (upstream's --loss_type), got {loss_type!r}.")
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}.")
-    _check_number("beta", beta, 0, "a number >= 0 (the KL penalty's weight)")
+    _check_beta(beta)
     _check_number("epsilon", epsilon, 0, "a number >= 0 (PPO's clip range is [1 - epsilon, 1 + epsilon])")
     _check_number("epsilon_high", epsilon_high, 0, "a number >= 0 (CISPO's upper bound on the ratio)")
     shape = per_token_logps.shape
@@ -242,7 +266,8 @@ class RLPromptDataset:
     def __init__(self, records: Sequence[Dict[str, Any]]) -> None:
         for i, record in enumerate(records):
             turns = record.get("conversations") if isinstance(record, dict) else None
-            if not turns or len(turns) < 2 or turns[-1].get("role") != "assistant":
+            if (not isinstance(turns, (list, tuple)) or len(turns) < 2 or not all(isinstance(t, dict) for t in turns)
+                    or turns[-1].get("role") != "assistant"):
                 raise ValueError(f"record {i} must be {{'conversations': [...prompt turns, "
                                  "{'role': 'assistant', 'content': reference answer}]}.")
         self.records = list(records)
@@ -308,6 +333,7 @@ class GRPOObjective:
             raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}.")
         if loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}.")
+        _check_beta(beta)
         if ref_model is None and beta != 0:
             raise ValueError(f"beta={beta} needs a reference model for the KL term; pass ref_model or set beta=0.")
         if isinstance(num_generations, bool) or not isinstance(num_generations, int) or num_generations < 2:
@@ -318,6 +344,13 @@ class GRPOObjective:
         if unknown:
             raise ValueError(f"advantages takes group_advantages' options (eps, unbiased, clamp, normalize_batch), "
                              f"got {sorted(unknown)}.")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an int >= 1 (the longest completion sampled), got {max_new_tokens!r}.")
+        if (isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature)
+                or temperature <= 0):
+            raise ValueError(f"temperature must be a finite number > 0 (upstream samples at 0.8), got {temperature!r}.")
+        if not callable(reward_fn):
+            raise TypeError(f"reward_fn must be a function (reply, answer) -> float, got {type(reward_fn).__name__}.")
         if ref_model is not None:
             ref_model.eval()
             ref_model.requires_grad_(False)
@@ -351,6 +384,9 @@ class GRPOObjective:
         return self.rollout_model
 
     def __call__(self, model: torch.nn.Module, batch: Sequence[Dict[str, Any]]) -> Dict[str, torch.Tensor]:
+        from .dpo import check_reference
+
+        check_reference(model, self.ref_model)
         device = next(model.parameters()).device
         generator = self._generator_for(device)
         sampler = self.sampling_policy(model)
@@ -365,7 +401,8 @@ class GRPOObjective:
                                             self.max_new_tokens, self.temperature, generator)
                 groups.append(sample)
                 texts.extend(sample["texts"])
-                rewards.extend(self.reward_fn(t, turns[-1]["content"]) for t in sample["texts"])
+                rewards.extend(_checked_reward(self.reward_fn(t, turns[-1]["content"]), t, self.reward_fn)
+                               for t in sample["texts"])
         finally:
             sampler.train(was_training)
         reward_t = torch.tensor(rewards, dtype=torch.float32, device=device)
@@ -476,9 +513,10 @@ def train_grpo(model: torch.nn.Module, tokenizer: Any, cfg: "Optional[TrainConfi
     ``cfg.eval_every`` steps the default evaluation logs ``heldout_accuracy`` on the first
     ``n_heldout`` held-out prompts (``history["eval_accuracy"]``, ``eval_stop_rate``,
     ``eval_length``, ``eval_sampled_accuracy``; ``n_heldout=0``: no evaluation)."""
-    from .dpo import freeze_reference
+    from .dpo import check_reference, freeze_reference
     from .train import TrainConfig, train
 
+    check_reference(model, ref_model)
     cfg = cfg if cfg is not None else TrainConfig.from_json(GRPO_CONFIG)
     if isinstance(ref_model, str):
         if ref_model != "copy":

@@ -15,40 +15,7 @@ different frequencies and attention factor than MiniMind's), and QK-norm without
 
 minimind-3 field by field (``QWEN3_FIELDS``; transformers 4.57):
 
-==================================  ======================================  ======================================
-``MiniMindConfig`` (d65ef2c names)  ``Qwen3Config`` / ``Qwen3MoeConfig``    note
-==================================  ======================================  ======================================
-``head_dim``                        ``head_dim``                            a free field in both (transformers'
-                                                                            default is 128: always written)
-``qk_norm=True``                    (always)                                Qwen3Attention: ``q_norm``/``k_norm``
-                                                                            over head_dim, after the projection,
-                                                                            before RoPE, as in minimind-3
-``rms_norm_eps``                    ``rms_norm_eps``                        1e-6 in both
-``rms_norm_cast_after_weight``      (none)                                  Qwen3RMSNorm casts *before* the gain
-                                                                            (MiniMind2's order): same in fp32,
-                                                                            rounding differs in bf16/fp16
-``tie_word_embeddings``             ``tie_word_embeddings``                 transformers' default is false
-``rope_theta``                      ``rope_theta``                          no scaling (``rope_scaling=None``)
-``num_experts`` (n_routed_experts)  ``num_experts``
-``num_experts_per_tok``             ``num_experts_per_tok``                 top-k
-``norm_topk_prob``                  ``norm_topk_prob``                      transformers' default is false; both
-                                                                            renormalize even for k = 1
-``moe_intermediate_size``           ``moe_intermediate_size``               width of every expert
-``router_aux_loss_coef``            ``router_aux_loss_coef``                same name; the *loss* differs: Qwen3-MoE
-                                                                            averages loads over all layers before
-                                                                            the product, minimind-3 sums per layer
-every layer MoE                     ``decoder_sparse_step=1``,
-                                    ``mlp_only_layers=[]``
-``n_shared_experts=0``              (no shared expert)                      refused when > 0
-(full causal attention)             ``use_sliding_window=False``,           Qwen3 can slide a window over some
-                                    ``layer_types`` all ``full_attention``  layers; refused when it would
-``dropout``                         ``attention_dropout``                   training only; MiniMind's also drops
-                                                                            residuals and embeddings
-==================================  ======================================  ======================================
-
-With the same weights the logits agree to float rounding in fp32 (``tests/test_hf.py``: 1e-5);
-Qwen3-MoE picks its top-k in sorted order and sums in that order (the same experts).
-"""
+==================================  ======================================  ==============================="""
 
 from __future__ import annotations
 
@@ -103,6 +70,8 @@ def to_hf_llama_config(config: MiniMindConfig) -> Any:
         attention_dropout=config.dropout,
         bos_token_id=config.bos_token_id,
         eos_token_id=config.eos_token_id,
+        # MiniMind's flash_attn switch is transformers' attention implementation (sdpa or eager)
+        attn_implementation="sdpa" if config.flash_attn else "eager",
     )
 
 
@@ -163,6 +132,8 @@ def from_hf_llama(hf_model: Any, **config_overrides: Any) -> MiniMindForCausalLM
         "num_key_value_heads": c.num_key_value_heads, "hidden_act": c.hidden_act,
         "max_position_embeddings": c.max_position_embeddings, "rms_norm_eps": c.rms_norm_eps,
         "rope_theta": c.rope_theta, "bos_token_id": c.bos_token_id, "eos_token_id": c.eos_token_id,
+        "dropout": getattr(c, "attention_dropout", 0.0) or 0.0,
+        "flash_attn": getattr(c, "_attn_implementation", None) != "eager",
         **config_overrides,
     })
     model = MiniMindForCausalLM(config)

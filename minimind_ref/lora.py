@@ -40,7 +40,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from .checkpoint import PathLike, _atomic_save, _first_nonfinite, _torch_load
+from .checkpoint import PathLike, _atomic_save, _first_nonfinite, _torch_load, check_weights
 
 __all__ = ["LoRA", "apply_lora", "lora_modules", "mark_only_lora_trainable", "save_lora", "load_lora", "merge_lora",
            "LORA_CONFIG", "STAGE_SETTINGS", "lora_data", "double_accuracy", "train_lora", "build_stage", "stage_adapter"]
@@ -51,8 +51,9 @@ class LoRA(nn.Module):
 
     ``A.weight`` is ``[rank, in_features]`` drawn from N(0, 0.02); ``B.weight`` is
     ``[out_features, rank]``, zero, so the path outputs zeros until ``B`` is trained.
-    ``scale`` (not saved; upstream has none, i.e. 1; PEFT's is ``alpha / rank``) multiplies the
-    path's output.
+    ``scale`` (upstream has none, i.e. 1; PEFT's is ``alpha / rank``) multiplies the path's output;
+    ``save_lora`` records a scale other than 1 (key ``lora_scale``, which upstream's ``load_lora``
+    ignores) and ``load_lora`` refuses a model whose adapters use another.
     """
 
     def __init__(self, in_features: int, out_features: int, rank: int, scale: float = 1.0) -> None:
@@ -114,6 +115,9 @@ def apply_lora(model: nn.Module, rank: int = 16, scale: float = 1.0, alpha: Opti
         scale = alpha / rank
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
         raise ValueError(f"scale must be a finite number (upstream: 1.0), got {scale!r}.")
+    if scale == 0:
+        raise ValueError("scale=0 switches the adapters off: their output and their gradients are 0, so training "
+                         "would change nothing. Use scale=1.0 (upstream) or another nonzero number.")
     model_inner = _unwrap(model)
     if lora_modules(model_inner):
         raise ValueError("the model already has LoRA adapters; merge_lora(model) first, or start from a fresh model.")
@@ -165,15 +169,30 @@ def save_lora(model: nn.Module, path: PathLike) -> None:
     if bad is not None:
         raise ValueError(f"refusing to save {os.fspath(path)}: adapter {bad[0]!r} holds {bad[1]} NaN/inf value(s) "
                          "(the run has diverged: lower the learning rate).")
-    _atomic_save({k: v.detach().cpu().half() for k, v in state.items()}, path)
+    blob = {k: v.detach().cpu().half() for k, v in state.items()}
+    scale = _adapter_scale(model)
+    if scale != 1.0:  # upstream's files have no scale (1); record any other (upstream's load_lora ignores the key)
+        blob[SCALE_KEY] = torch.tensor(float(scale))
+    _atomic_save(blob, path)
 
 
-def load_lora(model: nn.Module, path: PathLike) -> None:
+SCALE_KEY = "lora_scale"
+
+
+def _adapter_scale(model: nn.Module) -> float:
+    scales = {float(layer.lora.scale) for _, layer in lora_modules(model)}
+    if len(scales) != 1:
+        raise ValueError(f"the model's adapters use different scales {sorted(scales)}; a LoRA file records one.")
+    return scales.pop()
+
+
+def load_lora(model: nn.Module, path: PathLike, check_finite: bool = True) -> None:
     """Load adapters saved by ``save_lora`` (ours or upstream's) into ``model``, which has adapters.
 
     The file is read weights-only (a pickled Python object is refused, never run). Every adapter of
     the model must be in the file with the same shape and the file must hold nothing else;
-    otherwise a ``ValueError`` names the key and says what to do. Values are copied into the
+    otherwise a ``ValueError`` names the key and says what to do. NaN/inf adapters are a
+    ``ValueError`` (``check_finite=False`` loads them, for inspection). Values are copied into the
     existing adapters (their device and dtype are kept).
     """
     layers = lora_modules(model)
@@ -182,6 +201,9 @@ def load_lora(model: nn.Module, path: PathLike) -> None:
     if not isinstance(blob, dict) or not blob or not all(isinstance(v, torch.Tensor) for v in blob.values()):
         raise ValueError(f"{os.fspath(path)} is not a LoRA file: expected a dict of tensors such as save_lora writes.")
     state = {(k[len("module."):] if k.startswith("module.") else k): v for k, v in blob.items()}
+    file_scale = state.pop(SCALE_KEY, None)
+    if not state:
+        raise ValueError(f"{os.fspath(path)} holds no adapter.")
     first = next(iter(state))
     file_rank = state[first].shape[0] if first.endswith(".lora.A.weight") else None
     if not layers:
@@ -208,9 +230,15 @@ def load_lora(model: nn.Module, path: PathLike) -> None:
     if extra:
         raise ValueError(f"{os.fspath(path)} has adapter {extra[0]!r}, which the model lacks ({len(extra)} such key(s)): "
                          "saved from another model; load it into the model it was trained on.")
-    bad = _first_nonfinite(state.items())
-    if bad is not None:
-        raise ValueError(f"{os.fspath(path)}: adapter {bad[0]!r} holds {bad[1]} NaN/inf value(s) (saved from a diverged run?).")
+    check_weights(state, path, check_finite)  # finite values, as every loader checks
+    if file_scale is not None and (file_scale.numel() != 1 or not bool(torch.isfinite(file_scale).all())):
+        raise ValueError(f"{os.fspath(path)}: its lora_scale entry must be one finite number, got shape "
+                         f"{tuple(file_scale.shape)}; a damaged or hand-made file?")
+    saved = 1.0 if file_scale is None else float(file_scale)
+    if _adapter_scale(model) != saved:
+        raise ValueError(f"{os.fspath(path)} was trained with scale {saved} (upstream's files: 1.0), but the model's "
+                         f"adapters use scale {_adapter_scale(model)}: the same weights would give other outputs. "
+                         f"Apply the adapters with apply_lora(model, rank, scale={saved}).")
     for name, layer in layers:
         name = name[len("module."):] if name.startswith("module.") else name
         prefix = f"{name}.lora."

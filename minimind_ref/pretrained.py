@@ -88,8 +88,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
-from .checkpoint import infer_config, load_state_dict_strict
+from .checkpoint import _torch_load, check_tokenizer_fits, check_weights, infer_config, load_state_dict_strict
 from .config import YARN_ROPE_SCALING, MiniMindConfig
+from .files import read_json
+from .tokenizer import read_tokenizer_file
 from .model import MiniMindForCausalLM
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -193,13 +195,14 @@ def _read_torch_file(path: Path, map_location: Union[str, torch.device]) -> Any:
     if not path.is_file():
         raise FileNotFoundError(f"no file at {path}")
     _check_not_lfs_pointer(path)
-    try:
-        return torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as err:  # truncated, not a torch file, or a pickle of arbitrary objects
-        first = str(err).strip().splitlines()[0][:120] if str(err).strip() else type(err).__name__
+    try:  # checkpoint.py's reader: a pickle that would build Python objects is refused, never run
+        return _torch_load(path, map_location)
+    except ValueError as err:
+        if "will not unpickle" in str(err):
+            raise
         raise ValueError(
-            f"{path} could not be read as a weights-only torch file ({first}); an interrupted download, or "
-            "not a state dict."
+            f"{path} could not be read as a weights-only torch file (its bytes are not a complete torch.save file); "
+            "an interrupted download, or not a state dict."
         ) from None
 
 
@@ -244,7 +247,9 @@ def _tie(state: Dict[str, torch.Tensor], source: Path, embedding_wins: bool) -> 
 
 
 def _build(config: MiniMindConfig, state: Dict[str, torch.Tensor], dtype: Optional[torch.dtype],
-           map_location: Union[str, torch.device]) -> MiniMindForCausalLM:
+           map_location: Union[str, torch.device], source: PathLike = "the weights",
+           check_finite: bool = True) -> MiniMindForCausalLM:
+    check_weights(state, source, check_finite)  # the validation every loader runs (finite values)
     if dtype is None:  # keep the file's precision: build the model in it (load_state_dict copies into it)
         dtype = next(v.dtype for v in state.values() if v.is_floating_point())
     state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
@@ -254,7 +259,7 @@ def _build(config: MiniMindConfig, state: Dict[str, torch.Tensor], dtype: Option
 
 
 def load_pth(path: PathLike, dtype: Optional[torch.dtype] = torch.float32,
-             map_location: Union[str, torch.device] = "cpu") -> MiniMindForCausalLM:
+             map_location: Union[str, torch.device] = "cpu", check_finite: bool = True) -> MiniMindForCausalLM:
     """Load upstream's ``<stage>_<hidden>[_moe].pth`` strictly into ``MiniMindForCausalLM`` (eval mode).
 
     The config comes from the file name and the shapes: hidden size, MoE and the name must agree
@@ -263,8 +268,9 @@ def load_pth(path: PathLike, dtype: Optional[torch.dtype] = torch.float32,
     never from the name (``full_sft_768.pth`` is a file name of both). What no shape holds is the
     published models': MiniMind2's 8 query heads and MoE top-2, minimind-3-moe's top-1 (minimind-3's
     head layout is in its shapes). Weights are cast to ``dtype`` (``None`` keeps upstream's fp16).
+    NaN/inf weights are a ``ValueError`` (``check_finite=False`` loads them, for inspection).
     """
-    path = Path(path)
+    path = Path(os.path.expanduser(os.fspath(path)))
     name = parse_pth_name(path.name)
     state = _as_state_dict(_read_torch_file(path, map_location), path)
     width = state["model.embed_tokens.weight"].shape[1]
@@ -277,7 +283,7 @@ def load_pth(path: PathLike, dtype: Optional[torch.dtype] = torch.float32,
         )
     config = published_config(state)
     state = _tie(state, path, embedding_wins=False) if config.tie_word_embeddings else _untied(state, path)
-    return _build(config, state, dtype, map_location)
+    return _build(config, state, dtype, map_location, path, check_finite)
 
 
 def published_config(state: Mapping[str, Any]) -> MiniMindConfig:
@@ -416,7 +422,11 @@ def _load_safetensors(path: Path) -> Dict[str, torch.Tensor]:
             "(or pass a folder holding pytorch_model.bin)."
         ) from err
     _check_not_lfs_pointer(path)
-    return load_file(str(path))
+    try:
+        return load_file(str(path))
+    except Exception as err:  # safetensors' own error type: a truncated or damaged file
+        raise ValueError(f"{path} could not be read as a safetensors file ({str(err)[:120]}); an interrupted download, "
+                         "or not a weights file.") from None
 
 
 def read_hf_weights(folder: PathLike, map_location: Union[str, torch.device] = "cpu") -> Dict[str, torch.Tensor]:
@@ -443,22 +453,23 @@ def read_hf_weights(folder: PathLike, map_location: Union[str, torch.device] = "
 
 
 def load_hf_dir(folder: PathLike, dtype: Optional[torch.dtype] = torch.float32,
-                map_location: Union[str, torch.device] = "cpu") -> MiniMindForCausalLM:
-    """Load a Hugging Face model folder (Llama or MiniMind layout) strictly, without transformers."""
-    folder = Path(folder)
+                map_location: Union[str, torch.device] = "cpu", check_finite: bool = True) -> MiniMindForCausalLM:
+    """Load a Hugging Face model folder (Llama or MiniMind layout) strictly, without transformers.
+    NaN/inf weights are a ``ValueError`` (``check_finite=False`` loads them, for inspection)."""
+    folder = Path(os.path.expanduser(os.fspath(folder)))
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():
         raise FileNotFoundError(
             f"{folder} has no config.json, so it is not a Hugging Face model folder (for a .pth file use load_pth)."
         )
-    raw = json.loads(cfg_path.read_text(encoding="utf-8"))
+    raw = read_json(cfg_path, "config.json")
     config = config_from_hf(raw)
     # Llama / Qwen3 with tie_word_embeddings: transformers ties the head to the embedding (a stored
     # lm_head.weight is ignored). Otherwise a stored head must equal the embedding.
     embedding_wins = raw.get("model_type") in ("llama", "qwen3", "qwen3_moe") and bool(raw.get("tie_word_embeddings", False))
     state = _as_state_dict(read_hf_weights(folder, map_location), folder)
     state = _tie(state, folder, embedding_wins) if config.tie_word_embeddings else _untied(state, folder)
-    return _build(config, state, dtype, map_location)
+    return _build(config, state, dtype, map_location, folder, check_finite)
 
 
 # ---------------------------------------------------------------------- tokenizer and chat template
@@ -601,11 +612,11 @@ def load_tokenizer_dir(folder: PathLike) -> UpstreamTokenizer:
         raise FileNotFoundError(f"{folder} lacks {', '.join(missing)}: upstream's tokenizer is tokenizer.json + "
                                 "tokenizer_config.json (in every MiniMind2 model folder and in upstream's model/).")
     try:
-        from tokenizers import Tokenizer
+        import tokenizers  # noqa: F401
     except ImportError as err:
         raise ImportError("reading tokenizer.json needs the 'tokenizers' package: pip install tokenizers") from err
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    tokenizer = read_tokenizer_file(folder / "tokenizer.json")
+    config = read_json(folder / "tokenizer_config.json", "tokenizer_config.json")
     template = config.get("chat_template")
     if isinstance(template, list):  # transformers' legacy form for several named templates
         template = next((t["template"] for t in template if t.get("name") == "default"), None)
@@ -748,6 +759,13 @@ def _load_local(path: Path, model: str, stage: str, dtype: Optional[torch.dtype]
     )
 
 
+def _matched(pair: Tuple[MiniMindForCausalLM, UpstreamTokenizer], source: PathLike
+             ) -> Tuple[MiniMindForCausalLM, UpstreamTokenizer]:
+    """``pair`` after checking that its tokenizer belongs to its model (``check_tokenizer_fits``)."""
+    check_tokenizer_fits(pair[0].config, pair[1], source)
+    return pair
+
+
 def load_pretrained(model: str = "MiniMind2-Small", stage: str = "full_sft", path: Optional[PathLike] = None,
                     download: Optional[bool] = None, dtype: Optional[torch.dtype] = torch.float32,
                     map_location: Union[str, torch.device] = "cpu") -> Tuple[MiniMindForCausalLM, UpstreamTokenizer]:
@@ -771,7 +789,7 @@ def load_pretrained(model: str = "MiniMind2-Small", stage: str = "full_sft", pat
     if path is None and os.environ.get("MINIMIND_WEIGHTS"):
         path = os.environ["MINIMIND_WEIGHTS"]
     if path is not None:
-        return _load_local(Path(os.path.expanduser(os.fspath(path))), model, stage, dtype, map_location)
+        return _matched(_load_local(Path(os.path.expanduser(os.fspath(path))), model, stage, dtype, map_location), path)
     if download is None:
         download = in_colab() or os.environ.get("MINIMIND_DOWNLOAD") == "1"
     if not download:
@@ -786,7 +804,7 @@ def load_pretrained(model: str = "MiniMind2-Small", stage: str = "full_sft", pat
     loaded = load_pth(weights, dtype, map_location)
     if loaded.config.generation != generation:
         raise WeightsUnavailable(_other_generation_note(weights, model, loaded.config.generation) + ".")
-    return loaded, load_tokenizer_dir(fetch_tokenizer(HUB_TOKENIZER_REPOS[generation]))
+    return _matched((loaded, load_tokenizer_dir(fetch_tokenizer(HUB_TOKENIZER_REPOS[generation]))), weights)
 
 
 def load_or_skip(model: str = "MiniMind2-Small", stage: str = "full_sft",

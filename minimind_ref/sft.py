@@ -45,6 +45,7 @@ import functools
 import hashlib
 import json
 import random
+import warnings
 from typing import TYPE_CHECKING, Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 import torch
@@ -409,6 +410,58 @@ def unsupervised_replies(tokenizer: Any, conversations: Sequence[Sequence[Messag
     return lost
 
 
+def _check_max_length(max_length: Any) -> None:
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
+        raise ValueError(f"max_length must be a whole number >= 2 (one input and the token it predicts), "
+                         f"got {max_length!r}.")
+
+
+def has_reply(messages: Sequence[Message]) -> bool:
+    """Whether a conversation holds an assistant reply (something SFT can learn; an empty reply
+    still teaches its ``<|im_end|>``)."""
+    return any(m.get("role") == "assistant" for m in messages if isinstance(m, dict))
+
+
+# ---------------------------------------------------------------------- truncation
+TRUNCATION_KINDS = ("no_answer", "cut_answer")
+
+
+def truncation_kind(ids: Sequence[int], max_length: int, bos_ids: Sequence[int], eos_ids: Sequence[int]) -> Optional[str]:
+    """What cutting ``ids`` (one encoded conversation) to ``max_length`` tokens costs its answers:
+
+    * ``None``: nothing of an assistant reply is lost (it fits, or the cut falls outside the replies);
+    * ``"no_answer"``: the conversation has a reply, but none of its tokens is left (the prompt
+      alone fills ``max_length``): the example teaches nothing;
+    * ``"cut_answer"``: the last reply left runs into the cut without its ``<|im_end|>``: trained
+      so, the model learns to go on where it should stop."""
+    if len(ids) <= max_length:
+        return None
+    full = assistant_loss_mask(ids, bos_ids, eos_ids, len(ids))
+    cut = list(ids[:max_length])
+    if any(full) and not any(full[:max_length]):
+        return "no_answer"
+    bos, end = list(bos_ids), eos_ids[0]
+    starts = [i for i in range(len(cut) - len(bos) + 1) if cut[i:i + len(bos)] == bos]
+    if starts:
+        reply = cut[starts[-1] + len(bos):]
+        if reply and end not in reply:
+            return "cut_answer"
+    return None
+
+
+def truncation_note(counts: Dict[str, int], what: str, max_length: Any, dropped: bool) -> str:
+    """One sentence about ``counts`` (``{"examples": n, "no_answer": a, "cut_answer": b}``)."""
+    parts = []
+    if counts.get("no_answer"):
+        parts.append(f"{counts['no_answer']} lost their whole answer (the prompt alone fills max_length={max_length})")
+    if counts.get("cut_answer"):
+        parts.append(f"{counts['cut_answer']} lost the end of an answer with its <|im_end|> at max_length={max_length} "
+                     "(trained so, a model learns not to stop)")
+    fix = ("they were left out (drop_truncated=True)" if dropped else
+           "raise max_length, shorten them, or pass drop_truncated=True to leave them out")
+    return f"of {counts.get('examples', 0)} {what}, {' and '.join(parts)}; {fix}."
+
+
 # ---------------------------------------------------------------------- dataset
 ENCODINGS = ("pieces", "upstream")
 
@@ -429,18 +482,24 @@ class SFTDataset:
     ``batch(indices)`` pads on the right with ``pad_id`` (labels -100) to the longest row of the
     batch rather than to ``max_length``: the causal mask keeps right padding from changing any
     real position, so the loss is the same and short batches are cheaper.
+
+    Truncation is counted, never silent (upstream's is): ``self.truncation`` holds how many
+    conversations lost their whole answer (``no_answer``) or the end of one with its
+    ``<|im_end|>`` (``cut_answer``, see ``truncation_kind``), and a warning says so when any did;
+    ``drop_truncated=True`` leaves those conversations out. Conversations without an assistant
+    reply are listed in ``self.no_reply``, with a warning. A dataset in which no token is
+    supervised is a ``ValueError``.
     """
 
     def __init__(self, records: Sequence[Dict[str, Any]], tokenizer: Any, max_length: int = 256,
                  loss_on: str = "assistant", pad_id: int = 0, template: Optional[str] = None,
                  add_system_ratio: float = 0.2, empty_think_ratio: float = 0.2, seed: int = 0,
-                 encoding: str = "pieces") -> None:
+                 encoding: str = "pieces", drop_truncated: bool = False) -> None:
         if loss_on not in ("assistant", "all"):
             raise ValueError(f"loss_on must be 'assistant' or 'all', got {loss_on!r}.")
         if encoding not in ENCODINGS:
             raise ValueError(f"encoding must be one of {ENCODINGS}, got {encoding!r}.")
-        if max_length < 2:
-            raise ValueError(f"max_length must be at least 2, got {max_length}.")
+        _check_max_length(max_length)
         for name, ratio in (("add_system_ratio", add_system_ratio), ("empty_think_ratio", empty_think_ratio)):
             if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
                 raise ValueError(f"{name} must be a probability in [0, 1], got {ratio!r}.")
@@ -449,6 +508,10 @@ class SFTDataset:
         rng = random.Random(seed)
         self.max_length, self.loss_on, self.pad_id, self.template = max_length, loss_on, pad_id, _template(template)
         self.examples: List[Tuple[List[int], List[int]]] = []
+        self.truncation: Dict[str, int] = {"examples": 0, "no_answer": 0, "cut_answer": 0, "dropped": 0,
+                                         "max_length": max_length}
+        self.truncated: List[int] = []  # indices (in ``records``) of the conversations counted there
+        self.no_reply: List[int] = []  # indices of conversations without an assistant reply (nothing to learn)
         for n, record in enumerate(records):
             if not isinstance(record, Mapping) or "conversations" not in record:
                 raise ValueError(f"record {n} has no 'conversations' key (upstream's SFT format): {record!r:.100}")
@@ -458,13 +521,38 @@ class SFTDataset:
             rendered = render_chat(messages, tools=tools, template=self.template)
             drop = EMPTY_THINK in rendered and rng.random() > empty_think_ratio
             if encoding == "pieces":
-                ids = encode_chat(tokenizer, messages, tools=tools, template=self.template, drop_empty_think=drop)
+                full = encode_chat(tokenizer, messages, tools=tools, template=self.template, drop_empty_think=drop)
             else:
-                ids = encode_rendered(tokenizer, render_chat(messages, tools=tools, template=self.template,
-                                                             drop_empty_think=drop))
-            ids = ids[:max_length]
+                full = encode_rendered(tokenizer, render_chat(messages, tools=tools, template=self.template,
+                                                              drop_empty_think=drop))
+            if loss_on == "assistant" and not has_reply(record["conversations"]):
+                self.no_reply.append(n)
+            self.truncation["examples"] += 1
+            kind = truncation_kind(full, max_length, bos, eos)
+            if kind is not None:
+                self.truncation[kind] += 1
+                self.truncated.append(n)
+                if drop_truncated:
+                    self.truncation["dropped"] += 1
+                    continue
+            ids = full[:max_length]
             labels = assistant_labels(ids, bos, eos, max_length, merged) if loss_on == "assistant" else list(ids)
             self.examples.append((ids, labels))
+        if self.truncated:
+            warnings.warn("SFTDataset: " + truncation_note(self.truncation, "conversations", max_length, drop_truncated),
+                          stacklevel=2)
+        if self.no_reply and len(self.no_reply) < self.truncation["examples"]:
+            warnings.warn(f"SFTDataset: {len(self.no_reply)} of {self.truncation['examples']} conversations have no "
+                          f"assistant reply (first: record {self.no_reply[0]}), so no token of theirs is supervised; "
+                          "SFT records end with the assistant's turn.", stacklevel=2)
+        if self.truncation["examples"] and not any(l != -100 for _, labels in self.examples for l in labels):
+            raise ValueError(
+                f"no token of the {self.truncation['examples']} conversation(s) is supervised"
+                + (f" ({len(self.examples)} left after drop_truncated)" if drop_truncated else "")
+                + ": every assistant reply is missing or was cut away at max_length="
+                f"{max_length}, so training would change nothing. Give conversations that end with an assistant turn, "
+                "or raise max_length."
+            )
 
     def __len__(self) -> int:
         return len(self.examples)

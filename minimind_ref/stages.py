@@ -47,6 +47,8 @@ import torch
 import torch.nn.functional as F
 
 from . import chat_data
+from .checkpoint import _torch_load, check_metadata, check_tokenizer_fits, check_weights
+from .files import DIGEST_KEY, weights_digest
 from .sft import assistant_loss_mask, encode_chat, generate_replies, marker_ids, merged_newline_ids
 
 CHECKPOINT_DIR = Path(__file__).with_name("checkpoints")
@@ -220,24 +222,55 @@ def load_stage(name: str, device: Any = "cpu") -> Tuple[torch.nn.Module, Any]:
         raise FileNotFoundError(f"stage {name!r} is not shipped yet ({path.name} missing); available: "
                                 f"{', '.join(available_stages()) or 'none'}. Rebuild it with "
                                 f"`python -m minimind_ref.stages rebuild {name}`.")
-    return load_checkpoint(path, map_location=device), load_tokenizer()
+    model, tokenizer = load_checkpoint(path, map_location=device), load_tokenizer()
+    check_tokenizer_fits(model.config, tokenizer, path)
+    return model, tokenizer
 
 
 def stage_metadata(name: str) -> Dict[str, Any]:
-    """What the shipped file records about how it was made (config, command, metrics)."""
-    blob = torch.load(stage_path(name), map_location="cpu", weights_only=True)
-    return dict(blob.get("extra", {}))
+    """What the shipped file records about how it was made (config, command, metrics).
+
+    The file is verified first: read weights-only (a damaged or truncated file is a one-line
+    ``ValueError``), its weights must match the digest ``save_checkpoint`` recorded, and the
+    digest ``save_stage`` wrote into ``extra`` (the weights the figures were measured on) must be
+    the same: recorded figures are never reported for weights they do not belong to."""
+    path = stage_path(name)
+    if not path.is_file():
+        raise FileNotFoundError(f"stage {name!r} is not shipped yet ({path.name} missing); rebuild it with "
+                                f"`python -m minimind_ref.stages rebuild {name}`.")
+    blob = _torch_load(path, "cpu")
+    if not (isinstance(blob, dict) and isinstance(blob.get("state_dict"), dict) and isinstance(blob.get("extra", {}), dict)):
+        raise ValueError(f"{path} is not a stage file (a save_checkpoint file with weights and extra).")
+    check_weights(blob["state_dict"], path, digest=blob.get(DIGEST_KEY))
+    check_metadata(blob, path)
+    extra = dict(blob.get("extra", {}))
+    recorded = extra.get(DIGEST_KEY)
+    if recorded is not None and recorded != weights_digest(blob["state_dict"]):
+        raise ValueError(f"{path}: the figures it records were measured on other weights than the ones it holds (the file "
+                         f"was re-saved with new weights and the old metadata); rebuild it with "
+                         f"`python -m minimind_ref.stages rebuild {name}`.")
+    return extra
 
 
 def save_stage(model: torch.nn.Module, name: str, extra: Dict[str, Any]) -> Path:
-    """Write a stage checkpoint: fp16 weights (as upstream saves them) and ``extra``."""
+    """Write a stage checkpoint: fp16 weights (as upstream saves them) and ``extra``, plus the
+    digest of those weights in ``extra`` (see ``stage_metadata``). A weight beyond float16's range
+    is a ``ValueError`` naming it (it would become inf)."""
     import copy
 
     from .checkpoint import save_checkpoint
 
     path = stage_path(name)
+    for key, tensor in model.state_dict().items():  # fp16 holds magnitudes up to 65,504
+        finite = tensor[torch.isfinite(tensor)] if tensor.is_floating_point() else None
+        if finite is not None and finite.numel() and float(finite.abs().max()) > torch.finfo(torch.float16).max:
+            raise ValueError(f"cannot save stage {name!r}: weight {key!r} holds values up to {float(finite.abs().max()):.4g}, "
+                             "beyond float16's range (65,504), and stage files store fp16 weights (as upstream saves "
+                             "them). Such weights are rare in a healthy run: check the run's loss; save_checkpoint keeps fp32.")
     path.parent.mkdir(parents=True, exist_ok=True)
     half = copy.deepcopy(model).to("cpu").half()
+    # the digest of the weights the figures in ``extra`` belong to (stage_metadata checks it)
+    extra = {**extra, DIGEST_KEY: weights_digest(half.state_dict())}
     save_checkpoint(half, str(path), extra=extra)
     return path
 
@@ -490,9 +523,13 @@ def recorded_rows(stages: Sequence[str] = STAGES) -> List[Dict[str, Any]]:
     rows = []
     for name in stages:
         if stage_path(name).is_file():
-            meta = stage_metadata(name)
-            if "evaluate_chat" in meta:
-                rows.append({"stage": name, "chapter": STAGE_INFO[name].chapter, **meta["evaluate_chat"]})
+            figures = stage_metadata(name).get("evaluate_chat")
+            # every version of evaluate_chat records these two (base.pt keeps chapter 08's older figures)
+            if not isinstance(figures, dict) or not {"sum_accuracy", "stop_rate"} <= set(figures):
+                raise ValueError(f"{stage_path(name)} records no evaluate_chat figures: it was not made by "
+                                 "`python -m minimind_ref.stages rebuild`. Run the report without --recorded, or "
+                                 "rebuild the stage.")
+            rows.append({"stage": name, "chapter": STAGE_INFO[name].chapter, **figures})
     return rows
 
 
@@ -625,8 +662,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 if args.figure:
                     render_seed_figure(records, Path(args.figure))
         if args.out:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(table, encoding="utf-8")
+            from .files import write_text
+
+            write_text(args.out, table)  # atomic
         else:
             print(table, end="")
     return 0

@@ -122,9 +122,11 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 1024, split_digi
 
 
 def save_tokenizer(tokenizer, path: PathLike) -> None:
-    """Write ``tokenizer.json`` (one file holds vocabulary, merges, pre-tokenizer and decoder)."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tokenizer.save(str(path))
+    """Write ``tokenizer.json`` (one file holds vocabulary, merges, pre-tokenizer and decoder),
+    atomically (``files.write_text``: the same bytes as ``tokenizer.save(path)``)."""
+    from .files import write_text
+
+    write_text(path, tokenizer.to_str(pretty=True))
 
 
 def encode_plain(tokenizer, text: str) -> List[int]:
@@ -160,6 +162,17 @@ def encode_plain(tokenizer, text: str) -> List[int]:
 def load_tokenizer(path: PathLike):
     """Read a ``tokenizer.json`` written by ``save_tokenizer`` (or by upstream MiniMind)."""
     tk = _require_tokenizers()
+    path = os.path.expanduser(os.fspath(path))
     if not os.path.exists(path):
         raise FileNotFoundError(f"no tokenizer at {path!s}; train one with train_bpe_tokenizer and save_tokenizer.")
-    return tk.Tokenizer.from_file(str(path))
+    return read_tokenizer_file(path)
+
+
+def read_tokenizer_file(path: PathLike):
+    """``tokenizers.Tokenizer.from_file`` with a ``ValueError`` naming the file when it is not a
+    complete tokenizer.json (the library raises a bare ``Exception``)."""
+    tk = _require_tokenizers()
+    try:
+        return tk.Tokenizer.from_file(str(path))
+    except Exception as err:  # noqa: BLE001 - tokenizers raises plain Exception
+        raise ValueError(f"{path} is not a valid tokenizer.json ({err}): truncated, or another file?") from None

@@ -43,8 +43,9 @@ import torch
 import torch.nn.functional as F
 
 from . import data as data_mod
-from .checkpoint import _torch_load, load_state_dict_strict, save_checkpoint
+from .checkpoint import _torch_load, check_metadata, check_weights, load_state_dict_strict, save_checkpoint
 from .config import MiniMindConfig
+from .files import DIGEST_KEY, remove_stale_temporaries
 from .model import MiniMindForCausalLM
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID, load_tokenizer, save_tokenizer, train_bpe_tokenizer
 
@@ -55,8 +56,9 @@ TOKENIZER_NAME = "tokenizer.json"
 # ---------------------------------------------------------------------- configuration
 CONFIG_DIR = Path(__file__).with_name("configs")
 # Options a resumed run may change; any other difference from the checkpoint's run is an error.
+# lr, min_lr and grad_clip may change: resuming with a lower learning rate is the way out of a divergence.
 RESUMABLE_CHANGES = frozenset({"eval_every", "eval_batches", "eval_problems", "log_every", "save_every", "out_dir",
-                               "resume", "device", "dtype", "progress", "deterministic"})
+                               "resume", "device", "dtype", "progress", "deterministic", "lr", "min_lr", "grad_clip"})
 
 
 def _is_int(v: Any) -> bool:
@@ -276,9 +278,18 @@ def objective_step(
     clip the global gradient norm to ``max_grad_norm`` (None: no clipping) -> ``optimizer.step()``
     -> ``zero_grad``. A non-finite loss or gradient norm raises ``FloatingPointError`` *before*
     the update, so the weights (and any checkpoint saved later) stay finite. A batch whose
-    ``tokens`` metric is 0 is skipped: no update, ``skipped`` = 1 in the metrics."""
+    ``tokens`` metric is 0 is skipped: no update, ``skipped`` = 1 in the metrics.
+    ``max_grad_norm`` must be None or a positive number (a negative one would reverse the update)."""
+    if max_grad_norm is not None and (isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, (int, float))
+                                      or math.isnan(max_grad_norm) or max_grad_norm <= 0):
+        raise ValueError(f"max_grad_norm={max_grad_norm!r} is invalid: expected a positive number (the largest allowed "
+                         "gradient norm) or None for no clipping; 0 would zero every update and a negative value would "
+                         "reverse it (gradient ascent).")
     with (autocast() if autocast is not None else contextlib.nullcontext()):
         metrics = objective(model, batch)
+    if not isinstance(metrics, dict) or not isinstance(metrics.get("loss"), torch.Tensor) or metrics["loss"].numel() != 1:
+        got = type(metrics).__name__ if not isinstance(metrics, dict) else f"a dict with keys {sorted(metrics)}"
+        raise TypeError(f"the objective must return a dict with 'loss' (a scalar tensor) and other metrics, got {got}.")
     loss = metrics["loss"]
     if "tokens" in metrics and int(metrics["tokens"]) == 0:
         optimizer.zero_grad(set_to_none=True)
@@ -286,6 +297,9 @@ def objective_step(
         out.update(grad_norm=torch.tensor(0.0), skipped=torch.tensor(1.0))
         return out
     _check_finite("the loss", loss.detach(), "before the update")
+    if not loss.requires_grad:
+        raise ValueError("the objective's loss carries no gradient (computed under torch.no_grad() or detached?), so "
+                         "the optimizer could not learn from it; return the loss as computed from the model's outputs.")
     loss.backward()
     params = [p for p in model.parameters() if p.grad is not None]
     grad_norm = torch.nn.utils.clip_grad_norm_(params, math.inf if max_grad_norm is None else max_grad_norm)
@@ -318,7 +332,10 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
     does; frozen parameters (``requires_grad=False``, e.g. under LoRA) are left out."""
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
-        raise ValueError("the model has no trainable parameter (every requires_grad is False).")
+        raise ValueError("the model has no trainable parameter (every requires_grad is False): was it frozen as a "
+                         "reference (DPOObjective / GRPOObjective freeze the ref_model they are given, so the policy "
+                         "itself must not be passed as its own reference) or by mark_only_lora_trainable? Train a model "
+                         "whose parameters have requires_grad=True.")
     return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
 
 
@@ -546,10 +563,15 @@ def _rng_state(device: torch.device) -> Dict[str, Any]:
 
 
 def _write_json_atomic(path: str, obj: Any) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2)
-    os.replace(tmp, path)
+    from .files import write_json
+
+    write_json(path, obj)
+
+
+def _truncation_line(counts: Dict[str, int]) -> str:
+    from .sft import truncation_note
+
+    return truncation_note(counts, "examples", counts.get("max_length", "?"), bool(counts.get("dropped")))
 
 
 def _resume_path(cfg: TrainConfig) -> Optional[str]:
@@ -560,7 +582,13 @@ def _resume_path(cfg: TrainConfig) -> Optional[str]:
             raise ValueError("resume='auto' looks for ckpt.pt in out_dir, but out_dir is not set; set out_dir to the "
                              "run's folder, or give resume the path of a checkpoint.")
         candidate = os.path.join(cfg.out_dir, CHECKPOINT_NAME)
-        return candidate if os.path.exists(candidate) else None
+        if os.path.exists(candidate):
+            return candidate
+        # a run killed after its first periodic save, before the next step could vouch for it
+        return candidate + ".pending" if os.path.exists(candidate + ".pending") else None
+    if os.path.isdir(cfg.resume):
+        raise IsADirectoryError(f"resume={cfg.resume!r} is a folder: give the checkpoint file in it (e.g. "
+                                f"{os.path.join(cfg.resume, CHECKPOINT_NAME)}), or resume='auto' with out_dir set to it.")
     if not os.path.isfile(cfg.resume):
         raise FileNotFoundError(f"resume={cfg.resume!r}: no such checkpoint file.")
     return cfg.resume
@@ -572,9 +600,14 @@ def _load_resume_blob(path: str) -> Dict[str, Any]:
     except ValueError as err:
         raise ValueError(f"cannot resume: {err}") from None
     if not (isinstance(blob, dict) and isinstance(blob.get("extra"), dict) and "optimizer" in blob["extra"]
-            and "state_dict" in blob):
+            and isinstance(blob.get("state_dict"), dict)):
         raise ValueError(f"cannot resume from {path}: it holds weights but no training state (optimizer, step); "
                          "load it with load_checkpoint and start a new run instead.")
+    try:  # the digests save_checkpoint recorded, and finite weights (the checks of every loader)
+        check_weights(blob["state_dict"], path, digest=blob.get(DIGEST_KEY))
+        check_metadata(blob, path)
+    except ValueError as err:
+        raise ValueError(f"cannot resume: {err}") from None
     return blob
 
 
@@ -638,11 +671,25 @@ def train(
     ``print`` on the first process). Under torchrun (``WORLD_SIZE`` > 1) the process group is
     created here if needed.
 
-    Safety: resuming checks the checkpoint's settings, tokenizer and data fingerprint *before*
-    anything in ``out_dir`` is written; a non-finite loss or gradient raises before the update,
-    so no checkpoint ever holds diverged weights; checkpoints and run files are written to a
-    temporary name and renamed.
+    Safety: resuming checks the checkpoint's settings, tokenizer, data fingerprint and weight
+    digest *before* anything in ``out_dir`` is written (``lr``, ``min_lr`` and ``grad_clip`` may
+    change: resuming with a lower learning rate is the way out of a divergence). A non-finite loss
+    or gradient raises ``FloatingPointError`` before the update, naming the checkpoint kept. A
+    periodic checkpoint (``save_every``) goes to ``ckpt.pt.pending`` and replaces ``ckpt.pt`` only
+    once the next step's loss, computed on its weights, is finite, so a diverging update never
+    reaches ``ckpt.pt``; a next-token loss above 2 ln(vocab_size) is logged as a divergence
+    warning. The data's truncation counts and the number of skipped steps are logged when not 0,
+    and a run whose every step was skipped is a ``ValueError``. Every file is written atomically.
     """
+    if stop_at is not None and (isinstance(stop_at, bool) or not isinstance(stop_at, int) or stop_at < 1):
+        raise ValueError(f"stop_at={stop_at!r} is invalid: expected a whole number >= 1 (the step to stop after), or None.")
+    expanded = {k: os.path.expanduser(v) for k, v in (("out_dir", cfg.out_dir), ("resume", cfg.resume))
+                if v not in (None, "auto") and v != os.path.expanduser(v)}
+    if expanded:  # '~' means the home folder, as in a shell
+        cfg = cfg.replace(**expanded)
+    if cfg.out_dir and os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
+        raise ValueError(f"out_dir={cfg.out_dir!r} is a file, not a folder: the run writes ckpt.pt, tokenizer.json and "
+                         "train_config.json into out_dir. Give a folder (it is created if needed).")
     rank, world, local_rank = dist_info()
     device = resolve_device(cfg, local_rank, world)
     if world > 1:
@@ -687,6 +734,9 @@ def train(
         else:
             data = build_data(cfg, tokenizer)
     tokenizer = data.tokenizer
+    if not len(data.train):
+        raise ValueError("the training dataset is empty (0 examples): nothing to train on. Check the data you built "
+                         "(n_train, the records, drop_truncated).")
     fingerprint = data_fingerprint(data.train)
     if blob is not None:
         saved = blob["extra"].get("data_fingerprint")
@@ -714,15 +764,21 @@ def train(
         if device.type == "cuda" and "cuda" in extra["rng"]:
             torch.cuda.set_rng_state(extra["rng"]["cuda"], device)
         log(f"resumed from {resume} at step {start_step}")
+        if stop_at is not None and stop_at <= start_step:
+            raise ValueError(f"stop_at={stop_at} is not after step {start_step}, where {resume} resumes the run: give a "
+                             "later step (or None to run to max_steps).")
 
     # ---- every check passed: now the run folder may be written
     if cfg.out_dir and is_main:
         os.makedirs(cfg.out_dir, exist_ok=True)
         tok_path = os.path.join(cfg.out_dir, TOKENIZER_NAME)
         if hasattr(tokenizer, "save") and not (resume and os.path.exists(tok_path)):
-            save_tokenizer(tokenizer, tok_path + ".tmp")
-            os.replace(tok_path + ".tmp", tok_path)
+            save_tokenizer(tokenizer, tok_path)  # atomic
         _write_json_atomic(os.path.join(cfg.out_dir, "train_config.json"), cfg.to_dict())
+        stale = os.path.join(cfg.out_dir, CHECKPOINT_NAME + ".pending")
+        if os.path.exists(stale) and not (resume and os.path.abspath(resume) == os.path.abspath(stale)):
+            os.remove(stale)  # left by a run killed before the next step could vouch for it
+        remove_stale_temporaries(cfg.out_dir, CHECKPOINT_NAME + ".pending")  # ... or while writing it
 
     raw_model = model
     if world > 1:
@@ -734,19 +790,64 @@ def train(
     end_step = cfg.max_steps if stop_at is None else min(stop_at, cfg.max_steps)
     n_train = len(data.train)
 
-    def checkpoint(step: int) -> Optional[str]:
+    ckpt_file = os.path.join(cfg.out_dir, CHECKPOINT_NAME) if cfg.out_dir else None
+    pending_file = ckpt_file + ".pending" if ckpt_file else None
+    kept_step = start_step if blob is not None else None  # the step ckpt.pt holds (None: no checkpoint yet)
+    pending_step: Optional[int] = None  # the step ckpt.pt.pending holds
+    if resume and pending_file and os.path.abspath(resume) == os.path.abspath(pending_file):
+        kept_step, pending_step = None, start_step  # resumed from an unvouched save: kept once a step's loss is finite
+
+    def checkpoint(step: int, pending: bool = False) -> Optional[str]:
+        """Save the run at ``step`` (atomically). ``pending``: to ckpt.pt.pending, which becomes ckpt.pt
+        only after the next step's loss, computed on these weights, is finite (``promote``)."""
+        nonlocal kept_step, pending_step
         if not (cfg.out_dir and is_main):
             return None
-        path = os.path.join(cfg.out_dir, CHECKPOINT_NAME)
         extra = {"step": step, "optimizer": optimizer.state_dict(), "history": history,
                  "train_config": cfg.to_dict(), "rng": _rng_state(device), "data_fingerprint": fingerprint}
         for name, tensor in raw_model.state_dict().items():
             if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
                 raise FloatingPointError(f"not saving step {step}: weight {name} is not finite; the previous "
                                          f"checkpoint in {cfg.out_dir} is kept.")
-        save_checkpoint(raw_model, path + ".tmp", extra=extra)
-        os.replace(path + ".tmp", path)  # never leave a half-written checkpoint behind
-        return path
+        # a LoRA run resumes with its adapters (allow_lora)
+        save_checkpoint(raw_model, pending_file if pending else ckpt_file, extra=extra, allow_lora=True)
+        if pending:
+            pending_step = step
+            return None
+        kept_step, pending_step = step, None
+        if os.path.exists(pending_file):
+            os.remove(pending_file)
+        return ckpt_file
+
+    def promote() -> Optional[str]:
+        """The pending checkpoint's weights gave a finite loss: it becomes ckpt.pt."""
+        nonlocal kept_step, pending_step
+        if pending_step is None:
+            return ckpt_path
+        os.replace(pending_file, ckpt_file)
+        kept_step, pending_step = pending_step, None
+        return ckpt_file
+
+    def diverged(err: FloatingPointError, step: int) -> FloatingPointError:
+        """The loop's message for a non-finite loss or gradient: what was kept, and how to go on."""
+        if pending_step is not None:
+            os.remove(pending_file)  # its weights are the ones that just gave the non-finite value
+        what = str(err).split(";")[0].replace(f" at step {step}", "")
+        if kept_step is not None and kept_step == step:
+            where = (f"The last checkpoint, {ckpt_file} (step {kept_step}), holds the weights that give this value (the "
+                     "run that saved it ended on a diverging update): start again from an earlier copy, or from "
+                     "scratch, with a lower learning rate.")
+        elif kept_step is not None:
+            where = (f"The last checkpoint, {ckpt_file}, holds step {kept_step}, whose weights still gave a finite loss "
+                     "(later saves were not kept). Resume it with a lower learning rate: train(cfg.replace(lr=..., "
+                     "resume='auto')), or --set resume=auto lr=... on the command line (lr, min_lr and grad_clip may "
+                     "change on resume).")
+        elif cfg.out_dir:
+            where = ("No checkpoint of this run is kept: the first one saved would already hold weights that give this "
+                     "value. Start the run again with a lower learning rate (or a smaller grad_clip).")
+        else:
+            where = "Start the run again with a lower learning rate (or a smaller grad_clip); set out_dir to keep checkpoints."
+        return FloatingPointError(f"{what} at step {step}; the weights were NOT updated. {where}")
 
     def run_eval(step: int) -> None:
         metrics = evaluate(raw_model, step)
@@ -764,10 +865,17 @@ def train(
         bar = tqdm(total=end_step, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
         log = bar.write if log is print else log
 
+    for what, dataset in (("training", data.train), ("validation", data.val)):
+        counts = getattr(dataset, "truncation", None)  # SFTDataset / DPODataset: what max_length cut away
+        if is_main and isinstance(counts, dict) and (counts.get("no_answer") or counts.get("cut_answer")):
+            log(f"note: {what} data: " + _truncation_line(counts))
     train_seconds, t0 = 0.0, time.perf_counter()
     tokens_seen = 0
     tokens_per_s = 0.0
     ckpt_path = None
+    # next-token losses above 2 ln(vocab) (twice the loss of guessing uniformly) mean a diverging run
+    vocab = getattr(getattr(raw_model, "config", None), "vocab_size", None)
+    blowup = 2 * math.log(vocab) if objective is lm_objective and step_fn is None and isinstance(vocab, int) else None
     if start_step == 0 and cfg.eval_every and not history["eval_step"] and is_main:
         run_eval(0)
     for step in range(start_step, end_step):
@@ -779,17 +887,22 @@ def train(
         idx = data_mod.shard(data_mod.global_batch_indices(n_train, cfg.batch_size, step, cfg.seed), rank, world)
         batch = move_to(data.train.batch(idx), device)
         tic = time.perf_counter()
-        if step_fn is not None:
-            with (autocast() if autocast is not None else contextlib.nullcontext()):
-                got = step_fn(model, optimizer, batch, cfg.grad_clip)
-            metrics = dict(got) if isinstance(got, dict) else {"loss": got}
-            metrics = {k: torch.as_tensor(float(v)) for k, v in metrics.items()}
-            metrics.setdefault("grad_norm", torch.tensor(float("nan")))
-            _check_finite("the loss", metrics["loss"], f"at step {step}")
-        else:
-            metrics = objective_step(model, optimizer, batch, objective, cfg.grad_clip, autocast)
-            if world > 1 and float(metrics.get("skipped", 0.0)):
-                raise RuntimeError("a distributed step had no supervised token on one process.")
+        try:
+            if step_fn is not None:
+                with (autocast() if autocast is not None else contextlib.nullcontext()):
+                    got = step_fn(model, optimizer, batch, cfg.grad_clip)
+                metrics = dict(got) if isinstance(got, dict) else {"loss": got}
+                metrics = {k: torch.as_tensor(float(v)) for k, v in metrics.items()}
+                metrics.setdefault("grad_norm", torch.tensor(float("nan")))
+                _check_finite("the loss", metrics["loss"], f"at step {step}")
+            else:
+                metrics = objective_step(model, optimizer, batch, objective, cfg.grad_clip, autocast)
+                if world > 1 and float(metrics.get("skipped", 0.0)):
+                    raise RuntimeError("a distributed step had no supervised token on one process.")
+        except FloatingPointError as err:
+            raise diverged(err, step) from None
+        if not float(metrics.get("skipped", 0.0)):
+            ckpt_path = promote()  # this step's loss was computed on the pending checkpoint's weights
         names = sorted(k for k in metrics if k not in ("grad_norm", "skipped"))
         values = torch.stack([metrics[k].float().to(device) for k in names])
         if world > 1:  # the global mean, as one process with the whole batch would log it
@@ -813,6 +926,11 @@ def train(
         for k, v in logged.items():
             history.setdefault(k, [float("nan")] * (len(history["step"]) - 1)).append(v)
         loss_f = logged["loss"]
+        if blowup is not None and loss_f > blowup and is_main:
+            log(f"warning: the loss at step {step + 1} is {loss_f:.4g}, more than twice ln(vocab_size) = {blowup / 2:.2f} "
+                "(the loss of guessing uniformly): the run is diverging. Lower the learning rate (a run resumes with "
+                "another lr).")
+            blowup = None  # said once
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{loss_f:.3f}", tok_s=f"{tokens_per_s:,.0f}")
@@ -820,10 +938,22 @@ def train(
             log(f"step {step + 1}/{cfg.max_steps} | loss {loss_f:.4f} | lr {lr:.2e} | {tokens_per_s:,.0f} tok/s")
         if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.max_steps) and is_main:
             run_eval(step + 1)
-        if cfg.save_every and (step + 1) % cfg.save_every == 0:
-            ckpt_path = checkpoint(step + 1)
+        if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < end_step:
+            checkpoint(step + 1, pending=True)  # kept once the next step's loss is finite
     if bar is not None:
         bar.close()
+    skipped = int(sum(history["skipped"][len(history["skipped"]) - (end_step - start_step):])) if end_step > start_step else 0
+    if end_step > start_step and skipped == end_step - start_step:
+        if pending_step is not None:
+            os.remove(pending_file)
+        raise ValueError(
+            f"every one of the {skipped} steps was skipped: no batch held a supervised token (every label was -100), "
+            "so the weights did not change. For chat data the prompts probably fill max_length (see the dataset's "
+            "truncation counts and warning): raise max_length (seq_len), shorten the prompts, or check the labels."
+        )
+    if skipped and is_main:
+        log(f"note: {skipped} of {end_step - start_step} steps were skipped: their batches held no supervised token "
+            "(every label -100), so they changed nothing.")
     if cfg.out_dir and end_step > start_step:
         ckpt_path = checkpoint(end_step)
     return TrainResult(raw_model, tokenizer, history, end_step, tokens_per_s, time.perf_counter() - t0, ckpt_path, data)
@@ -846,6 +976,8 @@ def config_from_args(argv: Optional[Sequence[str]] = None) -> Tuple[TrainConfig,
     p.add_argument("--stop-at", type=int, default=None, help="stop after this step (the schedule still plans max_steps)")
     p.add_argument("--history", default=None, help="write the loss history (JSON) to this file")
     args = p.parse_args(argv)
+    if args.history and os.path.isdir(os.path.expanduser(args.history)):
+        p.error(f"--history {args.history} is a folder; give a file name, e.g. {os.path.join(args.history, 'history.json')}")
     try:
         d = TrainConfig().to_dict()
         if args.config:
@@ -874,9 +1006,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"done: step {result.step}, last loss {h['loss'][-1]:.4f}, {result.tokens_per_s:,.0f} tok/s "
                   f"(x{world} processes), {result.seconds:.1f} s" + (f", checkpoint {result.checkpoint}" if result.checkpoint else ""))
             if args.history:
-                with open(args.history, "w", encoding="utf-8") as f:
-                    json.dump({"history": h, "step": result.step, "world_size": world,
-                               "tokens_per_s": result.tokens_per_s}, f)
+                from .files import write_json
+
+                write_json(args.history, {"history": h, "step": result.step, "world_size": world,
+                                          "tokens_per_s": result.tokens_per_s}, indent=None)
     finally:
         if world > 1:
             import torch.distributed as dist

@@ -13,8 +13,30 @@ means a wrong result).
   the fragment, or one that tells the user to turn weights-only loading off);
 * ``silent``: no exception where one was expected, or a wrong result.
 
-Run ``python tests/test_bad_input.py`` for the counts (``PYTHONPATH=<other checkout>`` to count
-another version of minimind_ref).
+Run ``python tests/test_bad_input.py`` for the counts. To count another version of minimind_ref,
+run the file with an interpreter that imports that version, from a folder outside this checkout
+(``PYTHONPATH`` does not do it: the editable install of ``.venv`` wins): e.g. a venv whose
+``site-packages`` holds a ``.pth`` listing the other checkout, then ``.venv``'s site-packages.
+
+Issue 30 (``ROUND2_CASES``) added the rows of an independent probe and of our own; on the 73 rows it
+first added, the code before it gave 1 clear error, 3 handled, 47 silent and 22 cryptic. The design
+choices behind those rows:
+
+* every file is written atomically (``minimind_ref.files.atomic_write``); a kill leaves the old or
+  the new file, a full disk an ``OSError`` naming the file; stale temporaries go at the next write;
+* checkpoints and stage files record ``weights_sha256`` and ``meta_sha256`` (config and extra);
+  every loader checks them; files without them (older, upstream's) load as before; the shipped
+  stage files were re-saved with them, bit-identical otherwise (``tools/add_stage_digests.py``);
+* truncation is counted, not refused: a warning with the counts, ``dataset.truncation``, a line in
+  the training log, and ``drop_truncated=True``; a dataset or a run with nothing supervised is an
+  error;
+* chosen == rejected, and a side without an assistant reply, are errors (no preference to learn);
+* the policy passed as its own reference is refused before anything changes (no silent copy);
+* a periodic checkpoint is kept only once the next step's loss on its weights is finite; ``lr``,
+  ``min_lr`` and ``grad_clip`` may change on resume (the advice a divergence gives);
+* LoRA: adapters are not saved by ``save_checkpoint`` (merge or ``save_lora``; the loop's resume
+  files keep them with ``allow_lora=True``); a scale other than 1 is recorded as ``lora_scale``
+  (upstream's ``load_lora`` ignores the key) and must match on load; ``scale=0`` is refused.
 """
 
 from __future__ import annotations
@@ -23,11 +45,14 @@ import collections
 import functools
 import importlib.util
 import io
+import json
+import math
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Callable, List, NamedTuple, Optional, Tuple
@@ -38,6 +63,11 @@ import pytest
 import torch
 
 import minimind_ref as mm
+import minimind_ref.chat_data  # noqa: F401  (mm.chat_data, mm.dpo, mm.grpo, mm.lora, mm.sft in the rows)
+import minimind_ref.dpo  # noqa: F401
+import minimind_ref.grpo  # noqa: F401
+import minimind_ref.lora  # noqa: F401
+import minimind_ref.sft  # noqa: F401
 from minimind_ref.generation import next_token_logits, sample_next_token, top_k_filter
 from minimind_ref.rope import precompute_freqs_cis
 
@@ -538,28 +568,42 @@ def train_divergence(tmp: Path) -> None:
             assert all(torch.isfinite(t).all() for t in blob["state_dict"].values()), "a checkpoint holds non-finite weights"
 
 
+class _NoTargets:
+    """A dataset whose first ``empty`` batches have every label -100 (answers truncated away)."""
+
+    def __init__(self, base: Any, empty: int) -> None:
+        self.base, self.empty = base, empty
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def batch(self, idx: Any) -> Any:
+        x, y = self.base.batch(idx)
+        self.empty -= 1
+        return (x, torch.full_like(x, -100)) if self.empty >= 0 else (x, y)
+
+
 def train_batch_without_targets(tmp: Path) -> None:
-    """Every label -100 (an SFT batch whose answers were truncated away): the step is skipped and counted."""
+    """A batch whose labels are all -100 (an SFT batch whose answers were truncated away): skipped and counted."""
     from minimind_ref.train import RunData, build_model, train
-
-    class NoTargets:
-        def __init__(self, base):
-            self.base = base
-
-        def __len__(self):
-            return len(self.base)
-
-        def batch(self, idx):
-            x, _ = self.base.batch(idx)
-            return x, torch.full_like(x, -100)
 
     data = _tiny_data()
     model = build_model(_tiny_cfg(), data.tokenizer.get_vocab_size())
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    res = train(_tiny_cfg(max_steps=2, eval_every=0), model=model, data=RunData(data.tokenizer, NoTargets(data.train)),
-                log=lambda s: None)
-    assert res.history["skipped"] == [1.0, 1.0], res.history["skipped"]
-    assert all(torch.equal(before[k], v) for k, v in res.model.state_dict().items()), "weights changed"
+    lines: List[str] = []
+    res = train(_tiny_cfg(max_steps=2, eval_every=0), model=model, data=RunData(data.tokenizer, _NoTargets(data.train, 1)),
+                log=lines.append)
+    assert res.history["skipped"] == [1.0, 0.0], res.history["skipped"]
+    assert any("1 of 2 steps were skipped" in line for line in lines), lines
+
+
+def train_every_batch_without_targets(tmp: Path) -> None:
+    """Every step skipped: before, train() returned normally with the weights unchanged."""
+    from minimind_ref.train import RunData, build_model, train
+
+    data = _tiny_data()
+    model = build_model(_tiny_cfg(), data.tokenizer.get_vocab_size())
+    train(_tiny_cfg(max_steps=2, eval_every=0), model=model, data=RunData(data.tokenizer, _NoTargets(data.train, 2)),
+          log=lambda s: None)
 
 
 def dpo_loss_without_targets(tmp: Path) -> None:
@@ -600,6 +644,899 @@ def _grpo_loss(**changes: Any) -> Callable[[Path], Any]:
     return run
 
 
+# ====================================================================== issue 30: reliability, round two
+# ---------------------------------------------------------------------- every writer is atomic
+class _FullDisk:
+    """A file whose ``write`` stores the first ``room`` bytes, then raises ENOSPC (a full disk)."""
+
+    def __init__(self, handle: Any, room: int = 100) -> None:
+        self.handle, self.room = handle, room
+
+    def write(self, data: Any) -> int:
+        if self.room <= 0:
+            raise OSError(28, "No space left on device")
+        part = data[: self.room]
+        self.room -= len(part)
+        self.handle.write(part)
+        if len(part) < len(data):
+            raise OSError(28, "No space left on device")
+        return len(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.handle, name)
+
+    def __enter__(self) -> "_FullDisk":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.handle.close()
+
+
+def _disk_full() -> Any:
+    """Patch open() so that every file opened for writing runs out of space after 100 bytes."""
+    import builtins
+
+    real_open = builtins.open
+
+    def full_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        handle = real_open(file, mode, *args, **kwargs)
+        return _FullDisk(handle) if any(c in mode for c in "wxa+") else handle
+
+    return mock.patch("builtins.open", full_open)
+
+
+def _no_temp_files(folder: Path, expected: List[str]) -> None:
+    assert sorted(os.listdir(folder)) == sorted(expected), f"temporary files left behind: {os.listdir(folder)}"
+
+
+def disk_full_checkpoint(tmp: Path) -> None:
+    path = _saved(tmp)
+    try:
+        with _disk_full():
+            mm.save_checkpoint(tiny_model(seed=1), path)
+    except OSError as err:
+        assert err.errno == 28 and "previous file" in str(err) and str(path) in str(err), str(err)
+        assert _same_weights(mm.load_checkpoint(path), _model()), "the previous checkpoint must be intact"
+        _no_temp_files(tmp, ["ckpt.pt"])
+        raise
+
+
+def _records(n: int, tag: str = "q") -> List[dict]:
+    return [{"conversations": [{"role": "user", "content": f"{tag}{i}"}, {"role": "assistant", "content": "ok"}]}
+            for i in range(n)]
+
+
+def disk_full_jsonl(tmp: Path) -> None:
+    from minimind_ref.chat_data import load_jsonl, save_jsonl
+
+    path = tmp / "data.jsonl"
+    save_jsonl(_records(50), path)
+    try:
+        with _disk_full():
+            save_jsonl(_records(5000, "new"), path)
+    except OSError as err:
+        assert load_jsonl(path) == _records(50), "the previous JSONL file must be intact"
+        _no_temp_files(tmp, ["data.jsonl"])
+        raise
+
+
+_JSONL_KILL_CHILD = """
+import os, signal, sys
+sys.path.insert(0, {tests!r})
+from test_bad_input import _records
+from minimind_ref.chat_data import save_jsonl
+
+def records():
+    for i, r in enumerate(_records(20000, "new")):
+        if i == 10000:
+            os.kill(os.getpid(), signal.SIGKILL)
+        yield r
+
+save_jsonl(records(), {path!r})
+"""
+
+
+def jsonl_killed_half_way(tmp: Path) -> None:
+    """Killed after writing 10,000 of 20,000 records over a 20,000-record file: the old file stays whole
+    (before: load_jsonl returned 0 to 16,047 records, no error)."""
+    from minimind_ref.chat_data import load_jsonl, save_jsonl
+
+    path = tmp / "data.jsonl"
+    save_jsonl(_records(20000), path)
+    code = _JSONL_KILL_CHILD.format(tests=str(Path(__file__).parent), path=str(path))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, f"the child should be killed mid-write: {proc.returncode} {proc.stderr[-500:]}"
+    assert load_jsonl(path) == _records(20000), "the previous JSONL file must be intact"
+
+
+def tilde_path_is_home(tmp: Path) -> None:
+    """save_checkpoint("~/x.pt") writes into the home folder (before: a folder named '~' in the working folder)."""
+    home, work = tmp / "home", tmp / "work"
+    home.mkdir()
+    work.mkdir()
+    old = os.getcwd()
+    os.chdir(work)
+    try:
+        with mock.patch.dict(os.environ, {"HOME": str(home)}):
+            mm.save_checkpoint(_model(), "~/x.pt")
+            assert _same_weights(mm.load_checkpoint("~/x.pt"), _model())
+            from minimind_ref.chat_data import load_jsonl, save_jsonl
+
+            save_jsonl(_records(3), "~/d.jsonl")
+            assert load_jsonl("~/d.jsonl") == _records(3)
+    finally:
+        os.chdir(old)
+    assert sorted(os.listdir(home)) == ["d.jsonl", "x.pt"] and os.listdir(work) == [], (os.listdir(home), os.listdir(work))
+
+
+
+# ---------------------------------------------------------------------- digests and one validation path for weights
+def _flip_tensor_byte(path: Path) -> None:
+    """Flip one bit in the middle of the largest tensor stored in a torch.save zip file."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        info = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    data = bytearray(path.read_bytes())
+    name_len = int.from_bytes(data[info.header_offset + 26: info.header_offset + 28], "little")
+    extra_len = int.from_bytes(data[info.header_offset + 28: info.header_offset + 30], "little")
+    start = info.header_offset + 30 + name_len + extra_len
+    data[start + info.file_size // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def flipped_bit_checkpoint(tmp: Path) -> None:
+    path = _saved(tmp)
+    _flip_tensor_byte(path)
+    mm.load_checkpoint(path)
+
+
+def edited_by_hand_checkpoint(tmp: Path) -> None:
+    path = _saved(tmp)
+    blob = torch.load(path, weights_only=True)
+    blob["state_dict"]["model.norm.weight"] = torch.zeros_like(blob["state_dict"]["model.norm.weight"])
+    torch.save(blob, path)
+    mm.load_checkpoint(path)
+
+
+def checkpoint_without_digest_loads(tmp: Path) -> None:
+    """Files written before the digest existed (and upstream's .pth) have none: they load as before."""
+    path = _saved(tmp)
+    blob = torch.load(path, weights_only=True)
+    assert isinstance(blob.pop("weights_sha256"), str)
+    torch.save(blob, path)
+    assert _same_weights(mm.load_checkpoint(path), _model())
+
+
+def resume_flipped_bit(tmp: Path) -> None:
+    from minimind_ref.train import train
+
+    run = tmp / "run"
+    train(_tiny_cfg(max_steps=4, out_dir=str(run), eval_every=0), data=_tiny_data(), stop_at=2, log=lambda s: None)
+    _flip_tensor_byte(run / "ckpt.pt")
+    train(_tiny_cfg(max_steps=4, out_dir=str(run), resume="auto", eval_every=0), data=_tiny_data(), log=lambda s: None)
+
+
+def _upstream():
+    import _upstream_files
+
+    return _upstream_files
+
+
+def _inf_upstream_model() -> mm.MiniMindForCausalLM:
+    U = _upstream()
+    m = U.random_model(U.upstream_layout(), seed=0)
+    with torch.no_grad():
+        m.model.layers[0].mlp.up_proj.weight[0, 0] = float("inf")
+    return m
+
+
+def load_pth_inf(tmp: Path) -> None:
+    from minimind_ref.pretrained import load_pth
+
+    load_pth(_upstream().save_pth(_inf_upstream_model(), tmp))
+
+
+def load_hf_dir_inf(tmp: Path) -> None:
+    from minimind_ref.pretrained import load_hf_dir
+
+    _upstream().save_llama_dir(_inf_upstream_model(), tmp / "hf")
+    load_hf_dir(tmp / "hf")
+
+
+def load_pth_pickle(tmp: Path) -> None:
+    from minimind_ref.pretrained import load_pth
+
+    marker = tmp / "payload_ran"
+    torch.save({"model.embed_tokens.weight": torch.zeros(2, 2), "x": _Payload(str(marker))}, tmp / "full_sft_512.pth")
+    try:
+        load_pth(tmp / "full_sft_512.pth")
+    finally:
+        assert not marker.exists(), "the pickled payload ran"
+
+
+def load_pretrained_other_tokenizer(tmp: Path) -> None:
+    """A 300-token tokenizer next to a 400-token model (the probe: 512 with 6,400)."""
+    from minimind_ref import pretrained as P
+
+    U = _upstream()
+    U.save_pth(U.random_model(U.upstream_layout(), seed=0), tmp)
+    U.write_tokenizer(tmp, vocab_size=300)
+    with mock.patch.dict(P.MODELS, {"Tiny": (64, False, 2)}):
+        P.load_pretrained("Tiny", path=tmp)
+
+
+def _stage_dir(tmp: Path) -> Any:
+    import minimind_ref.stages as stages
+
+    return mock.patch.object(stages, "CHECKPOINT_DIR", tmp)
+
+
+def _tiny_stage(tmp: Path, model: Optional[mm.MiniMindForCausalLM] = None) -> Path:
+    import minimind_ref.stages as stages
+
+    figures = {"sum_accuracy": 0.74, "stop_rate": 1.0, "preference_accuracy": 0.9, "mean_length": 40.0}
+    with _stage_dir(tmp):
+        return stages.save_stage(model if model is not None else _model(), "sft", {"evaluate_chat": figures})
+
+
+def stage_zeroed_by_hand(tmp: Path) -> None:
+    """Weights zeroed with torch.load/torch.save: `report --recorded` must not show the recorded 0.74."""
+    import minimind_ref.stages as stages
+
+    path = _tiny_stage(tmp)
+    blob = torch.load(path, weights_only=True)
+    blob["state_dict"] = {k: torch.zeros_like(v) for k, v in blob["state_dict"].items()}
+    torch.save(blob, path)
+    with _stage_dir(tmp):
+        stages.recorded_rows(["sft"])
+
+
+def stage_resaved_with_old_metadata(tmp: Path) -> None:
+    """New weights saved with save_checkpoint and the old extra: the figures belong to other weights."""
+    import minimind_ref.stages as stages
+
+    path = _tiny_stage(tmp)
+    with _stage_dir(tmp):
+        extra = stages.stage_metadata("sft")
+        mm.save_checkpoint(tiny_model(seed=3).half(), path, extra=extra)
+        stages.recorded_rows(["sft"])
+
+
+def stage_truncated(tmp: Path) -> None:
+    import minimind_ref.stages as stages
+
+    path = _tiny_stage(tmp)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with _stage_dir(tmp):
+        stages.stage_metadata("sft")
+
+
+def stage_fp16_overflow(tmp: Path) -> None:
+    m = tiny_model()
+    with torch.no_grad():
+        m.model.layers[0].mlp.up_proj.weight[0, 0] = 1e6
+    _tiny_stage(tmp, m)
+
+
+def shipped_stages_verify(tmp: Path) -> None:
+    """Every shipped stage file carries the digest of its weights, and it verifies."""
+    import minimind_ref.stages as stages
+
+    for name in stages.available_stages():
+        blob = torch.load(stages.stage_path(name), weights_only=True)
+        assert isinstance(blob.get("weights_sha256"), str), f"{name}.pt has no digest"
+        assert isinstance(blob.get("meta_sha256"), str), f"{name}.pt has no digest of its config and metadata"
+        assert blob["extra"].get("weights_sha256") == blob["weights_sha256"], f"{name}.pt: extra lacks the digest"
+        stages.stage_metadata(name)
+
+
+# ---------------------------------------------------------------------- truncation is counted and reported
+@functools.lru_cache(maxsize=None)
+def _course_tokenizer():
+    from minimind_ref.stages import load_tokenizer
+
+    return load_tokenizer()
+
+
+def _chat(user: str, answer: str) -> dict:
+    return {"conversations": [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]}
+
+
+def _fits(record: dict) -> int:
+    from minimind_ref.sft import encode_chat
+
+    return len(encode_chat(_course_tokenizer(), record["conversations"]))
+
+
+def sft_prompts_too_long(tmp: Path) -> None:
+    """3 of 4 prompts longer than max_length (the probe's case): counted, warned, and droppable."""
+    from minimind_ref.sft import SFTDataset
+
+    short = _chat("hi", "ok")
+    records = [_chat("word " * 80, "ok fine")] * 3 + [short]
+    ds = _warned(lambda: SFTDataset(records, _course_tokenizer(), max_length=_fits(short)),
+                 "of 4 conversations, 3 lost their whole answer")
+    assert (ds.truncation["no_answer"], ds.truncation["cut_answer"], ds.truncated) == (3, 0, [0, 1, 2]), ds.truncation
+    kept = _warned(lambda: SFTDataset(records, _course_tokenizer(), max_length=_fits(short), drop_truncated=True),
+                   "left out")
+    assert len(kept) == 1 and kept.truncation["dropped"] == 3
+
+
+def sft_answer_cut(tmp: Path) -> None:
+    """An answer cut mid-way loses its <|im_end|>: counted as cut_answer."""
+    from minimind_ref.sft import SFTDataset
+
+    record = _chat("hi", "a long answer " * 20)
+    # no random system prompt, every empty thinking block kept: the encoding _fits measured
+    ds = _warned(lambda: SFTDataset([record, _chat("hi", "ok")], _course_tokenizer(), max_length=_fits(record) - 5,
+                                    add_system_ratio=0.0, empty_think_ratio=1.0),
+                 "1 lost the end of an answer with its <|im_end|>")
+    assert ds.truncation["cut_answer"] == 1 and ds.truncation["no_answer"] == 0, ds.truncation
+    assert 2 not in ds.examples[0][1], "the cut answer has no <|im_end|> label"
+
+
+def sft_nothing_supervised(tmp: Path) -> None:
+    from minimind_ref.sft import SFTDataset
+
+    SFTDataset([_chat("word " * 80, "ok")] * 4, _course_tokenizer(), max_length=32)
+
+
+def sft_fits_no_warning(tmp: Path) -> None:
+    """Nothing is cut: no warning, counts 0."""
+    from minimind_ref.sft import SFTDataset
+
+    ds = _no_warning(lambda: SFTDataset([_chat("hi", "ok")] * 2, _course_tokenizer(), max_length=256))
+    assert ds.truncation["no_answer"] == ds.truncation["cut_answer"] == 0
+
+
+def train_log_reports_truncation(tmp: Path) -> None:
+    from minimind_ref.sft import SFTDataset
+    from minimind_ref.train import RunData, train
+
+    tok = _course_tokenizer()
+    short = _chat("hi", "ok")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ds = SFTDataset([_chat("word " * 80, "ok fine"), short, short, short], tok, max_length=_fits(short))
+    lines: List[str] = []
+    model = tiny_model(vocab_size=tok.get_vocab_size())
+    train(_tiny_cfg(max_steps=1, eval_every=0, batch_size=4), model=model, data=RunData(tok, ds), log=lines.append)
+    assert any("training data: of 4 examples, 1 lost their whole answer" in line for line in lines), lines
+
+
+def _pair(user: str, chosen: str, rejected: str) -> dict:
+    turn = [{"role": "user", "content": user}]
+    return {"chosen": turn + [{"role": "assistant", "content": chosen}],
+            "rejected": turn + [{"role": "assistant", "content": rejected}]}
+
+
+def dpo_pairs_cut_to_nothing(tmp: Path) -> None:
+    """Pairs whose prompt fills max_length (before: a constant log 2 in the loss, nothing said)."""
+    from minimind_ref.dpo import DPODataset
+
+    short = _pair("hi", "yes", "no")
+    records = [_pair("word " * 80, "yes", "no")] * 2 + [short]
+    length = max(_fits({"conversations": short["chosen"]}), _fits({"conversations": short["rejected"]}))
+    ds = _warned(lambda: DPODataset(records, _course_tokenizer(), max_length=length),
+                 "of 3 pairs, 2 lost their whole answer")
+    assert ds.truncation["no_answer"] == 2 and len(ds) == 3
+    kept = _warned(lambda: DPODataset(records, _course_tokenizer(), max_length=length, drop_truncated=True), "left out")
+    assert len(kept) == 1
+
+
+def dpo_chosen_is_rejected(tmp: Path) -> None:
+    from minimind_ref.dpo import DPODataset
+
+    DPODataset([_pair("hi", "yes", "no"), _pair("hi", "same", "same")], _course_tokenizer(), max_length=128)
+
+
+# ---------------------------------------------------------------------- GRPO rewards, the policy as its own reference, DPO pairing
+def _grpo_step(**changes: Any) -> Callable[[Path], Any]:
+    """One GRPOObjective call on a tiny model with the course tokenizer (2 completions of 2 tokens)."""
+
+    def run(tmp: Path) -> Any:
+        from minimind_ref import chat_data
+        from minimind_ref.grpo import GRPOObjective
+
+        tok = _course_tokenizer()
+        policy = tiny_model(vocab_size=tok.get_vocab_size(), max_position_embeddings=256).train()
+        args = dict(ref_model=tiny_model(vocab_size=tok.get_vocab_size(), max_position_embeddings=256), tokenizer=tok,
+                    num_generations=2, max_new_tokens=2)
+        args.update(changes)
+        return GRPOObjective(**args)(policy, chat_data.rl_prompts(1, 0, "train"))
+    return run
+
+
+def _policy_as_reference(which: str) -> Callable[[Path], Any]:
+    def run(tmp: Path) -> None:
+        from minimind_ref.dpo import train_dpo
+        from minimind_ref.grpo import train_grpo
+
+        model = tiny_model().train()
+        try:
+            (train_dpo if which == "dpo" else train_grpo)(model, _course_tokenizer(), ref_model=model)
+        finally:
+            assert all(p.requires_grad for p in model.parameters()), "the caller's model was frozen"
+    return run
+
+
+def dpo_one_chosen_three_rejected(tmp: Path) -> None:
+    from minimind_ref.dpo import DPODataset, concat_pairs
+
+    batch = {k: torch.zeros(1 if k.endswith("chosen") else 3, 5, dtype=torch.long) for k in DPODataset.KEYS}
+    concat_pairs(batch)
+
+
+# ---------------------------------------------------------------------- LoRA
+def _adapted(scale: float = 1.0, seed: int = 0) -> mm.MiniMindForCausalLM:
+    from minimind_ref.lora import apply_lora, lora_modules
+
+    model = apply_lora(tiny_model(), rank=4, scale=scale)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, layer in lora_modules(model):
+            layer.lora.B.weight.copy_(torch.randn(layer.lora.B.weight.shape, generator=g))
+    return model
+
+
+def lora_old_checkpoint(tmp: Path) -> None:
+    """A file written before save_checkpoint refused adapters: the hint names them (was: 'fix hidden_size')."""
+    mm.save_checkpoint(_adapted(), tmp / "c.pt", allow_lora=True)
+    mm.load_checkpoint(tmp / "c.pt")
+
+
+def lora_other_scale(tmp: Path) -> None:
+    from minimind_ref.lora import apply_lora, load_lora, save_lora
+
+    save_lora(_adapted(scale=1.0), tmp / "a.pth")
+    load_lora(apply_lora(tiny_model(), rank=4, scale=2.0), tmp / "a.pth")
+
+
+def lora_scale_round_trip(tmp: Path) -> None:
+    """scale 2 is recorded in the file (key lora_scale, ignored by upstream's load_lora) and reloads exactly."""
+    from minimind_ref.lora import apply_lora, load_lora, save_lora
+
+    model = _adapted(scale=2.0)
+    with torch.no_grad():  # the file holds fp16 adapters (as upstream's save_lora writes them)
+        for name, p in model.named_parameters():
+            if ".lora." in name:
+                p.copy_(p.half().float())
+    save_lora(model, tmp / "a.pth")
+    assert float(torch.load(tmp / "a.pth", weights_only=True)["lora_scale"]) == 2.0
+    again = apply_lora(tiny_model(), rank=4, scale=2.0)
+    load_lora(again, tmp / "a.pth")
+    ids = _ids()
+    torch.testing.assert_close(again(ids).logits, model(ids).logits, rtol=0, atol=0)
+    save_lora(_adapted(scale=1.0), tmp / "b.pth")
+    assert "lora_scale" not in torch.load(tmp / "b.pth", weights_only=True), "scale 1 files stay upstream's format"
+
+
+def _lora_scale_entry(tmp: Path, value: torch.Tensor) -> None:
+    from minimind_ref.lora import apply_lora, load_lora, save_lora
+
+    save_lora(_adapted(), tmp / "a.pth")
+    blob = torch.load(tmp / "a.pth", weights_only=True)
+    blob["lora_scale"] = value
+    torch.save(blob, tmp / "a.pth")
+    load_lora(apply_lora(tiny_model(), rank=4), tmp / "a.pth")
+
+
+def lora_run_saves_and_resumes(tmp: Path) -> None:
+    """The training loop's own resume file keeps the adapters (allow_lora=True), and the run resumes."""
+    from minimind_ref.lora import apply_lora, mark_only_lora_trainable
+    from minimind_ref.train import build_model, train
+
+    def adapted() -> mm.MiniMindForCausalLM:
+        torch.manual_seed(0)
+        model = apply_lora(build_model(_tiny_cfg(), _tiny_data().tokenizer.get_vocab_size()), rank=4)
+        mark_only_lora_trainable(model)
+        return model
+
+    run = tmp / "run"
+    cfg = _tiny_cfg(max_steps=4, out_dir=str(run), eval_every=0)
+    whole = train(cfg.replace(out_dir=None), model=adapted(), data=_tiny_data(), log=lambda s: None)
+    train(cfg, model=adapted(), data=_tiny_data(), stop_at=2, log=lambda s: None)
+    resumed = train(cfg.replace(resume="auto"), model=adapted(), data=_tiny_data(), log=lambda s: None)
+    assert resumed.history["loss"] == whole.history["loss"], (resumed.history["loss"], whole.history["loss"])
+
+
+# ---------------------------------------------------------------------- divergence: what is kept, and the advice works
+def diverged_keeps_no_destroyed_checkpoint(tmp: Path) -> None:
+    """lr=1e9, save_every=1: step 1's weights (|w| ~ 1e9) were kept as ckpt.pt; now a save is kept only once the
+    next step's loss, computed on its weights, is finite."""
+    from minimind_ref.train import train
+
+    run = tmp / "run"
+    try:
+        train(_tiny_cfg(max_steps=6, lr=1e9, min_lr=0.0, warmup_steps=0, eval_every=0, save_every=1, grad_clip=None,
+                        out_dir=str(run)), data=_tiny_data(), log=lambda s: None)
+    finally:
+        assert not (run / "ckpt.pt").exists(), "a checkpoint of destroyed weights was kept"
+        assert not (run / "ckpt.pt.pending").exists(), "a pending checkpoint was left behind"
+
+
+def diverged_then_resume_lower_lr(tmp: Path) -> None:
+    """A run diverges after a good checkpoint: the error names it, and the advice (resume with a lower lr) works
+    (before: resume refused the changed lr)."""
+    from minimind_ref.train import train
+
+    run = tmp / "run"
+    cfg = _tiny_cfg(max_steps=6, eval_every=0, save_every=1, out_dir=str(run), warmup_steps=0, grad_clip=None)
+    quiet = lambda s: None  # noqa: E731
+    train(cfg, data=_tiny_data(), stop_at=2, log=quiet)
+    try:
+        train(cfg.replace(lr=1e9, min_lr=0.0, resume="auto"), data=_tiny_data(), log=quiet)
+    except FloatingPointError as err:
+        assert "holds step 2" in str(err) and "resume='auto'" in str(err), str(err)
+    else:
+        raise AssertionError("lr=1e9 should diverge")
+    assert torch.load(run / "ckpt.pt", weights_only=True)["extra"]["step"] == 2
+    done = train(cfg.replace(lr=1e-3, min_lr=1e-4, resume="auto"), data=_tiny_data(), log=quiet)
+    assert done.step == 6 and all(math.isfinite(v) and v < 10 for v in done.history["loss"]), done.history["loss"]
+
+
+def loss_blowup_warns(tmp: Path) -> None:
+    """lr=10: the loss goes from 5.9 to 1,172 and stays finite; the log now says the run is diverging."""
+    from minimind_ref.train import train
+
+    lines: List[str] = []
+    train(_tiny_cfg(max_steps=3, lr=10.0, min_lr=0.0, warmup_steps=0, eval_every=0, grad_clip=None), data=_tiny_data(),
+          log=lines.append)
+    assert sum("the run is diverging" in line for line in lines) == 1, lines
+
+
+# ---------------------------------------------------------------------- still silent from round one
+def _train_step(max_grad_norm: Any) -> Callable[[Path], Any]:
+    def run(tmp: Path) -> Any:
+        from minimind_ref.train import train_step
+
+        model = tiny_model().train()
+        ids = _ids(2, 8)
+        return train_step(model, torch.optim.SGD(model.parameters(), lr=0.1), ids, ids, max_grad_norm=max_grad_norm)
+    return run
+
+
+def encode_documents_literal_marker(tmp: Path) -> None:
+    """A pretraining document that contains the text '<|im_end|>': before, it became the end-of-sequence id."""
+    from minimind_ref.data import encode_documents
+
+    tok = _course_tokenizer()
+    ids = encode_documents(tok, ["hello <|im_end|> world", "plain"]).tolist()
+    assert ids.count(2) == 2 and ids.count(1) == 2, ids  # only the framing ids are special
+    assert tok.decode(ids[1:ids.index(2)], skip_special_tokens=False) == "hello <|im_end|> world"
+    assert tok.encode_special_tokens is False, "the tokenizer's setting is restored"
+
+
+def rope_scaling_round_trip(tmp: Path) -> None:
+    """A hand-set rope_scaling survives save_checkpoint/load_checkpoint (before: dropped, logits off by 0.19)."""
+    config = tiny_config()
+    config.rope_scaling = {"type": "yarn", "factor": 4, "original_max_position_embeddings": 16, "beta_fast": 32,
+                           "beta_slow": 1, "attention_factor": 1.0}
+    torch.manual_seed(0)
+    model = mm.MiniMindForCausalLM(config).eval()
+    mm.save_checkpoint(model, tmp / "c.pt")
+    loaded = _no_warning(lambda: mm.load_checkpoint(tmp / "c.pt"))
+    assert loaded.config.rope_scaling == config.rope_scaling, loaded.config.rope_scaling
+    ids = _ids(1, 40)
+    torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=0)
+    plain = mm.load_checkpoint(tmp / "c.pt", inference_rope_scaling=False)  # an explicit override wins
+    assert plain.config.rope_scaling is None
+
+
+def hf_round_trip_keeps_dropout(tmp: Path) -> None:
+    """to_hf_llama -> from_hf_llama keeps dropout and flash_attn (before: 0.0 and True)."""
+    from minimind_ref.hf import from_hf_llama, to_hf_llama
+
+    for dropout, flash in ((0.1, False), (0.0, True)):
+        back = from_hf_llama(to_hf_llama(tiny_model(dropout=dropout, flash_attn=flash)))
+        assert (back.config.dropout, back.config.flash_attn) == (dropout, flash), back.config
+
+
+# ---------------------------------------------------------------------- kills at random moments of every writer
+_WRITERS_CHILD = """
+import os, sys, time
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+from unittest import mock
+import test_bad_input as T
+import minimind_ref as mm
+import minimind_ref.stages as stages
+from minimind_ref.chat_data import save_jsonl
+from minimind_ref.lora import save_lora
+from minimind_ref.tokenizer import save_tokenizer
+from minimind_ref.train import train
+
+folder = Path({folder!r})
+v = T._writer_versions()
+quiet = lambda s: None
+
+def cycle(k):
+    mm.save_checkpoint(v["model"][k], folder / "ckpt.pt")
+    save_lora(v["lora"][k], folder / "adapter.pth")
+    stages.save_stage(v["model"][k], "sft", {{"evaluate_chat": {{"sum_accuracy": k}}}})
+    save_jsonl(v["records"][k], folder / "data.jsonl")
+    save_tokenizer(v["tokenizer"][k], folder / "tokenizer.json")
+    train(T._tiny_cfg(max_steps=3, save_every=1, eval_every=0, out_dir=str(folder / "run")), data=v["data"], log=quiet)
+
+with mock.patch.object(stages, "CHECKPOINT_DIR", folder):
+    cycle(0)
+    start = time.perf_counter()
+    cycle(1)
+    print("ready", time.perf_counter() - start, flush=True)
+    for line in sys.stdin:  # one worker per kill: forked from this warm process, it writes until it is killed
+        pid = os.fork()
+        if pid == 0:
+            for i in range(10**9):
+                cycle(i % 2)
+        print(pid, flush=True)
+        os.waitpid(pid, 0)
+        print("reaped", flush=True)
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def _writer_versions() -> dict:
+    """Two versions of everything the writers child saves (deterministic, so the parent can rebuild them)."""
+    return {"model": [tiny_model(seed=0), tiny_model(seed=1)], "lora": [_adapted(seed=0), _adapted(seed=1)],
+            "records": [_records(3000, "a"), _records(3000, "b")], "tokenizer": [_tokenizer(), _course_tokenizer()],
+            "data": _tiny_data()}
+
+
+def _one_of(value: Any, versions: List[Any], same: Callable[[Any, Any], bool], what: str) -> None:
+    assert any(same(value, v) for v in versions), f"{what} is neither the old nor the new version"
+
+
+def _check_writer_files(folder: Path) -> None:
+    import minimind_ref.stages as stages
+    from minimind_ref.chat_data import load_jsonl
+    from minimind_ref.lora import apply_lora, load_lora, lora_modules
+    from minimind_ref.tokenizer import load_tokenizer
+    from minimind_ref.train import _load_resume_blob
+
+    v = _writer_versions()
+    _one_of(mm.load_checkpoint(folder / "ckpt.pt"), v["model"], _same_weights, "ckpt.pt")
+    adapted = apply_lora(tiny_model(), rank=4)
+    load_lora(adapted, folder / "adapter.pth")
+    _one_of(adapted, v["lora"], lambda a, b: all(torch.equal(x.lora.B.weight, y.lora.B.weight.half().float())
+                                                  for (_, x), (_, y) in zip(lora_modules(a), lora_modules(b))),
+            "adapter.pth")  # save_lora writes fp16, as upstream
+    with _stage_dir(folder):
+        stages.stage_metadata("sft")  # verifies the digests
+        stage = mm.load_checkpoint(stages.stage_path("sft"))
+    _one_of(stage, [m.half().float() for m in map(lambda m: __import__("copy").deepcopy(m), v["model"])], _same_weights,
+            "sft.pt")
+    _one_of(load_jsonl(folder / "data.jsonl"), v["records"], lambda a, b: a == b, "data.jsonl")
+    _one_of(load_tokenizer(folder / "tokenizer.json").to_str(), [t.to_str() for t in v["tokenizer"]], lambda a, b: a == b,
+            "tokenizer.json")
+    run = folder / "run"
+    if (run / "ckpt.pt").exists():
+        _load_resume_blob(str(run / "ckpt.pt"))  # digest and finite weights: a run could resume from it
+        import json
+
+        json.loads((run / "train_config.json").read_text(encoding="utf-8"))
+
+
+def every_writer_killed_at_random_moments(tmp: Path) -> None:
+    """A process saves a checkpoint, a LoRA file, a stage file, a JSONL file, a tokenizer and a training run
+    (save_every=1) over and over, alternating two versions, and is SIGKILLed at a random moment of that cycle; six
+    times. Every file must then be the old or the new version, whole and verified (the digests)."""
+    import random
+
+    rng = random.Random(30)
+    code = _WRITERS_CHILD.format(tests=str(Path(__file__).parent), folder=str(tmp))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # tiny models: one thread (and fork-safe workers)
+    factory = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = factory.stdout.readline()
+        assert line.startswith("ready"), f"the writer did not start: {line!r} {factory.stderr.read()[-800:]}"
+        cycle = float(line.split()[1])
+        for _ in range(6):
+            factory.stdin.write("go\n")
+            factory.stdin.flush()
+            worker = int(factory.stdout.readline())
+            time.sleep(rng.uniform(0.0, 2 * cycle))
+            os.kill(worker, signal.SIGKILL)
+            assert factory.stdout.readline().strip() == "reaped"
+            _check_writer_files(tmp)
+        factory.stdin.close()  # the factory leaves its loop and exits
+        assert factory.wait(timeout=60) == 0, factory.stderr.read()[-800:]
+        # the next save of each file removes what killed writers left (.NAME.<pid>.*.tmp, ckpt.pt.pending)
+        from minimind_ref.chat_data import save_jsonl
+        from minimind_ref.lora import save_lora
+        from minimind_ref.tokenizer import save_tokenizer
+        from minimind_ref.train import train
+
+        v = _writer_versions()
+        mm.save_checkpoint(v["model"][0], tmp / "ckpt.pt")
+        save_lora(v["lora"][0], tmp / "adapter.pth")
+        with _stage_dir(tmp):
+            __import__("minimind_ref.stages").stages.save_stage(v["model"][0], "sft", {})
+        save_jsonl(v["records"][0], tmp / "data.jsonl")
+        save_tokenizer(v["tokenizer"][0], tmp / "tokenizer.json")
+        train(_tiny_cfg(max_steps=1, eval_every=0, out_dir=str(tmp / "run")), data=v["data"], log=lambda s: None)
+        left = [p.name for p in [*tmp.iterdir(), *(tmp / "run").iterdir()] if p.name.endswith((".tmp", ".pending"))]
+        assert not left, f"left behind after the next saves: {left}"
+    finally:
+        if factory.poll() is None:
+            factory.kill()
+            factory.wait()
+        for stream in (factory.stdin, factory.stdout, factory.stderr):
+            stream.close()
+
+
+# ---------------------------------------------------------------------- our own probe (post-training and persistence)
+def _jsonl_file(tmp: Path, text: str) -> Path:
+    return _write(tmp, "x.jsonl", text.encode("utf-8"))
+
+
+def jsonl_bom_loads(tmp: Path) -> None:
+    from minimind_ref.chat_data import load_jsonl
+
+    assert load_jsonl(_jsonl_file(tmp, "\ufeff" + json.dumps(_records(1)[0]) + "\n")) == _records(1)
+
+
+def jsonl_unserializable_keeps_file(tmp: Path) -> None:
+    from minimind_ref.chat_data import load_jsonl, save_jsonl
+
+    path = tmp / "x.jsonl"
+    save_jsonl(_records(2), path)
+    try:
+        save_jsonl(_records(3) + [{"conversations": {1, 2}}], path)
+    finally:
+        assert load_jsonl(path) == _records(2), "the previous file must be intact"
+
+
+def tokenizer_truncated(tmp: Path) -> None:
+    from minimind_ref.tokenizer import load_tokenizer, save_tokenizer
+
+    save_tokenizer(_course_tokenizer(), tmp / "t.json")
+    data = (tmp / "t.json").read_bytes()
+    (tmp / "t.json").write_bytes(data[: len(data) // 2])
+    load_tokenizer(tmp / "t.json")
+
+
+def checkpoint_of_a_lora_file(tmp: Path) -> None:
+    from minimind_ref.lora import save_lora
+
+    save_lora(_adapted(), tmp / "a.pth")
+    mm.load_checkpoint(tmp / "a.pth")
+
+
+def config_edited_by_hand(tmp: Path) -> None:
+    """rope_theta 1e6 -> 1e7 in the stored config: loaded with other logits, no word (the weights digest passed)."""
+    path = _saved(tmp)
+    blob = torch.load(path, weights_only=True)
+    blob["config"]["rope_theta"] = 1e7
+    torch.save(blob, path)
+    mm.load_checkpoint(path)
+
+
+def stage_figures_edited_by_hand(tmp: Path) -> None:
+    import minimind_ref.stages as stages
+
+    path = _tiny_stage(tmp)
+    blob = torch.load(path, weights_only=True)
+    blob["extra"]["evaluate_chat"]["sum_accuracy"] = 0.99
+    torch.save(blob, path)
+    with _stage_dir(tmp):
+        stages.recorded_rows(["sft"])
+
+
+def stage_without_figures(tmp: Path) -> None:
+    import minimind_ref.stages as stages
+
+    with _stage_dir(tmp):
+        stages.save_stage(_model(), "sft", {})
+        stages.recorded_rows(["sft"])
+
+
+def hf_config_not_json(tmp: Path) -> None:
+    from minimind_ref.pretrained import load_hf_dir
+
+    _write(tmp, "config.json", b"{not json")
+    load_hf_dir(tmp)
+
+
+def sft_some_without_reply(tmp: Path) -> None:
+    from minimind_ref.sft import SFTDataset
+
+    user_only = {"conversations": [{"role": "user", "content": "hi"}]}
+    ds = _warned(lambda: SFTDataset([user_only] * 3 + [_chat("hi", "ok")], _course_tokenizer(), 256),
+                 "3 of 4 conversations have no assistant reply")
+    assert ds.no_reply == [0, 1, 2]
+
+
+def dpo_side_without_reply(tmp: Path) -> None:
+    from minimind_ref.dpo import DPODataset
+
+    pair = _pair("hi", "yes", "no")
+    pair["rejected"] = pair["rejected"][:1]
+    DPODataset([pair], _course_tokenizer(), 128)
+
+
+def train_out_dir_is_a_file(tmp: Path) -> None:
+    from minimind_ref.train import train
+
+    _write(tmp, "f", b"x")
+    train(_tiny_cfg(max_steps=1, eval_every=0, out_dir=str(tmp / "f")), data=_tiny_data(), log=lambda s: None)
+
+
+def train_stop_at_before_resume(tmp: Path) -> None:
+    from minimind_ref.train import train
+
+    run = tmp / "run"
+    train(_tiny_cfg(max_steps=4, out_dir=str(run), eval_every=0), data=_tiny_data(), stop_at=3, log=lambda s: None)
+    train(_tiny_cfg(max_steps=4, out_dir=str(run), eval_every=0, resume="auto"), data=_tiny_data(), stop_at=2,
+          log=lambda s: None)
+
+
+def train_out_dir_tilde(tmp: Path) -> None:
+    from minimind_ref.train import train
+
+    old = os.getcwd()
+    os.chdir(tmp)
+    try:
+        with mock.patch.dict(os.environ, {"HOME": str(tmp / "home")}):
+            train(_tiny_cfg(max_steps=1, eval_every=0, out_dir="~/run"), data=_tiny_data(), log=lambda s: None)
+    finally:
+        os.chdir(old)
+    assert (tmp / "home" / "run" / "ckpt.pt").is_file() and not (tmp / "~").exists()
+
+
+# ---------------------------------------------------------------------- our own probe, round two
+def resume_from_pending(tmp: Path) -> None:
+    """Killed right after the first periodic save (only ckpt.pt.pending exists): the run resumes from it (before this
+    fix it started again from step 0 without a word)."""
+    from minimind_ref.train import train
+
+    run = tmp / "run"
+    cfg = _tiny_cfg(max_steps=4, save_every=2, eval_every=0, out_dir=str(run))
+    whole = train(cfg.replace(out_dir=None, save_every=0), data=_tiny_data(), log=lambda s: None)
+    train(cfg, data=_tiny_data(), stop_at=2, log=lambda s: None)
+    os.replace(run / "ckpt.pt", run / "ckpt.pt.pending")
+    lines: List[str] = []
+    resumed = train(cfg.replace(resume="auto"), data=_tiny_data(), log=lines.append)
+    assert any("resumed from" in line and "at step 2" in line for line in lines), lines
+    assert resumed.history["loss"] == whole.history["loss"]
+    assert sorted(os.listdir(run)) == ["ckpt.pt", "tokenizer.json", "train_config.json"], os.listdir(run)
+
+
+def _objective(fn: Callable[..., Any]) -> Callable[[Path], Any]:
+    def run(tmp: Path) -> Any:
+        from minimind_ref.train import train
+
+        return train(_tiny_cfg(max_steps=1, eval_every=0), data=_tiny_data(), objective=fn, log=lambda s: None)
+    return run
+
+
+def train_cli_history_folder(tmp: Path) -> None:
+    """--history naming a folder: a usage error before training (was an error after the whole run)."""
+    from minimind_ref.train import config_from_args
+
+    err = io.StringIO()
+    with mock.patch("sys.stderr", err):
+        try:
+            config_from_args(["--config", "tiny_test", "--history", str(tmp)])
+        except SystemExit as exit_info:
+            assert exit_info.code == 2 and "is a folder" in err.getvalue(), (exit_info.code, err.getvalue())
+            return
+    raise AssertionError("no usage error")
+
+
+def train_empty_dataset(tmp: Path) -> None:
+    from minimind_ref.train import RunData, train
+
+    class Empty:
+        def __len__(self) -> int:
+            return 0
+
+    train(_tiny_cfg(max_steps=1, eval_every=0), model=tiny_model(vocab_size=300), data=RunData(_tiny_data().tokenizer,
+          Empty()), log=lambda s: None)
+
+
 CASES: List[Case] = [
     # ---- items 2-5: training settings, resume, divergence, batches without targets
     Case("TrainConfig: grad_clip=-1 (was gradient ascent)", _settings(grad_clip=-1), ValueError, "grad_clip=-1"),
@@ -614,7 +1551,7 @@ CASES: List[Case] = [
     Case("train: resume on other data", train_resume_other_data, ValueError, "training data differ"),
     Case("train: resume from a pickled payload", train_resume_pickled_payload, ValueError, "will not unpickle"),
     Case("train: lr=1e9, save_every=1 -> stops before the poisoned update", train_divergence, FloatingPointError, "not updated"),
-    Case("train: a batch without supervised tokens is skipped", train_batch_without_targets, None),
+    Case("train: a batch without supervised tokens is skipped and counted in the log", train_batch_without_targets, None),
     Case("dpo_loss: no masked token -> finite", dpo_loss_without_targets, None),
     Case("group_advantages: a group with equal rewards -> 0, not NaN", grpo_group_without_spread, None),
     Case("group_advantages: rewards not in whole groups", grpo_partial_groups,
@@ -743,7 +1680,158 @@ TRAIN_CASES: List[Case] = [
 ]
 # ======================================================================= end of train.py rows
 
-TABLE: List[Case] = CASES + TRAIN_CASES
+# ======================================================================= issue 30 (reliability, round two)
+# Every case of the independent probe's report, and what our own probe of the same kinds found.
+ROUND2_CASES: List[Case] = [
+    # ---- every file is written atomically; a full disk says which file and that the old one is intact
+    Case("save_checkpoint: disk full -> OSError naming the file, previous file intact", disk_full_checkpoint,
+         OSError, "the disk is full"),
+    Case("save_jsonl: disk full -> OSError, previous file intact", disk_full_jsonl, OSError, "previous file"),
+    Case("save_jsonl: killed half-way over a 20,000-record file -> the old file whole", jsonl_killed_half_way, None,
+         slow=True),
+    Case("save_checkpoint('~/x.pt') / save_jsonl('~/d.jsonl') write into the home folder", tilde_path_is_home, None),
+    Case("every writer (checkpoint, LoRA, stage, JSONL, tokenizer, train save_every=1) SIGKILLed at 6 random moments "
+         "-> old or new file, whole and verified", every_writer_killed_at_random_moments, None, slow=True, needs="tokenizers"),
+    # ---- checkpoints and stage files carry a digest of their weights; one validation path for every loader
+    Case("load_checkpoint: one flipped bit in a weight -> damaged (digest)", flipped_bit_checkpoint, ValueError, "is damaged"),
+    Case("load_checkpoint: a tensor zeroed by hand (torch.load/torch.save) -> damaged", edited_by_hand_checkpoint,
+         ValueError, "do not match the sha-256 digest"),
+    Case("load_checkpoint: a file without a digest (older course file) loads", checkpoint_without_digest_loads, None),
+    Case("train: resume from a ckpt.pt with a flipped bit", resume_flipped_bit, ValueError, "cannot resume"),
+    Case("load_pth: an inf weight (was NaN logits)", load_pth_inf, ValueError, "non-finite weights"),
+    Case("load_hf_dir: an inf weight (was NaN logits)", load_hf_dir_inf, ValueError, "non-finite weights", needs="safetensors"),
+    Case("load_pth: a pickled payload (was 'an interrupted download')", load_pth_pickle, ValueError, "will not unpickle"),
+    Case("load_pretrained: a 300-token tokenizer with a 400-token model", load_pretrained_other_tokenizer, ValueError,
+         "vocabulary of 400 tokens but the tokenizer has 300", needs="tokenizers"),
+    Case("report --recorded: stage weights zeroed by hand (was the recorded 0.74)", stage_zeroed_by_hand, ValueError,
+         "is damaged"),
+    Case("report --recorded: stage re-saved with new weights and the old figures", stage_resaved_with_old_metadata,
+         ValueError, "measured on other weights"),
+    Case("stage_metadata: a truncated stage file (was a raw zip error)", stage_truncated, ValueError, "is not a checkpoint"),
+    Case("save_stage: a weight beyond float16's range (was blamed on divergence)", stage_fp16_overflow, ValueError,
+         "beyond float16's range"),
+    Case("shipped stage files carry a digest that verifies", shipped_stages_verify, None),
+    # ---- truncation is counted where it happens (dataset warning, training log); all-skipped runs are errors
+    Case("SFTDataset: 3 of 4 prompts longer than max_length -> counted, warned, drop_truncated", sft_prompts_too_long,
+         None, needs="tokenizers"),
+    Case("SFTDataset: an answer cut mid-way (no <|im_end|>) -> counted, warned", sft_answer_cut, None, needs="tokenizers"),
+    Case("SFTDataset: no supervised token at all", sft_nothing_supervised, ValueError, "is supervised", needs="tokenizers"),
+    Case("SFTDataset: nothing cut -> no warning", sft_fits_no_warning, None, needs="tokenizers"),
+    Case("train: truncated training data -> a note in the training log", train_log_reports_truncation, None,
+         needs="tokenizers"),
+    Case("train: every step skipped (no supervised token) -> error (was: returned, weights unchanged)",
+         train_every_batch_without_targets, ValueError, "every one of the 2 steps was skipped"),
+    Case("DPODataset: pairs cut to nothing (was a constant log 2) -> counted, warned, drop_truncated",
+         dpo_pairs_cut_to_nothing, None, needs="tokenizers"),
+    Case("DPODataset: chosen == rejected -> error (a design choice: no preference in it)", dpo_chosen_is_rejected,
+         ValueError, "states no preference", needs="tokenizers"),
+    # ---- GRPO rewards and settings are checked (were 'the loss is nan ... lower the learning rate' or torch errors)
+    Case("GRPOObjective: a NaN reward", _grpo_step(reward_fn=lambda reply, answer: float("nan")), ValueError,
+         "rewards must be finite", needs="tokenizers"),
+    Case("GRPOObjective: an inf reward", _grpo_step(reward_fn=lambda reply, answer: float("inf")), ValueError,
+         "returned inf", needs="tokenizers"),
+    Case("GRPOObjective: a reward of None", _grpo_step(reward_fn=lambda reply, answer: None), TypeError,
+         "it must return a number", needs="tokenizers"),
+    Case("GRPOObjective: a reward '1' (a string)", _grpo_step(reward_fn=lambda reply, answer: "1"), TypeError,
+         "returned '1' (str)", needs="tokenizers"),
+    Case("GRPOObjective: a bool reward counts as 0/1", lambda tmp: _grpo_step(reward_fn=lambda r, a: r == a)(tmp), None,
+         needs="tokenizers"),
+    Case("GRPOObjective: beta=inf", _grpo_step(beta=float("inf")), ValueError, "beta must be a number >= 0 and finite",
+         needs="tokenizers"),
+    Case("GRPOObjective: max_new_tokens=0", _grpo_step(max_new_tokens=0), ValueError, "max_new_tokens must be an int >= 1",
+         needs="tokenizers"),
+    Case("GRPOObjective: temperature=0", _grpo_step(temperature=0.0), ValueError, "temperature must be a finite number > 0",
+         needs="tokenizers"),
+    Case("grpo_loss: beta=inf", _grpo_loss(beta=float("inf")), ValueError, "beta must be a number >= 0 and finite"),
+    Case("group_advantages: a NaN reward", _call(lambda: __import__("minimind_ref.grpo").grpo.group_advantages(torch.tensor([1.0, float("nan")]), 2)),
+         ValueError, "rewards must be finite"),
+    # ---- the policy as its own reference is refused before anything changes (a design choice: no silent copy)
+    Case("train_dpo(model, ref_model=model) -> refused, the model not frozen", _policy_as_reference("dpo"), ValueError,
+         "ref_model is the policy itself", needs="tokenizers"),
+    Case("train_grpo(model, ref_model=model) -> refused, the model not frozen", _policy_as_reference("grpo"), ValueError,
+         "ref_model is the policy itself", needs="tokenizers"),
+    # ---- divergence: no checkpoint of destroyed weights, and the advice given works
+    Case("train: lr=1e9, save_every=1 -> no checkpoint of destroyed weights kept (was step 1, |w| 1e9)",
+         diverged_keeps_no_destroyed_checkpoint, FloatingPointError, "no checkpoint of this run is kept"),
+    Case("train: diverged after a good checkpoint -> named; resume with a lower lr works (was refused)",
+         diverged_then_resume_lower_lr, None),
+    Case("train: a finite loss blow-up (lr=10: 5.9 -> 1,172) -> a warning in the log", loss_blowup_warns, None),
+    # ---- still silent from round one
+    Case("train_step: max_grad_norm=-1 (was gradient ascent)", _train_step(-1), ValueError, "max_grad_norm=-1 is invalid"),
+    Case("train_step: max_grad_norm=0", _train_step(0), ValueError, "0 would zero every update"),
+    Case("train_step: max_grad_norm=None (no clipping) works", _train_step(None), None),
+    Case("encode_documents: a literal '<|im_end|>' stays text (was the end-of-sequence id)", encode_documents_literal_marker,
+         None, needs="tokenizers"),
+    Case("save/load_checkpoint: a hand-set rope_scaling survives (logits were off by 0.19)", rope_scaling_round_trip, None),
+    Case("to_hf_llama -> from_hf_llama keeps dropout and flash_attn", hf_round_trip_keeps_dropout, None,
+         needs="transformers"),
+    # ---- our own probe of the same kinds of input (post-training and persistence)
+    Case("load_jsonl: a JSON array on a line (records came back as lists)", lambda tmp: mm.chat_data.load_jsonl(
+        _jsonl_file(tmp, json.dumps(_records(1)) + "\n")), ValueError, "not an object"),
+    Case("load_jsonl: a file starting with a byte-order mark loads", jsonl_bom_loads, None),
+    Case("save_jsonl: a record that is not JSON -> names it, previous file intact", jsonl_unserializable_keeps_file,
+         TypeError, "record 3 cannot be written as json"),
+    Case("load_tokenizer: a truncated tokenizer.json (was a bare Exception)", tokenizer_truncated, ValueError,
+         "is not a valid tokenizer.json", needs="tokenizers"),
+    Case("load_checkpoint: a save_lora file", checkpoint_of_a_lora_file, ValueError, "holds lora adapters only"),
+    Case("load_checkpoint: the config edited by hand (rope_theta 1e6 -> 1e7, loaded silently)", config_edited_by_hand,
+         ValueError, "its config or metadata do not match"),
+    Case("report --recorded: a stage's figures edited by hand (reported silently)", stage_figures_edited_by_hand,
+         ValueError, "is damaged"),
+    Case("report --recorded: a stage file without figures (was KeyError 'evaluate_chat')", stage_without_figures,
+         ValueError, "records no evaluate_chat figures"),
+    Case("load_hf_dir: config.json that is not JSON (no file name)", hf_config_not_json, ValueError,
+         "is not a valid config.json"),
+    Case("SFTDataset: 3 of 4 conversations without an assistant reply -> warned", sft_some_without_reply, None,
+         needs="tokenizers"),
+    Case("SFTDataset: max_length=2.5 (was a slice TypeError)", lambda tmp: mm.sft.SFTDataset([_chat("hi", "ok")],
+         _course_tokenizer(), 2.5), ValueError, "max_length must be a whole number", needs="tokenizers"),
+    Case("DPODataset: max_length='256'", lambda tmp: mm.dpo.DPODataset([_pair("hi", "a", "b")], _course_tokenizer(),
+         "256"), ValueError, "max_length must be a whole number", needs="tokenizers"),
+    Case("DPODataset: a rejected side without an assistant reply (mask 0, silent)", dpo_side_without_reply, ValueError,
+         "the rejected conversation has no assistant reply", needs="tokenizers"),
+    Case("dpo_loss: a mask holding 2 (silently a weight)", _call(lambda: mm.dpo.dpo_loss(torch.zeros(2, 3), torch.zeros(2, 3),
+         torch.full((2, 3), 2.0), 0.1)), ValueError, "mask must hold 0 and 1 only"),
+    Case("RLPromptDataset: conversations that are a string (was AttributeError)", _call(lambda: mm.grpo.RLPromptDataset(
+         [{"conversations": "hello"}])), ValueError, "record 0 must be"),
+    Case("train: out_dir is a file (was FileExistsError)", train_out_dir_is_a_file, ValueError, "is a file, not a folder"),
+    Case("train: stop_at=-1 (returned 'step -1')", lambda tmp: __import__("minimind_ref.train").train.train(
+         _tiny_cfg(eval_every=0), data=_tiny_data(), stop_at=-1), ValueError, "stop_at=-1 is invalid"),
+    Case("train: stop_at before the resumed step (returned silently)", train_stop_at_before_resume, ValueError,
+         "stop_at=2 is not after step 3"),
+    Case("train: out_dir='~/run' is in the home folder", train_out_dir_tilde, None),
+    Case("train: only ckpt.pt.pending left by a kill -> resumes from it (was: from step 0)", resume_from_pending, None),
+    Case("train CLI: --history <a folder> -> usage error before training", train_cli_history_folder, None),
+    Case("train: an empty training dataset (was ZeroDivisionError)", train_empty_dataset, ValueError,
+         "the training dataset is empty"),
+    Case("train: an objective returning a float", _objective(lambda m, b: 1.0), TypeError, "must return a dict with 'loss'"),
+    Case("train: an objective without 'loss' (was KeyError)", _objective(lambda m, b: {"value": m(b[0], labels=b[1]).loss}),
+         TypeError, "must return a dict with 'loss'"),
+    Case("train: an objective's loss without gradient (was a torch RuntimeError)",
+         _objective(lambda m, b: {"loss": m(b[0], labels=b[1]).loss.detach()}), ValueError, "carries no gradient"),
+    Case("train: resume=<a folder> (was 'no such checkpoint file')", lambda tmp: __import__("minimind_ref.train").train.train(
+         _tiny_cfg(resume=str(tmp)), data=_tiny_data()), IsADirectoryError, "give the checkpoint file in it"),
+    Case("load_checkpoint: dtype=torch.int64 (weights truncated to integers silently)", lambda tmp: mm.load_checkpoint(
+         _saved(tmp), dtype=torch.int64), TypeError, "floating-point torch.dtype"),
+    Case("load_lora: a lora_scale entry of 3 numbers", lambda tmp: _lora_scale_entry(tmp, torch.ones(3)), ValueError,
+         "its lora_scale entry must be one finite number"),
+    # ---- LoRA
+    Case("save_checkpoint: unmerged LoRA adapters (was a file load_checkpoint could not read)",
+         lambda tmp: mm.save_checkpoint(_adapted(), tmp / "c.pt"), ValueError, "unmerged lora adapters"),
+    Case("load_checkpoint: an older file with unmerged adapters -> the hint names them (was: 'fix hidden_size')",
+         lora_old_checkpoint, ValueError, "the file holds unmerged lora adapters"),
+    Case("train: a LoRA run saves its adapters in ckpt.pt and resumes", lora_run_saves_and_resumes, None),
+    Case("apply_lora: scale=0 (trained nothing, no word)", _call(lambda: mm.lora.apply_lora(tiny_model(), rank=4, scale=0)),
+         ValueError, "scale=0 switches the adapters off"),
+    Case("load_lora: a file saved with scale 1 into adapters of scale 2 (logits changed silently)", lora_other_scale,
+         ValueError, "was trained with scale 1.0"),
+    Case("save_lora/load_lora: scale 2 is recorded and reloads exactly", lora_scale_round_trip, None),
+    # ---- DPO pairing
+    Case("concat_pairs: 1 chosen row and 3 rejected rows (was paired wrongly)", dpo_one_chosen_three_rejected, ValueError,
+         "one row per pair"),
+]
+
+TABLE: List[Case] = CASES + TRAIN_CASES + ROUND2_CASES
 
 CLEAR, HANDLED, CRYPTIC, SILENT = "clear error", "handled correctly", "cryptic error", "silent"
 

@@ -316,19 +316,29 @@ def test_a_batch_without_supervised_tokens_is_skipped(tiny_data):
     from minimind_ref.train import RunData
 
     class NoTargets:
-        def __init__(self, base):
-            self.base = base
+        """Batches whose labels are all -100 for the first ``empty`` calls."""
+
+        def __init__(self, base, empty):
+            self.base, self.empty = base, empty
 
         def __len__(self):
             return len(self.base)
 
         def batch(self, idx):
-            x, _ = self.base.batch(idx)
-            return x, torch.full_like(x, -100)
+            x, y = self.base.batch(idx)
+            self.empty -= 1
+            return (x, torch.full_like(x, -100)) if self.empty >= 0 else (x, y)
 
     model = build_model(tiny(), tiny_data.tokenizer.get_vocab_size())
     before = {k: v.clone() for k, v in model.state_dict().items()}
+    lines = []
     res = train(tiny(max_steps=2, eval_every=0), model=model,
-                data=RunData(tiny_data.tokenizer, NoTargets(tiny_data.train)))
-    assert res.history["skipped"] == [1.0, 1.0]
-    assert all(torch.equal(before[k], v) for k, v in res.model.state_dict().items())
+                data=RunData(tiny_data.tokenizer, NoTargets(tiny_data.train, 1)), log=lines.append)
+    assert res.history["skipped"] == [1.0, 0.0]
+    assert any("1 of 2 steps were skipped" in line for line in lines), lines
+    assert not all(torch.equal(before[k], v) for k, v in res.model.state_dict().items())
+    # every step skipped: an error, not a run that returns the weights unchanged
+    model = build_model(tiny(), tiny_data.tokenizer.get_vocab_size())
+    with pytest.raises(ValueError, match="every one of the 2 steps was skipped"):
+        train(tiny(max_steps=2, eval_every=0), model=model, data=RunData(tiny_data.tokenizer, NoTargets(tiny_data.train, 2)),
+              log=lines.append)
