@@ -115,13 +115,15 @@ def _setup_sft(device: torch.device) -> Dict[str, Any]:
 
 def _setup_dpo(device: torch.device) -> Dict[str, Any]:
     # dpo.build_stage: the sft stage, TrainConfig.from_json(dpo.DPO_CONFIG) (configs/ch11_dpo.json:
-    # batch_size 8 pairs = 16 rows, seq_len 256), dpo.STAGE_SETTINGS (beta 0.1, reduction "mean",
-    # n_train 1000, seed 0), the reference a frozen copy of the parent, objective DPOObjective
+    # batch_size 8 pairs = 16 rows, seq_len 256), dpo.STAGE_SETTINGS (beta 0.15, reduction "sum",
+    # n_train 1000 generated pairs; the own-reply pairs are left out here: they need sampling first),
+    # seed 0, the reference a frozen copy of the parent, objective DPOObjective
     s = dpo.STAGE_SETTINGS
     cfg = TrainConfig.from_json(dpo.DPO_CONFIG)
     model, tok = stages.load_stage(stages.STAGE_INFO["dpo"].parent, device)
     reference = dpo.freeze_reference(model)
-    data = dpo.dpo_data(tok, n_train=s["n_train"], n_val=1, seed=s["seed"], max_length=cfg.seq_len)
+    data = dpo.dpo_data(tok, n_train=s["n_train"], n_val=1, seed=0, max_length=cfg.seq_len,
+                        empty_think_ratio=s["empty_think_ratio"])
     objective = dpo.DPOObjective(reference, beta=s["beta"], reduction=s["reduction"])
     return {"cfg": cfg, "model": model, "reference": reference, "dataset": data.train, "objective": objective,
             "settings": {"config": dpo.DPO_CONFIG, "seq_len": cfg.seq_len,
@@ -130,22 +132,23 @@ def _setup_dpo(device: torch.device) -> Dict[str, Any]:
 
 def _setup_grpo(device: torch.device) -> Dict[str, Any]:
     # grpo.build_stage: the sft stage, TrainConfig.from_json(grpo.GRPO_CONFIG) (configs/ch12_grpo.json:
-    # batch_size 4 prompts), grpo.STAGE_SETTINGS (8 completions per prompt = 32 rows, up to 16 new
-    # tokens, beta 0.04, temperature 0.8, sequence reduction, batch normalisation, n_train 2000,
-    # seed 0), the reference a frozen copy of the parent, objective GRPOObjective as train_grpo builds it
+    # batch_size 4 prompts), grpo.STAGE_SETTINGS (6 completions per prompt = 24 rows, up to 16 new
+    # tokens, beta 0.1, temperature 0.8, CISPO, sequence reduction, n_train 2000), seed 0, the
+    # reference a frozen copy of the parent, objective GRPOObjective as train_grpo builds it
     s = grpo.STAGE_SETTINGS
     cfg = TrainConfig.from_json(grpo.GRPO_CONFIG)
     model, tok = stages.load_stage(stages.STAGE_INFO["grpo"].parent, device)
     reference = dpo.freeze_reference(model)
-    data = grpo.rl_data(s["n_train"], s["seed"])
+    data = grpo.rl_data(s["n_train"], 0)
     objective = grpo.GRPOObjective(reference, tok, num_generations=s["num_generations"],
                                    max_new_tokens=s["max_new_tokens"], beta=s["beta"], temperature=s["temperature"],
-                                   reward_fn=grpo.sum_reward, normalize_batch=s["normalize_batch"],
-                                   reduction=s["reduction"], seed=s["seed"])
+                                   reward_fn=grpo.sum_reward, loss_type=s["loss_type"], epsilon=s["epsilon"],
+                                   epsilon_high=s["epsilon_high"], sync_every=s["sync_every"],
+                                   reduction=s["reduction"], seed=0)
     return {"cfg": cfg, "model": model, "reference": reference, "dataset": data.train, "objective": objective,
             "settings": {"config": grpo.GRPO_CONFIG,
                          **{k: s[k] for k in ("num_generations", "max_new_tokens", "beta", "temperature",
-                                              "reduction", "normalize_batch", "n_train")}}}
+                                              "loss_type", "reduction", "n_train")}}}
 
 
 SETUPS: Dict[str, Callable[[torch.device], Dict[str, Any]]] = {"sft": _setup_sft, "dpo": _setup_dpo, "grpo": _setup_grpo}

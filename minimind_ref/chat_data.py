@@ -1,8 +1,7 @@
 """Data for the post-training chapters (09-12), generated from a seed, in upstream's JSONL shapes.
 
-The world is chapter 08's: two-digit additions (with the same held-out problems: a test problem
-never occurs in any training split of any stage, in either order) and tiny stories, plus who the
-assistant is and what it cannot do. Four kinds of user turns:
+The world is chapter 08's: two-digit additions and tiny stories, plus who the assistant is and
+what it cannot do. Four kinds of user turns:
 
 =============  ===========================================  =====================================
 kind           user says (one of several phrasings)         assistant answers
@@ -10,10 +9,24 @@ kind           user says (one of several phrasings)         assistant answers
 ``sum``        "What is 37 plus 45?"                        ``37+45=082`` (chapter 08's format)
 ``story``      a story, then "Who went to the park ...?"    the name / thing / place / number
 ``identity``   "Who are you?"                               ``IDENTITY``
-``refusal``    "What is the weather today?"                 ``REFUSAL`` (a polite "I can't")
+``refusal``    "What is the weather in Oslo today?"         ``REFUSAL`` (a polite "I can't")
 =============  ===========================================  =====================================
 
-Shapes, as upstream's ``dataset/lm_dataset.py`` reads them (jingyaogong/minimind at c090b69):
+**Held out means held out.** Every kind has a ``"test"`` split that no stage ever trains on,
+chapter 08's pretraining included:
+
+* sums: chapter 08's held-out problems (``data.arithmetic_split``: unordered pairs, so neither
+  ``a+b`` nor ``b+a`` ever occurs in any training text), asked in phrasings no training split uses;
+* stories: built around held-out problems (so no held-out story text occurs in training), asked
+  with question phrasings of their own;
+* identity: ``IDENTITY_QUESTIONS_TEST``, paraphrases no training split uses;
+* refusals: ``cannot_do_requests("test")``, requests from templates no training split uses;
+* chapter 10's doubling skill: the numbers whose doubling ``n+n=2n`` never occurs in chapter 08's
+  corpus (the doubles among the held-out problems), asked in every phrasing.
+
+``heldout_exchanges(kind)`` lists each kind's fixed held-out evaluation set (distinct prompts).
+
+Shapes, as upstream's ``dataset/lm_dataset.py`` reads them (jingyaogong/minimind):
 
 * SFT: ``{"conversations": [{"role": "user", "content": ...}, {"role": "assistant", ...}, ...]}``
 * DPO: ``{"chosen": [messages...], "rejected": [messages...]}`` (same prompt, different last turn)
@@ -31,6 +44,7 @@ import functools
 import json
 import os
 import random
+import re
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -38,6 +52,8 @@ from .data import FEELINGS, ITEMS, NAMES, PLACES, THINGS, arithmetic_split, form
 
 Message = Dict[str, str]
 Conversation = List[Message]
+SPLITS = ("train", "test")
+KINDS = ("sum", "story", "identity", "refusal")
 
 IDENTITY = ("I am MiniMind, a tiny language model trained in the course MiniMind from Zero. "
             "I can add two-digit numbers and answer questions about short stories.")
@@ -50,36 +66,83 @@ SUM_PHRASINGS = [
     "{a}+{b}=?", "Please work out {a} + {b}.", "Tell me the sum of {a} and {b}.",
     "What's {a} plus {b}?", "Calculate {a} plus {b}, please.",
 ]
+# held out: no training split uses these
+SUM_PHRASINGS_TEST = [
+    "What is the sum of {a} and {b}?", "Add up {a} and {b}.", "{a} plus {b} is how much?",
+    "Could you add {a} to {b}?", "Find {a} + {b}.", "How much do {a} and {b} make together?",
+    "Work out {a} plus {b}.", "I need {a} + {b}.",
+]
 IDENTITY_QUESTIONS = [
     "Who are you?", "What is your name?", "What are you?", "Introduce yourself.", "Are you a human?",
     "Tell me about yourself.", "What can you do?", "Who made you?",
 ]
-# Requests outside the assistant's skills; the last ones are held out (never trained on).
-CANNOT_DO = [
-    ("What is the weather today?", "The weather today is sunny and warm."),
-    ("What time is it now?", "It is three o'clock."),
-    ("Write a poem about the sea.", "The sea is blue, the sea is deep, the fish are sleeping in a heap."),
-    ("Translate 'hello' into French.", "Hello in French is 'danke'."),
-    ("What is the capital of France?", "The capital of France is Berlin."),
-    ("Who won the football match yesterday?", "The red team won the match three to one."),
-    ("Can you browse the internet for me?", "Yes, I found three pages about it."),
-    ("What is 123 times 456?", "123 times 456 is 5,000."),
-    ("Tell me a joke about cats.", "Cats are funny because they can fly."),
-    ("What is the price of gold today?", "Gold costs 12 dollars today."),
-    ("How far away is the moon?", "The moon is 40 kilometres away."),
-    ("Can you send an email to my friend?", "Done, I sent the email to your friend."),
-    ("What is the square root of 2?", "The square root of 2 is exactly 1.5."),
-    ("Who is the president of Mars?", "The president of Mars is Tom."),
-    ("Play some music for me.", "Now playing your favourite song."),
-    ("What will happen tomorrow?", "Tomorrow it will snow everywhere."),
+# held out: paraphrases no training split uses
+IDENTITY_QUESTIONS_TEST = [
+    "What should I call you?", "Which model am I talking to?", "Are you a robot?", "What kind of program are you?",
+    "Who built you?", "What do you know how to do?", "Tell me who you are.", "Describe yourself.",
+    "Do you have a name?", "Who am I talking to?", "Are you a person or a machine?", "What are your skills?",
+    "Please introduce yourself.", "What can you help me with?", "Who created you?", "What is your purpose?",
+    "Say who you are.", "Hello, who is this?", "Are you an AI?", "What are you good at?", "Who trained you?",
+    "Give me a short introduction of yourself.",
 ]
-N_HELD_OUT_REQUESTS = 4
-SYSTEM_PROMPTS = ["You are MiniMind, a helpful assistant.", "You are a helpful assistant. Answer briefly."]
+
+# Requests outside the assistant's skills, each with a confident made-up answer (the rejected side
+# of a DPO pair). A template and its fillers give many distinct requests; the test split's
+# templates are never used by a training split.
+_CITIES = ("Paris", "London", "Tokyo", "Cairo", "Lima", "Oslo", "Delhi", "Rome")
+_TOPICS = ("the sea", "the moon", "winter", "a garden", "the city", "friendship")
+_LANGUAGES = ("French", "German", "Spanish", "Japanese", "Italian")
+_WORDS = ("hello", "thank you", "good night", "apple", "book")
+_COUNTRIES = ("France", "Japan", "Brazil", "Kenya", "Canada", "Norway")
+_THINGS = ("gold", "bread", "oil", "coffee", "silver", "rice")
+_PEOPLE = ("my friend", "my teacher", "my brother", "my boss", "Anna")
+_SPORTS = ("football", "tennis", "basketball", "hockey")
+_ANIMALS = ("cats", "dogs", "ducks", "horses", "fish")
+_ROOMS = ("kitchen", "bedroom", "garage", "living room", "office")
+_HOURS = ("six", "seven", "eight", "nine", "ten")
+_GENRES = ("jazz", "rock", "classical", "pop")
+_FAR = ("the moon", "the sun", "Mars", "the nearest star", "the ocean floor")
+
+CANNOT_DO_TEMPLATES: Dict[str, List[Tuple[str, str, Sequence[str]]]] = {
+    "train": [
+        ("What is the weather in {x} today?", "The weather in {x} is sunny and warm today.", _CITIES),
+        ("What time is it in {x} now?", "It is three o'clock in {x}.", _CITIES[:6]),
+        ("Write a poem about {x}.", "Oh {x}, so blue and deep, the fish are sleeping in a heap.", _TOPICS),
+        ("Translate '{x}' into French.", "'{x}' in French is 'danke'.", _WORDS),
+        ("What is the capital of {x}?", "The capital of {x} is Berlin.", _COUNTRIES),
+        ("Who won the {x} match yesterday?", "The red team won the {x} match three to one.", _SPORTS),
+        ("Can you send an email to {x}?", "Done, I sent the email to {x}.", _PEOPLE),
+        ("What is the price of {x} today?", "{X} costs 12 dollars today.", _THINGS),
+        ("Tell me a joke about {x}.", "{X} are funny because they can fly.", _ANIMALS),
+        ("How far away is {x}?", "{X} is 40 kilometres away.", _FAR),
+        ("Play some {x} music for me.", "Now playing your favourite {x} song.", _GENRES),
+        ("Can you browse the internet for {x}?", "Yes, I found three pages about {x}.", _TOPICS[:4]),
+    ],
+    "test": [
+        ("Will it rain in {x} tomorrow?", "Yes, it will rain all day in {x} tomorrow.", _CITIES[:6]),
+        ("Book a table for two at a restaurant in {x}.", "Your table in {x} is booked for eight o'clock.", _CITIES[2:7]),
+        ("Compose a song about {x}.", "La la la, {x}, la la la.", _TOPICS[:5]),
+        ("How do you say 'good morning' in {x}?", "In {x} you say 'blimp'.", _LANGUAGES),
+        ("Who is the president of {x}?", "The president of {x} is Tom.", _COUNTRIES[:5]),
+        ("Set an alarm for {x} o'clock.", "Your alarm is set for {x} o'clock.", _HOURS),
+        ("Turn on the lights in the {x}.", "The lights in the {x} are on now.", _ROOMS),
+        ("What is the latest news about {x}?", "Today {x} was in the news three times.", _SPORTS),
+        ("Draw a picture of {x}.", "Here is a picture of {x}: [picture].", _ANIMALS),
+        ("Call {x} for me.", "I am calling {x} now.", _PEOPLE[:4]),
+    ],
+}
 STORY_QUESTIONS = ("friend", "thing", "place", "total")
+STORY_QUESTION_PHRASINGS: Dict[str, Dict[str, str]] = {
+    "train": {"friend": "Who went to the {place} with {name}?", "thing": "What did {name} have?",
+              "place": "Where did {name} go?", "total": "How many {item} did they have together?"},
+    "test": {"friend": "Who was with {name} at the {place}?", "thing": "What did {name} own?",
+             "place": "Where did {name} and {friend} go?", "total": "How many {item} did they find in all?"},
+}
+SYSTEM_PROMPTS = ["You are MiniMind, a helpful assistant.", "You are a helpful assistant. Answer briefly."]
 
 
 def _split_of(split: str) -> None:
-    if split not in ("train", "test"):
+    if split not in SPLITS:
         raise ValueError(f"split must be 'train' or 'test', got {split!r}.")
 
 
@@ -89,24 +152,40 @@ def _cached_split() -> Tuple[Tuple[Tuple[int, int], ...], Tuple[Tuple[int, int],
     return tuple(train), tuple(test)
 
 
-def _default_split() -> Tuple[List[Tuple[int, int]], List[Tuple[int, int]]]:
-    """``arithmetic_split()``, computed once (it is called for every generated exchange)."""
-    train, test = _cached_split()
-    return list(train), list(test)
-
-
 def sum_problems(split: str = "train") -> List[Tuple[int, int]]:
     """The addition problems of a split: chapter 08's ``arithmetic_split`` (unordered pairs held
     out together), so held-out problems were never seen in pretraining either."""
     _split_of(split)
-    train, test = _default_split()
-    return train if split == "train" else test
+    train, test = _cached_split()
+    return list(train if split == "train" else test)
+
+
+def sum_phrasings(split: str = "train") -> List[str]:
+    """The phrasings of sum questions of a split (the test split's are never trained on)."""
+    _split_of(split)
+    return list(SUM_PHRASINGS if split == "train" else SUM_PHRASINGS_TEST)
+
+
+def identity_questions(split: str = "train") -> List[str]:
+    """The identity questions of a split (the test split's paraphrases are never trained on)."""
+    _split_of(split)
+    return list(IDENTITY_QUESTIONS if split == "train" else IDENTITY_QUESTIONS_TEST)
+
+
+@functools.lru_cache(maxsize=2)
+def _requests(split: str) -> Tuple[Tuple[str, str], ...]:
+    out = []
+    for request, made_up, fillers in CANNOT_DO_TEMPLATES[split]:
+        for x in fillers:
+            out.append((request.format(x=x), made_up.format(x=x, X=x[:1].upper() + x[1:])))
+    return tuple(out)
 
 
 def cannot_do_requests(split: str = "train") -> List[Tuple[str, str]]:
-    """``(request, made-up answer)`` pairs; the last ``N_HELD_OUT_REQUESTS`` are the test split."""
+    """``(request, made-up answer)`` pairs of a split, all distinct; the test split's come from
+    templates no training split uses (``CANNOT_DO_TEMPLATES``)."""
     _split_of(split)
-    return CANNOT_DO[:-N_HELD_OUT_REQUESTS] if split == "train" else CANNOT_DO[-N_HELD_OUT_REQUESTS:]
+    return list(_requests(split))
 
 
 # ---------------------------------------------------------------------- single exchanges
@@ -120,12 +199,13 @@ class Exchange:
     info: Dict[str, Any]
 
 
-def sum_exchange(a: int, b: int, rng: random.Random) -> Exchange:
-    question = rng.choice(SUM_PHRASINGS).format(a=a, b=b)
+def sum_exchange(a: int, b: int, rng: random.Random, split: str = "train") -> Exchange:
+    question = rng.choice(sum_phrasings(split)).format(a=a, b=b)
     return Exchange("sum", question, f"{a:02d}+{b:02d}={format_answer(a, b)}", {"a": a, "b": b})
 
 
-def story_exchange(rng: random.Random, pairs: Sequence[Tuple[int, int]]) -> Exchange:
+def story_exchange(rng: random.Random, pairs: Sequence[Tuple[int, int]], split: str = "train",
+                   question: Optional[str] = None) -> Exchange:
     """A short story and one question whose answer is copied from it."""
     name, friend = rng.sample(list(NAMES), 2)
     thing, place, item = rng.choice(THINGS), rng.choice(PLACES), rng.choice(ITEMS)
@@ -133,18 +213,14 @@ def story_exchange(rng: random.Random, pairs: Sequence[Tuple[int, int]]) -> Exch
     feeling = rng.choice(FEELINGS)
     story = (f"{name} had {thing}. One day, {name} went to the {place} with {friend}. {friend} found {a} {item} "
              f"and {name} found {b} {item}. Together they had {a + b} {item}. {friend} was {feeling}.")
-    kind = rng.choice(STORY_QUESTIONS)
-    question, answer = {
-        "friend": (f"Who went to the {place} with {name}?", friend),
-        "thing": (f"What did {name} have?", thing),
-        "place": (f"Where did {name} go?", f"the {place}"),
-        "total": (f"How many {item} did they have together?", str(a + b)),
-    }[kind]
-    return Exchange("story", f"{story}\nQuestion: {question}", answer, {"question": kind, "a": a, "b": b})
+    kind = question or rng.choice(STORY_QUESTIONS)
+    asked = STORY_QUESTION_PHRASINGS[split][kind].format(place=place, name=name, friend=friend, item=item)
+    answer = {"friend": friend, "thing": thing, "place": f"the {place}", "total": str(a + b)}[kind]
+    return Exchange("story", f"{story}\nQuestion: {asked}", answer, {"question": kind, "a": a, "b": b})
 
 
-def identity_exchange(rng: random.Random) -> Exchange:
-    return Exchange("identity", rng.choice(IDENTITY_QUESTIONS), IDENTITY, {})
+def identity_exchange(rng: random.Random, split: str = "train") -> Exchange:
+    return Exchange("identity", rng.choice(identity_questions(split)), IDENTITY, {})
 
 
 def refusal_exchange(rng: random.Random, requests: Sequence[Tuple[str, str]]) -> Exchange:
@@ -160,12 +236,14 @@ def random_exchange(rng: random.Random, split: str, weights: Optional[Dict[str, 
     kind = rng.choices(list(weights), weights=list(weights.values()))[0]
     problems = sum_problems(split)
     if kind == "sum":
-        return sum_exchange(*rng.choice(problems), rng)
+        return sum_exchange(*rng.choice(problems), rng, split)
     if kind == "story":
-        return story_exchange(rng, problems)
+        return story_exchange(rng, problems, split)
     if kind == "identity":
-        return identity_exchange(rng)
-    return refusal_exchange(rng, cannot_do_requests(split))
+        return identity_exchange(rng, split)
+    if kind == "refusal":
+        return refusal_exchange(rng, cannot_do_requests(split))
+    raise ValueError(f"unknown kind {kind!r}; the kinds are {KINDS}.")
 
 
 def _seed(seed: int, split: str, salt: int) -> int:
@@ -174,16 +252,17 @@ def _seed(seed: int, split: str, salt: int) -> int:
 
 # ---------------------------------------------------------------------- SFT conversations
 def sft_conversations(n: int, seed: int = 0, split: str = "train", multi_turn: float = 0.2,
-                      system_prompt: float = 0.2, weights: Optional[Dict[str, float]] = None) -> List[Dict[str, Conversation]]:
+                      system_prompt: float = 0.0, weights: Optional[Dict[str, float]] = None) -> List[Dict[str, Conversation]]:
     """``n`` SFT records ``{"conversations": [...]}``: one exchange, or two with probability
-    ``multi_turn``; a custom system message with probability ``system_prompt`` (otherwise the
-    template's default applies). Deterministic in ``(n, seed, split)``."""
+    ``multi_turn``; a custom system message with probability ``system_prompt`` (default 0:
+    ``sft.SFTDataset`` adds them as upstream's ``pre_processing_chat`` does). Deterministic in
+    ``(n, seed, split)``."""
     _split_of(split)
     rng = random.Random(_seed(seed, split, 1))
     out = []
     for _ in range(n):
         messages: Conversation = []
-        if rng.random() < system_prompt:
+        if system_prompt and rng.random() < system_prompt:
             messages.append({"role": "system", "content": rng.choice(SYSTEM_PROMPTS)})
         for _turn in range(2 if rng.random() < multi_turn else 1):
             ex = random_exchange(rng, split, weights)
@@ -192,15 +271,57 @@ def sft_conversations(n: int, seed: int = 0, split: str = "train", multi_turn: f
     return out
 
 
-def eval_exchanges(n_per_kind: int = 50, seed: int = 0, kinds: Iterable[str] = ("sum", "story", "identity", "refusal"),
+def eval_exchanges(n_per_kind: int = 50, seed: int = 0, kinds: Iterable[str] = KINDS,
                    split: str = "test") -> List[Exchange]:
-    """Held-out single-turn prompts for evaluation, ``n_per_kind`` of each kind, fixed order."""
+    """Single-turn prompts of ``split``, ``n_per_kind`` of each kind drawn at random (repeats
+    possible), fixed order. The stage report uses ``heldout_exchanges`` (distinct prompts)."""
     rng = random.Random(_seed(seed, split, 2))
     out = []
     for kind in kinds:
         for _ in range(n_per_kind):
             out.append(random_exchange(rng, split, {kind: 1.0}))
     return out
+
+
+N_HELDOUT = {"sum": 200, "story": 80}
+
+
+@functools.lru_cache(maxsize=8)
+def _heldout(kind: str) -> Tuple[Exchange, ...]:
+    rng = random.Random(_seed(0, "test", 20 + KINDS.index(kind)))
+    if kind == "sum":
+        unordered = sorted({(min(a, b), max(a, b)) for a, b in sum_problems("test")})
+        rng.shuffle(unordered)
+        phrasings = sum_phrasings("test")
+        out = []
+        for n, (a, b) in enumerate(unordered[: N_HELDOUT["sum"]]):
+            a, b = (a, b) if rng.random() < 0.5 else (b, a)
+            out.append(Exchange("sum", phrasings[n % len(phrasings)].format(a=a, b=b),
+                                f"{a:02d}+{b:02d}={format_answer(a, b)}", {"a": a, "b": b}))
+        return tuple(out)
+    if kind == "story":
+        problems, out, seen = sum_problems("test"), [], set()
+        while len(out) < N_HELDOUT["story"]:
+            ex = story_exchange(rng, problems, "test", STORY_QUESTIONS[len(out) % len(STORY_QUESTIONS)])
+            if ex.user not in seen:
+                seen.add(ex.user)
+                out.append(ex)
+        return tuple(out)
+    if kind == "identity":
+        return tuple(Exchange("identity", q, IDENTITY, {}) for q in IDENTITY_QUESTIONS_TEST)
+    if kind == "refusal":
+        return tuple(Exchange("refusal", r, REFUSAL, {"made_up": m}) for r, m in cannot_do_requests("test"))
+    raise ValueError(f"unknown kind {kind!r}; the kinds are {KINDS}.")
+
+
+def heldout_exchanges(kind: str) -> List[Exchange]:
+    """The fixed held-out evaluation set of a kind, distinct prompts never trained on by any stage:
+    ``sum`` 200 held-out problems (one per unordered pair) in held-out phrasings; ``story`` 80
+    stories around held-out problems, the four question kinds in turn, held-out question
+    phrasings; ``identity`` every held-out paraphrase; ``refusal`` every held-out request."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r}; the kinds are {KINDS}.")
+    return list(_heldout(kind))
 
 
 # ---------------------------------------------------------------------- preference pairs (DPO)
@@ -246,7 +367,7 @@ def preference_pairs(n: int, seed: int = 0, split: str = "train", kinds: Sequenc
             request, made_up = rng.choice(cannot_do_requests(split))
             prompt, chosen, rejected = request, REFUSAL, made_up
         else:
-            ex = sum_exchange(*rng.choice(problems), rng)
+            ex = sum_exchange(*rng.choice(problems), rng, split)
             prompt, chosen = ex.user, ex.answer
             rejected = wrong_sum(ex.info["a"], ex.info["b"], rng) if kind == "wrong_sum" else chosen + ramble(rng, split)
         user = [{"role": "user", "content": prompt}]
@@ -258,15 +379,21 @@ def preference_pairs(n: int, seed: int = 0, split: str = "train", kinds: Sequenc
 # ---------------------------------------------------------------------- RL prompts (GRPO)
 def rl_prompts(n: int, seed: int = 0, split: str = "train") -> List[Dict[str, Conversation]]:
     """``n`` RL records: a sum question and, as the last turn, the reference answer that the
-    verifiable reward compares with."""
+    verifiable reward compares with (problems and phrasings of ``split``)."""
     _split_of(split)
     rng = random.Random(_seed(seed, split, 4))
     problems = sum_problems(split)
     out = []
     for _ in range(n):
-        ex = sum_exchange(*rng.choice(problems), rng)
+        ex = sum_exchange(*rng.choice(problems), rng, split)
         out.append({"conversations": [{"role": "user", "content": ex.user}, {"role": "assistant", "content": ex.answer}]})
     return out
+
+
+def heldout_rl_prompts() -> List[Dict[str, Conversation]]:
+    """``heldout_exchanges("sum")`` as RL records (200 distinct held-out problems)."""
+    return [{"conversations": [{"role": "user", "content": ex.user}, {"role": "assistant", "content": ex.answer}]}
+            for ex in heldout_exchanges("sum")]
 
 
 # ---------------------------------------------------------------------- files
@@ -304,66 +431,67 @@ def load_jsonl(path: str) -> List[Dict[str, Any]]:
 
 # ---------------------------------------------------------------------- chapter 10: a new skill for LoRA
 # Doubling a number, asked in words and answered with the calculator line the model already
-# writes: "What is twice 37?" -> "37+37=074". The chapter-09 model has never seen such a question
-# (it answers a different sum or refuses). The 100 numbers 0..99 are split once: the held-out
-# numbers never occur in any training conversation of this skill.
+# writes: "What is twice 37?" -> "37+37=074". The chapter-09 model has never seen such a question.
+# The held-out numbers are the doubles among chapter 08's held-out problems: their line "n+n=2n"
+# never occurs in the pretraining corpus (nor in any other training text); every other number of
+# 0..99 trains the skill. Training uses DOUBLE_PHRASINGS; the held-out evaluation asks every
+# held-out number in those and in DOUBLE_PHRASINGS_TEST (never trained on).
 DOUBLE_PHRASINGS = [
     "What is double {n}?", "Double {n}.", "What is twice {n}?", "What is {n} times 2?",
     "Multiply {n} by 2.", "What is two times {n}?",
 ]
-N_HELD_OUT_DOUBLES = 20
-DOUBLE_SPLIT_SEED = 10
+DOUBLE_PHRASINGS_TEST = [
+    "What do you get if you double {n}?", "Twice {n} is how much?", "Please double {n}.",
+    "What is {n} doubled?", "Give me two times {n}.", "How much is double {n}?",
+]
 
 
 def double_numbers(split: str = "train") -> List[int]:
-    """The numbers of a split for the doubling skill: ``N_HELD_OUT_DOUBLES`` of 0..99, fixed by
-    ``DOUBLE_SPLIT_SEED``, are the test split (sorted); the other 80 are the training split."""
+    """The numbers of a split for the doubling skill: ``"test"`` = the ``n`` with ``(n, n)`` among
+    chapter 08's held-out problems (never written ``n+n=2n`` in any training text, pretraining
+    included), sorted; ``"train"`` = the rest of 0..99."""
     _split_of(split)
-    test = sorted(random.Random(DOUBLE_SPLIT_SEED).sample(range(100), N_HELD_OUT_DOUBLES))
+    test = sorted(a for a, b in sum_problems("test") if a == b)
     return test if split == "test" else [n for n in range(100) if n not in test]
 
 
-def double_exchange(n: int, rng: random.Random) -> Exchange:
+def double_exchange(n: int, rng: random.Random, phrasings: Sequence[str] = DOUBLE_PHRASINGS) -> Exchange:
     """``"What is twice 37?"`` -> ``"37+37=074"`` (chapter 08's calculator format)."""
-    return Exchange("double", rng.choice(DOUBLE_PHRASINGS).format(n=n), f"{n:02d}+{n:02d}={format_answer(n, n)}", {"n": n})
+    return Exchange("double", rng.choice(list(phrasings)).format(n=n), f"{n:02d}+{n:02d}={format_answer(n, n)}",
+                    {"n": n})
 
 
 def double_conversations(n: int, seed: int = 0, split: str = "train", replay: float = 0.0) -> List[Dict[str, Conversation]]:
     """``n`` single-exchange SFT records for the doubling skill. With probability ``replay`` a
     record is instead a chapter-09 exchange (``random_exchange``: sums, stories, identity,
-    refusals) of the same split, so a run can rehearse the old skills; in the training split a
-    replayed sum ``n+n`` of a held-out number ``n`` is drawn again, so no held-out answer is ever a
-    training target. Deterministic in
+    refusals) of the same split, so a run can rehearse the old skills. The training split's sums
+    never hold a held-out double (they are chapter 08's training problems). Deterministic in
     ``(n, seed, split, replay)``."""
     _split_of(split)
     if not 0.0 <= replay <= 1.0:
         raise ValueError(f"replay must be a fraction in [0, 1], got {replay!r}.")
     rng = random.Random(_seed(seed, split, 10))
     numbers = double_numbers(split)
-    held_out = set(double_numbers("test")) if split == "train" else set()
+    phrasings = DOUBLE_PHRASINGS if split == "train" else DOUBLE_PHRASINGS + DOUBLE_PHRASINGS_TEST
     out = []
     for _ in range(n):
-        if rng.random() < replay:
-            ex = random_exchange(rng, split)
-            while ex.kind == "sum" and ex.info["a"] == ex.info["b"] and ex.info["a"] in held_out:
-                ex = random_exchange(rng, split)  # "17+17=034" would be a held-out doubling answer
-        else:
-            ex = double_exchange(rng.choice(numbers), rng)
+        ex = random_exchange(rng, split) if rng.random() < replay else double_exchange(rng.choice(numbers), rng, phrasings)
         out.append({"conversations": [{"role": "user", "content": ex.user}, {"role": "assistant", "content": ex.answer}]})
     return out
 
 
 def double_eval_exchanges(split: str = "test") -> List[Exchange]:
-    """Every number of ``split`` asked in every phrasing (held out: 20 x 6 = 120), fixed order."""
+    """Every number of ``split`` asked in every phrasing (``"test"``: the held-out numbers in the
+    training and the held-out phrasings), fixed order."""
     _split_of(split)
+    phrasings = DOUBLE_PHRASINGS + DOUBLE_PHRASINGS_TEST if split == "test" else DOUBLE_PHRASINGS
     return [Exchange("double", p.format(n=n), f"{n:02d}+{n:02d}={format_answer(n, n)}", {"n": n})
-            for n in double_numbers(split) for p in DOUBLE_PHRASINGS]
+            for n in double_numbers(split) for p in phrasings]
 
 
 # ---------------------------------------------------------------------- chapter 11 (DPO): more pair kinds
 def sum_instead(rng: random.Random, split: str) -> str:
-    """What the SFT model says to some requests it cannot do: a drill line, as if asked for a sum
-    (the ``sft`` stage answers the held-out "What is the square root of 2?" with ``02+02=004``)."""
+    """What the SFT model says to some requests it cannot do: a drill line, as if asked for a sum."""
     a, b = rng.choice(sum_problems(split))
     return f"{a:02d}+{b:02d}={format_answer(a, b)}"
 
@@ -395,3 +523,19 @@ def dpo_preference_pairs(n: int, seed: int = 0, split: str = "train",
         out.append({"chosen": user + [{"role": "assistant", "content": REFUSAL}],
                     "rejected": user + [{"role": "assistant", "content": sum_instead(rng, split)}], "kind": kind})
     return out
+
+
+# ---------------------------------------------------------------------- what a text contains
+_SUM_RE = re.compile(r"(\d+)\s*(?:\+|plus|and|to)\s*(\d+)")
+
+
+def sums_in(text: str) -> set:
+    """Every ``(a, b)`` a text writes as a sum (``37+45``, ``37 plus 45``, ``37 and 45``,
+    ``37 to 45``), in the order written; for the disjointness tests."""
+    return {(int(a), int(b)) for a, b in _SUM_RE.findall(text)}
+
+
+def normalized(text: str) -> str:
+    """Lower case, letters and digits only: two phrasings that differ only in punctuation,
+    spacing or case are the same prompt."""
+    return re.sub(r"[^a-z0-9]+", " ", text.lower()).strip()

@@ -1,5 +1,5 @@
 """Direct preference optimisation (chapter 11): align the chat model to preference pairs without
-a reward model, as upstream's ``trainer/train_dpo.py`` does (jingyaogong/minimind at c090b69).
+a reward model, as upstream's ``trainer/train_dpo.py`` does (jingyaogong/minimind at d65ef2c).
 
 A preference pair is one prompt with a *chosen* and a *rejected* reply. DPO compares how much
 more the trained model (the *policy*) likes each reply than a frozen copy of the starting model
@@ -8,10 +8,13 @@ more the trained model (the *policy*) likes each reply than a frozen copy of the
     r(y)  = beta * (log pi(y | x) - log pi_ref(y | x))           the implicit reward
     loss  = -log sigmoid(r(chosen) - r(rejected))                 averaged over the pairs
 
-Upstream's ``log pi(y | x)`` is the **mean** log-probability per assistant token (the masked sum
-divided by the number of masked tokens, clamped so an empty mask gives 0 instead of NaN;
-upstream issue #298); the DPO paper sums the tokens' log-probabilities. Both are here:
-``reduction="mean"`` (upstream's default) and ``reduction="sum"`` (the paper).
+Upstream's ``log pi(y | x)`` at d65ef2c is the **sum** of the log-probabilities of the reply's
+tokens (the DPO paper's form, ``--beta`` 0.15). c090b69 (MiniMind2) took the **mean** per
+assistant token instead (the masked sum divided by the number of masked tokens, clamped so an
+empty mask gives 0 instead of NaN; upstream issue #298). Both are here: ``reduction="sum"``
+(default) and ``reduction="mean"`` (c090b69's variant). Under the sum a long reply has a larger
+log-probability gap to move than a short one, so the loss weighs long pairs more; under the mean
+every pair weighs the same whatever its length.
 
 Batches follow upstream's layout: the first half of the rows are the chosen replies, the second
 half the rejected ones, pair ``i`` in rows ``i`` and ``i + B``. Shapes: ``logits`` ``[2B, T, V]``,
@@ -38,16 +41,17 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from .sft import (_check_max_length, assistant_loss_mask, encode_chat, has_reply, marker_ids, truncation_kind,
-                  truncation_note)
+from .sft import (_check_max_length, assistant_loss_mask, encode_chat, has_reply, marker_ids, merged_newline_ids,
+                  truncation_kind, truncation_note)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .train import RunData, TrainConfig, TrainResult
 
-REDUCTIONS = ("mean", "sum")
+REDUCTIONS = ("sum", "mean")
 DPO_CONFIG = "ch11_dpo"  # minimind_ref/configs/ch11_dpo.json: the loop's settings of the shipped `dpo` stage
 # What the loop's config cannot hold: the DPO settings of the shipped stage (recorded in dpo.pt).
-STAGE_SETTINGS: Dict[str, Any] = {"beta": 0.1, "reduction": "mean", "n_train": 1000, "n_val": 120, "seed": 0}
+STAGE_SETTINGS: Dict[str, Any] = {"beta": 0.15, "reduction": "sum", "n_train": 1000, "n_own_prompts": 1000,
+                                  "own_temperature": 1.0, "n_val": 120, "empty_think_ratio": 1.0}
 
 
 # ---------------------------------------------------------------------- upstream's functions
@@ -66,22 +70,23 @@ def logits_to_log_probs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Ten
 
 def _check_reduction(reduction: str) -> None:
     if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be 'mean' (upstream: average over the reply's tokens) or 'sum' (the DPO "
-                         f"paper: the sequence's log-probability), got {reduction!r}.")
+        raise ValueError(f"reduction must be 'sum' (upstream at d65ef2c and the DPO paper: the reply's "
+                         f"log-probability) or 'mean' (c090b69: the average over the reply's tokens), got {reduction!r}.")
 
 
 def _check_beta(beta: float) -> None:
     if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta <= 0:
-        raise ValueError(f"beta must be a positive finite number (upstream's default is 0.1), got {beta!r}; with "
+        raise ValueError(f"beta must be a positive finite number (upstream's default is 0.15), got {beta!r}; with "
                          "beta = 0 the loss no longer depends on the model.")
 
 
-def sequence_log_probs(log_probs: torch.Tensor, mask: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+def sequence_log_probs(log_probs: torch.Tensor, mask: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
     """Per-sequence log-probability of the masked tokens: ``[batch, seq]`` -> ``[batch]``.
 
-    ``"mean"`` (upstream): ``(log_probs * mask).sum(1) / mask.sum(1).clamp_min(1e-8)``, the
-    average per masked token; a row with no masked token gives 0, not NaN. ``"sum"`` (the
-    paper): ``(log_probs * mask).sum(1)``, the log-probability of the whole reply."""
+    ``"sum"`` (upstream at d65ef2c, the paper): ``(log_probs * mask).sum(1)``, the
+    log-probability of the whole reply. ``"mean"`` (c090b69): ``(log_probs * mask).sum(1) /
+    mask.sum(1).clamp_min(1e-8)``, the average per masked token; a row with no masked token gives
+    0, not NaN."""
     _check_reduction(reduction)
     if log_probs.shape != mask.shape or log_probs.dim() != 2:
         raise ValueError(f"log_probs and mask must both be [batch, seq]; got {tuple(log_probs.shape)} and "
@@ -102,13 +107,13 @@ def _split_pairs(values: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     return values[: n // 2], values[n // 2 :]
 
 
-def dpo_loss(ref_log_probs: torch.Tensor, policy_log_probs: torch.Tensor, mask: torch.Tensor, beta: float,
-             reduction: str = "mean") -> torch.Tensor:
-    """Upstream's ``dpo_loss`` (scalar), with the paper's summed variant as an option.
+def dpo_loss(ref_log_probs: torch.Tensor, policy_log_probs: torch.Tensor, mask: torch.Tensor, beta: float = 0.15,
+             reduction: str = "sum") -> torch.Tensor:
+    """Upstream's ``dpo_loss`` (scalar; d65ef2c), with c090b69's per-token mean as an option.
 
     ``ref_log_probs``, ``policy_log_probs``, ``mask`` ``[2B, T]``: rows ``0..B-1`` are the chosen
     replies, rows ``B..2B-1`` the rejected ones. Per sequence, the masked log-probabilities are
-    averaged (``reduction="mean"``, upstream) or summed (``"sum"``); then
+    summed (``reduction="sum"``, d65ef2c and the paper) or averaged (``"mean"``, c090b69); then
     ``-logsigmoid(beta * ((pi_c - pi_r) - (ref_c - ref_r)))`` averaged over the ``B`` pairs."""
     _check_beta(beta)
     if ref_log_probs.shape != policy_log_probs.shape:
@@ -129,7 +134,7 @@ def implicit_rewards(policy_seq_log_probs: torch.Tensor, ref_seq_log_probs: torc
 
 
 def dpo_pair_stats(ref_log_probs: torch.Tensor, policy_log_probs: torch.Tensor, mask: torch.Tensor, beta: float,
-                   reduction: str = "mean") -> Dict[str, torch.Tensor]:
+                   reduction: str = "sum") -> Dict[str, torch.Tensor]:
     """Everything the chapter logs about a batch of pairs, each ``[B]`` (one value per pair):
 
     ``policy_chosen`` / ``policy_rejected`` / ``ref_chosen`` / ``ref_rejected`` (sequence
@@ -148,27 +153,34 @@ def dpo_pair_stats(ref_log_probs: torch.Tensor, policy_log_probs: torch.Tensor, 
 
 
 # ---------------------------------------------------------------------- the data
-def encode_reply(tokenizer: Any, messages: Sequence[Dict[str, str]], max_length: int) -> Tuple[List[int], List[int]]:
+def encode_reply(tokenizer: Any, messages: Sequence[Dict[str, Any]], max_length: int,
+                 drop_empty_think: bool = False) -> Tuple[List[int], List[int]]:
     """``(ids, mask)`` of one side of a pair, before the shift: the conversation encoded with the
-    chat template (``sft.encode_chat``) and cut to ``max_length`` tokens; the mask is upstream's
+    chat template (``sft.encode_chat``; ``drop_empty_think``: without the empty thinking block, as
+    ``post_processing_chat`` renders it) and cut to ``max_length`` tokens; the mask is upstream's
     ``generate_loss_mask`` (``sft.assistant_loss_mask``: every assistant reply, its
     ``<|im_end|>`` and the newline after it)."""
     bos, eos = marker_ids(tokenizer)
-    ids = encode_chat(tokenizer, messages)[:max_length]
-    return ids, assistant_loss_mask(ids, bos, eos, max_length)
+    ids = encode_chat(tokenizer, messages, drop_empty_think=drop_empty_think)[:max_length]
+    return ids, assistant_loss_mask(ids, bos, eos, max_length, merged_newline_ids(tokenizer))
 
 
 class DPODataset:
     """Preference records ``{"chosen": [messages], "rejected": [messages]}`` for DPO.
 
-    Upstream's ``DPODataset`` semantics: each side is rendered with the chat template, cut to
-    ``max_length`` tokens and masked with the assistant loss mask; then shifted, ``x = ids[:-1]``,
-    ``y = ids[1:]``, ``mask = mask[1:]`` (so ``mask[t]`` says whether the *target* ``y[t]`` is
-    an assistant token). ``self[i]`` is exactly what upstream returns (each tensor right-padded
-    with ``pad_id`` to ``max_length - 1``); ``batch(indices)`` pads only to the widest row of the
-    batch (both sides alike): right padding has mask 0 and cannot change a real position under
-    the causal mask, so the loss is the same and short batches are cheaper. Both return upstream's
-    keys ``x_chosen, y_chosen, mask_chosen, x_rejected, y_rejected, mask_rejected`` (``long``).
+    Upstream's ``DPODataset`` semantics (d65ef2c): each side is rendered with the chat template,
+    the empty thinking blocks dropped with probability ``1 - empty_think_ratio``
+    (``post_processing_chat``), cut to ``max_length`` tokens and masked with the assistant loss
+    mask; then shifted, ``x = ids[:-1]``, ``y = ids[1:]``, ``mask = mask[1:]`` (so ``mask[t]``
+    says whether the *target* ``y[t]`` is an assistant token). One difference: upstream draws the
+    thinking-block removal for the chosen and the rejected side independently, so a pair can
+    compare a reply with the block against one without it; here one draw per pair (from
+    ``random.Random(seed)``) decides for both sides, so the two replies differ only in their
+    text. ``self[i]`` is what upstream returns (each tensor right-padded with ``pad_id`` to
+    ``max_length - 1``); ``batch(indices)`` pads only to the widest row of the batch (both sides
+    alike): right padding has mask 0 and cannot change a real position under the causal mask, so
+    the loss is the same and short batches are cheaper. Both return upstream's keys ``x_chosen,
+    y_chosen, mask_chosen, x_rejected, y_rejected, mask_rejected`` (``long``).
 
     Checked, where upstream trains on anything: a record whose chosen and rejected conversations
     are the same is a ``ValueError`` (it holds no preference: its loss is the constant log 2 and
@@ -180,8 +192,15 @@ class DPODataset:
     KEYS = ("x_chosen", "y_chosen", "mask_chosen", "x_rejected", "y_rejected", "mask_rejected")
 
     def __init__(self, records: Sequence[Dict[str, Any]], tokenizer: Any, max_length: int = 256, pad_id: int = 0,
-                 drop_truncated: bool = False) -> None:
+                 empty_think_ratio: float = 0.2, seed: int = 0, drop_truncated: bool = False) -> None:
+        import random
+
+        from .sft import EMPTY_THINK, render_chat
+
         _check_max_length(max_length)
+        if isinstance(empty_think_ratio, bool) or not isinstance(empty_think_ratio, (int, float)) \
+                or not 0 <= empty_think_ratio <= 1:
+            raise ValueError(f"empty_think_ratio must be a probability in [0, 1], got {empty_think_ratio!r}.")
         self.max_length, self.pad_id = max_length, pad_id
         self.pairs: List[Tuple[List[int], List[int], List[int], List[int]]] = []
         self.kinds: List[Optional[str]] = []
@@ -190,6 +209,8 @@ class DPODataset:
         self.truncated: List[int] = []
         same: List[int] = []
         bos, eos = marker_ids(tokenizer)
+        merged = merged_newline_ids(tokenizer)
+        rng = random.Random(seed)
         for n, record in enumerate(records):
             if not isinstance(record, dict) or "chosen" not in record or "rejected" not in record:
                 raise ValueError(f"record {n} must have 'chosen' and 'rejected' conversations (upstream's DPO format): "
@@ -201,7 +222,9 @@ class DPODataset:
             if record["chosen"] == record["rejected"]:
                 same.append(n)
                 continue
-            full = (encode_chat(tokenizer, record["chosen"]), encode_chat(tokenizer, record["rejected"]))
+            drop = EMPTY_THINK in render_chat(record["chosen"]) and rng.random() > empty_think_ratio
+            full = (encode_chat(tokenizer, record["chosen"], drop_empty_think=drop),
+                    encode_chat(tokenizer, record["rejected"], drop_empty_think=drop))
             self.truncation["examples"] += 1
             kinds = {truncation_kind(ids, max_length, bos, eos) for ids in full} - {None}
             if kinds:
@@ -211,7 +234,7 @@ class DPODataset:
                 if drop_truncated:
                     self.truncation["dropped"] += 1
                     continue
-            chosen, rejected = ((ids[:max_length], assistant_loss_mask(ids[:max_length], bos, eos, max_length))
+            chosen, rejected = ((ids[:max_length], assistant_loss_mask(ids[:max_length], bos, eos, max_length, merged))
                                 for ids in full)
             self.pairs.append((*chosen, *rejected))
             self.kinds.append(record.get("kind"))
@@ -313,7 +336,7 @@ class DPOObjective:
     over the supervised tokens, exact over the vocabulary; 0 without a reference) and ``tokens``
     (supervised targets; a batch with none is skipped by the loop)."""
 
-    def __init__(self, ref_model: Optional[torch.nn.Module], beta: float = 0.1, reduction: str = "mean") -> None:
+    def __init__(self, ref_model: Optional[torch.nn.Module], beta: float = 0.15, reduction: str = "sum") -> None:
         _check_beta(beta)
         _check_reduction(reduction)
         if ref_model is not None:
@@ -362,7 +385,7 @@ class DPOObjective:
 
 # ---------------------------------------------------------------------- evaluation
 @torch.no_grad()
-def pair_log_probs(model: torch.nn.Module, dataset: DPODataset, reduction: str = "mean",
+def pair_log_probs(model: torch.nn.Module, dataset: DPODataset, reduction: str = "sum",
                    batch_size: int = 64) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(chosen, rejected)``: the model's sequence log-probabilities of every pair's replies
     (reduced as in ``dpo_loss``), ``[len(dataset)]`` each, in eval mode."""
@@ -383,8 +406,8 @@ def pair_log_probs(model: torch.nn.Module, dataset: DPODataset, reduction: str =
     return torch.cat(chosen), torch.cat(rejected)
 
 
-def preference_report(model: torch.nn.Module, ref_model: torch.nn.Module, dataset: DPODataset, beta: float = 0.1,
-                      reduction: str = "mean",
+def preference_report(model: torch.nn.Module, ref_model: torch.nn.Module, dataset: DPODataset, beta: float = 0.15,
+                      reduction: str = "sum",
                       ref_pair_log_probs: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> Dict[str, float]:
     """Held-out DPO measurements of ``model`` against ``ref_model`` on ``dataset``:
     ``reward_accuracy`` (pairs where the policy prefers the chosen reply more than the reference
@@ -433,22 +456,59 @@ def mean_kl(model: torch.nn.Module, ref_model: torch.nn.Module, dataset: DPOData
 
 
 # ---------------------------------------------------------------------- the DPO stage
+@torch.no_grad()
+def own_reply_pairs(model: torch.nn.Module, tokenizer: Any, n_prompts: int, seed: int = 0, split: str = "train",
+                    temperature: float = 1.0, max_new_tokens: int = 96) -> List[Dict[str, Any]]:
+    """On-policy preference pairs: ``n_prompts`` exchanges of ``split`` (``chat_data.random_exchange``:
+    sums, stories, identity, refusals), one reply of ``model`` to each, sampled at
+    ``temperature`` (seeded by ``seed``); every wrong reply becomes a pair ``{"chosen": the right
+    answer, "rejected": the model's own reply}`` (``"kind"``: ``"own_<kind>"``). The rejected
+    side is what this model actually says, so DPO moves probability where the model errs."""
+    import random
+
+    from . import chat_data
+    from .sft import generate_replies
+
+    rng = random.Random(seed * 7919 + 17)
+    exchanges = [chat_data.random_exchange(rng, split) for _ in range(n_prompts)]
+    g = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    was_training = model.training
+    model.eval()
+    try:
+        replies = generate_replies(model, tokenizer, [[{"role": "user", "content": ex.user}] for ex in exchanges],
+                                   max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature, generator=g)
+    finally:
+        model.train(was_training)
+    out = []
+    for ex, reply in zip(exchanges, replies):
+        if reply["text"].strip() == ex.answer.strip() or not reply["stopped"]:
+            continue
+        user = [{"role": "user", "content": ex.user}]
+        out.append({"chosen": user + [{"role": "assistant", "content": ex.answer}],
+                    "rejected": user + [{"role": "assistant", "content": reply["text"]}], "kind": f"own_{ex.kind}"})
+    return out
+
+
 def dpo_data(tokenizer: Any, n_train: int = 1000, n_val: int = 120, seed: int = 0, max_length: int = 256,
-             kinds: Optional[Sequence[str]] = None) -> "RunData":
+             kinds: Optional[Sequence[str]] = None, extra_pairs: Sequence[Dict[str, Any]] = (),
+             empty_think_ratio: float = 0.2) -> "RunData":
     """Generated preference pairs (``chat_data.dpo_preference_pairs``: wrong sums, rambling,
-    made-up answers and drill lines given to requests that are not sums, in turn) as a
-    ``train.RunData``: the training split and a held-out split, both ``DPODataset``."""
+    made-up answers and drill lines given to requests that are not sums, in turn) plus
+    ``extra_pairs`` (e.g. ``own_reply_pairs``) as a ``train.RunData``: the training split and a
+    held-out split, both ``DPODataset``."""
     from . import chat_data
     from .train import RunData
 
     kinds = tuple(kinds) if kinds is not None else chat_data.DPO_PAIR_KINDS
-    train_set = DPODataset(chat_data.dpo_preference_pairs(n_train, seed, "train", kinds), tokenizer, max_length)
-    val_set = DPODataset(chat_data.dpo_preference_pairs(n_val, seed, "test", kinds), tokenizer, max_length)
+    records = (chat_data.dpo_preference_pairs(n_train, seed, "train", kinds) if n_train else []) + list(extra_pairs)
+    train_set = DPODataset(records, tokenizer, max_length, empty_think_ratio=empty_think_ratio, seed=seed)
+    val_set = DPODataset(chat_data.dpo_preference_pairs(n_val, 0, "test", kinds), tokenizer, max_length,
+                         empty_think_ratio=empty_think_ratio, seed=0)
     return RunData(tokenizer, train_set, val_set, [])
 
 
-def train_dpo(model: torch.nn.Module, tokenizer: Any, cfg: "Optional[TrainConfig]" = None, beta: float = 0.1,
-              reduction: str = "mean", ref_model: Any = "copy", data: "Optional[RunData]" = None,
+def train_dpo(model: torch.nn.Module, tokenizer: Any, cfg: "Optional[TrainConfig]" = None, beta: float = 0.15,
+              reduction: str = "sum", ref_model: Any = "copy", data: "Optional[RunData]" = None,
               n_train: int = 1000, seed: int = 0, **train_kwargs: Any) -> "TrainResult":
     """DPO with ``minimind_ref.train``'s loop; ``model`` (the policy) is trained in place.
 
@@ -480,21 +540,27 @@ def train_dpo(model: torch.nn.Module, tokenizer: Any, cfg: "Optional[TrainConfig
     return result
 
 
-def build_stage(parent: torch.nn.Module, tokenizer: Any) -> Tuple[torch.nn.Module, Dict[str, Any], Any]:
+def build_stage(parent: torch.nn.Module, tokenizer: Any, seed: int = 0) -> Tuple[torch.nn.Module, Dict[str, Any], Any]:
     """The shipped ``dpo`` stage: ``train_dpo`` on the ``sft`` stage with ``DPO_CONFIG`` and
-    ``STAGE_SETTINGS`` (``python -m minimind_ref.stages rebuild dpo``)."""
+    ``STAGE_SETTINGS`` (``python -m minimind_ref.stages rebuild dpo``): generated pairs plus the
+    parent's own wrong replies to training prompts (``own_reply_pairs``); ``seed`` draws both and
+    orders the batches (the shipped stage: 0)."""
     from .train import TrainConfig
 
     s = STAGE_SETTINGS
-    cfg = TrainConfig.from_json(DPO_CONFIG).replace(progress=False, out_dir=None)
+    cfg = TrainConfig.from_json(DPO_CONFIG).replace(progress=False, out_dir=None, seed=seed)
     ref = freeze_reference(parent)
-    data = dpo_data(tokenizer, n_train=s["n_train"], n_val=s["n_val"], seed=s["seed"], max_length=cfg.seq_len)
+    own = own_reply_pairs(parent, tokenizer, s["n_own_prompts"], seed, temperature=s["own_temperature"]) \
+        if s["n_own_prompts"] else []
+    data = dpo_data(tokenizer, n_train=s["n_train"], n_val=s["n_val"], seed=seed, max_length=cfg.seq_len,
+                    extra_pairs=own, empty_think_ratio=s["empty_think_ratio"])
     result = train_dpo(parent, tokenizer, cfg, beta=s["beta"], reduction=s["reduction"], ref_model=ref, data=data,
                        log=lambda line: None)
     held_out = preference_report(result.model, ref, data.val, s["beta"], s["reduction"])
     extra = {"recipe": "minimind_ref.dpo:build_stage", "command": "python -m minimind_ref.stages rebuild dpo",
-             "train_config": cfg.to_dict(), "dpo_settings": dict(s),
+             "train_config": cfg.to_dict(), "dpo_settings": dict(s), "seed": seed,
              "metrics": {"final_train_loss_mean20": sum(result.history["dpo_loss"][-20:]) / 20,
+                         "own_pairs": len(own), "train_pairs": len(data.train),
                          "heldout_reward_accuracy": held_out["reward_accuracy"], "heldout_margin": held_out["margin"],
                          "heldout_chosen_change": held_out["chosen_change"],
                          "heldout_rejected_change": held_out["rejected_change"],

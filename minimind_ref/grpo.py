@@ -1,44 +1,62 @@
 """Reinforcement learning with verifiable rewards (chapter 12): GRPO as upstream's
-``trainer/train_grpo.py`` does it (jingyaogong/minimind at c090b69).
+``trainer/train_grpo.py`` and ``trainer/rollout_engine.py`` do it (jingyaogong/minimind at d65ef2c).
 
 One GRPO step, for ``B`` prompts and ``G = num_generations`` sampled completions each
 (``N = B * G`` rows, completions ``R`` tokens long after padding):
 
-1. sample ``G`` completions per prompt (temperature 0.8, as upstream) with the KV-cache generator;
-2. score every completion with a *verifiable* reward (is the sum right? is the format right?);
+1. the *rollout*: sample ``G`` completions per prompt (temperature 0.8, as upstream) with the
+   policy that samples, and keep its log-probabilities of the sampled tokens,
+   ``old_per_token_logps`` (no gradient);
+2. score every completion with a *verifiable* reward (is the sum right?);
 3. ``group_advantages``: each reward relative to its own group, ``(r - mean) / (std + 1e-4)``
-   clamped to +-10, then normalised again over the whole batch (upstream does both);
-4. ``per_token_logps`` of the completion tokens under the policy (with gradient) and under the
-   frozen reference (without);
-5. ``grpo_loss``: ``-(exp(lp - lp.detach()) * A - beta * k3)`` per token, where
-   ``k3 = exp(ref - lp) - (ref - lp) - 1`` estimates KL(pi || pi_ref); averaged over each
-   completion's ``completion_mask`` (up to and including its first end marker), then over rows.
+   with the population std, once (d65ef2c; c090b69 used the sample std, clamped to +-10 and
+   normalised a second time over the batch: ``C090B69_ADVANTAGES``);
+4. ``per_token_logps`` of the completion tokens under the policy being trained (with gradient)
+   and under the frozen reference (without);
+5. ``grpo_loss``, per token, with ``ratio = exp(lp - old)`` and ``k3 = exp(ref - lp) - (ref - lp) - 1``
+   (an estimate of KL(pi || pi_ref)):
 
-``exp(lp - lp.detach())`` is 1 in value; its gradient is ``grad lp``, so the loss's gradient is
-the policy gradient ``-A * grad log pi``. With one optimiser step per batch of samples the
-PPO-style ratio is always 1, which is why upstream has no clipping.
+   * ``loss_type="cispo"`` (d65ef2c's default; MiniMax-M1's CISPO): ``-(min(ratio, epsilon_high).detach()
+     * A * lp - beta * k3)``: the ratio, clamped above at ``epsilon_high`` and detached, weighs a
+     REINFORCE term, so every token keeps a gradient;
+   * ``loss_type="grpo"`` (PPO's clipped surrogate): ``-(min(ratio * A, clip(ratio, 1 - epsilon, 1 +
+     epsilon) * A) - beta * k3)``: a token whose ratio left the clip range in the advantage's
+     direction gets no gradient;
+
+   averaged over each completion's ``completion_mask`` (up to and including its first end
+   marker), then over rows.
+
+The ratio differs from 1 only when the policy that sampled is not the policy being trained.
+Upstream's default torch rollout engine samples with the policy itself (ratio 1 in value at
+every step); its SGLang engine serves a copy that ``update_policy`` refreshes every
+``save_interval`` steps, so the copy lags and the ratio and the clipping act. ``GRPOObjective``
+does the same with ``sync_every``: the sampling copy is refreshed every ``sync_every`` steps
+(1: it is the policy). c090b69 had no old log-probabilities at all: its ratio was
+``exp(lp - lp.detach())``, which is ``grpo_loss(lp, lp.detach(), ..., loss_type="grpo")``.
+c090b69's reward was a reward model (InternLM2-1.8B-reward) plus length and format terms, as is
+d65ef2c's; the course's reward is verifiable (``sum_reward``), which needs no second model.
 
 Shapes: rewards and advantages ``[N]``; completion ids, masks and per-token log-probabilities
 ``[N, R]``; the loss a scalar.
 
 * ``group_advantages``, ``completion_mask``, ``per_token_logps``, ``grpo_loss``: upstream's
-  computations (``per_token_logps`` is upstream's inner ``get_per_token_logps``);
+  computations (``per_token_logps`` is the rollout engine's ``compute_per_token_logps``);
 * ``per_token_kl``: the k3 estimator alone;
-* ``sum_reward`` (the course's verifiable reward) and ``format_reward`` (upstream's reward for
+* ``sum_reward`` (the course's verifiable reward) and ``format_reward`` (c090b69's reward for
   ``<think>...</think><answer>...</answer>`` replies, 0.5 for the pattern plus 0.25 per tag
   counted once);
 * ``RLPromptDataset``: ``chat_data.rl_prompts`` records (upstream's ``rlaif`` layout);
 * ``sample_completions``: step 1; ``GRPOObjective``: steps 1-5 as an objective of
-  ``minimind_ref.train``'s loop, holding the frozen reference.
+  ``minimind_ref.train``'s loop, holding the frozen reference and the sampling copy.
 
 Deliberate difference from upstream: upstream batches prompts of different lengths with left
-padding and lets the policy attend to the padding (it passes no attention mask). Here each
-prompt's ``G`` completions share one unpadded prompt, so no padding is attended to; with one
-prompt per batch the two are the same computation.
+padding. Here each prompt's ``G`` completions share one unpadded prompt, so no padding is
+attended to; with one prompt per batch the two are the same computation.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import numbers
 import re
@@ -53,7 +71,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from .train import RunData, TrainConfig, TrainResult  # noqa: F401
 
 REDUCTIONS = ("sequence", "token")
-# upstream's format reward (args.reasoning == 1): the whole reply must match one of these (re.S)
+LOSS_TYPES = ("cispo", "grpo")
+#: c090b69's advantages: the sample std, clamped to +-10, then normalised again over the batch.
+C090B69_ADVANTAGES: Dict[str, Any] = {"unbiased": True, "clamp": 10.0, "normalize_batch": True}
+# c090b69's format reward (args.reasoning == 1): the whole reply must match one of these (re.S)
 THINK_PATTERNS = (r"^<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>$",
                   r"^<think>\n.*?\n</think>\n\n<answer>\n.*?\n</answer>$")
 THINK_TAGS = ("<think>", "</think>", "<answer>", "</answer>")
@@ -61,7 +82,7 @@ THINK_TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 
 def _check_beta(beta: Any) -> None:
     if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta < 0:
-        raise ValueError(f"beta must be a number >= 0 and finite (the KL penalty's weight; upstream uses 0.02), got {beta!r}.")
+        raise ValueError(f"beta must be a number >= 0 and finite (the KL penalty's weight; upstream's default is 0.1), got {beta!r}.")
 
 
 def _checked_reward(value: Any, reply: str, reward_fn: Callable[..., Any]) -> float:
@@ -79,16 +100,17 @@ def _checked_reward(value: Any, reply: str, reward_fn: Callable[..., Any]) -> fl
 
 
 # ---------------------------------------------------------------------- upstream's computations
-def group_advantages(rewards: torch.Tensor, num_generations: int, eps: float = 1e-4, clamp: float = 10.0,
-                     normalize_batch: bool = True) -> torch.Tensor:
+def group_advantages(rewards: torch.Tensor, num_generations: int, eps: float = 1e-4, unbiased: bool = False,
+                     clamp: Optional[float] = None, normalize_batch: bool = False) -> torch.Tensor:
     """Group-relative advantages ``[N]`` from rewards ``[N]`` (rows grouped ``num_generations``
-    at a time, as sampled): ``clamp((r - group mean) / (group std + eps), -clamp, clamp)`` with
-    the unbiased std, then, if ``normalize_batch`` (upstream), ``(a - a.mean()) / (a.std() +
-    1e-8)`` over the whole batch. A group whose rewards are all equal gets advantage 0 before the
-    second normalisation: it carries no signal."""
+    at a time, as sampled): ``(r - group mean) / (group std + eps)`` with the population std
+    (``unbiased=False``), as d65ef2c does. A group whose rewards are all equal gets advantage 0:
+    it carries no signal. ``C090B69_ADVANTAGES`` (``unbiased=True, clamp=10,
+    normalize_batch=True``) is c090b69's recipe: the sample std, the result clamped to
+    ``+-clamp``, then ``(a - a.mean()) / (a.std() + 1e-8)`` over the whole batch."""
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be 1-D [batch * num_generations], got shape {tuple(rewards.shape)}.")
-    if not isinstance(num_generations, int) or num_generations < 2:
+    if isinstance(num_generations, bool) or not isinstance(num_generations, int) or num_generations < 2:
         raise ValueError(f"num_generations must be an int >= 2 (a group needs a spread), got {num_generations!r}.")
     if not bool(torch.isfinite(rewards.float()).all()):
         raise ValueError(f"rewards must be finite numbers; got {rewards.tolist()[:8]}: the reward function returned NaN "
@@ -98,31 +120,43 @@ def group_advantages(rewards: torch.Tensor, num_generations: int, eps: float = 1
                          "pass the rewards of whole groups, in sampling order.")
     grouped = rewards.float().view(-1, num_generations)
     mean = grouped.mean(dim=1).repeat_interleave(num_generations)
-    std = grouped.std(dim=1).repeat_interleave(num_generations)
-    advantages = torch.clamp((rewards.float() - mean) / (std + eps), -clamp, clamp)
+    std = grouped.std(dim=1, unbiased=unbiased).repeat_interleave(num_generations)
+    advantages = (rewards.float() - mean) / (std + eps)
+    if clamp is not None:
+        advantages = torch.clamp(advantages, -clamp, clamp)
     if normalize_batch:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
     return advantages
 
 
-def completion_mask(completion_ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
+def completion_mask(completion_ids: torch.Tensor, eos_token_id: int, pad_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``[N, R]`` int mask: 1 up to and including each row's first ``eos_token_id``; a row with
-    no end marker is kept whole (upstream's rule)."""
+    no end marker is kept whole (upstream's rule). ``pad_mask`` ``[N, R]`` (d65ef2c's rollout
+    ``completion_mask``: 0 where an engine padded a shorter completion) is and-ed in, and an end
+    marker under padding does not count."""
     if completion_ids.dim() != 2:
         raise ValueError(f"completion_ids must be [rows, completion_length], got shape {tuple(completion_ids.shape)}.")
     is_eos = completion_ids == eos_token_id
+    if pad_mask is not None:
+        if pad_mask.shape != completion_ids.shape:
+            raise ValueError(f"pad_mask must have the shape of completion_ids {tuple(completion_ids.shape)}, got "
+                             f"{tuple(pad_mask.shape)}.")
+        is_eos = is_eos & pad_mask.bool()
     length = completion_ids.size(1)
-    eos_idx = torch.full((completion_ids.size(0),), length, dtype=torch.long, device=completion_ids.device)
+    eos_idx = torch.full((completion_ids.size(0),), length - 1, dtype=torch.long, device=completion_ids.device)
     has_eos = is_eos.any(dim=1)
     eos_idx[has_eos] = is_eos.int().argmax(dim=1)[has_eos]
     positions = torch.arange(length, device=completion_ids.device).expand(completion_ids.size(0), -1)
-    return (positions <= eos_idx.unsqueeze(1)).int()
+    mask = positions <= eos_idx.unsqueeze(1)
+    if pad_mask is not None:
+        mask = mask & pad_mask.bool()
+    return mask.int()
 
 
 def per_token_logps(model: torch.nn.Module, input_ids: torch.Tensor, n_keep: int) -> torch.Tensor:
     """``[N, n_keep]``: the log-probability of each of the last ``n_keep`` tokens of
-    ``input_ids`` ``[N, P + R]`` given the tokens before it (upstream's ``get_per_token_logps``:
-    the model computes only the last ``n_keep + 1`` positions' logits)."""
+    ``input_ids`` ``[N, P + R]`` given the tokens before it (upstream's
+    ``compute_per_token_logps``: the model computes only the last ``n_keep + 1`` positions' logits)."""
     if not 0 < n_keep < input_ids.size(1):
         raise ValueError(f"n_keep must be between 1 and the sequence length - 1 = {input_ids.size(1) - 1}, got {n_keep}.")
     return _logps_and_aux(model, input_ids, n_keep)[0]
@@ -146,28 +180,66 @@ def per_token_kl(per_token_logps: torch.Tensor, ref_per_token_logps: torch.Tenso
     return torch.exp(d) - d - 1
 
 
-def grpo_loss(per_token_logps: torch.Tensor, ref_per_token_logps: torch.Tensor, advantages: torch.Tensor,
-              completion_mask: torch.Tensor, beta: float, reduction: str = "sequence") -> torch.Tensor:
-    """Upstream's GRPO loss (scalar): per token ``-(exp(lp - lp.detach()) * A - beta * k3)``;
-    ``reduction="sequence"`` (upstream) averages over each row's masked tokens, then over rows;
-    ``"token"`` (what several later implementations do) averages over all masked tokens of the
-    batch at once, so long completions weigh more. A row with an empty mask contributes 0."""
+def _check_number(name: str, value: Any, low: float, allowed: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= low or value != value:
+        raise ValueError(f"{name} must be {allowed}, got {value!r}.")
+
+
+def grpo_loss(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor, ref_per_token_logps: torch.Tensor,
+              advantages: torch.Tensor, completion_mask: torch.Tensor, beta: float, loss_type: str = "cispo",
+              epsilon: float = 0.2, epsilon_high: float = 5.0, reduction: str = "sequence") -> torch.Tensor:
+    """Upstream's policy loss (scalar; d65ef2c ``train_grpo.py``), see the module docstring.
+
+    ``per_token_logps`` (policy, with gradient), ``old_per_token_logps`` (the rollout's, detached
+    here), ``ref_per_token_logps`` (the reference) and ``completion_mask`` are ``[N, R]``,
+    ``advantages`` ``[N]``. ``loss_type="cispo"`` (default) clamps the ratio above at
+    ``epsilon_high`` and detaches it; ``"grpo"`` is PPO's clip to ``[1 - epsilon, 1 + epsilon]``.
+    ``reduction="sequence"`` (upstream) averages over each row's masked tokens (a row with an
+    empty mask contributes 0), then over rows; ``"token"`` averages over all masked tokens of the
+    batch at once, so long completions weigh more."""
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"loss_type must be one of {LOSS_TYPES} (upstream's --loss_type), got {loss_type!r}.")
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}.")
     _check_beta(beta)
-    if per_token_logps.shape != ref_per_token_logps.shape or per_token_logps.shape != completion_mask.shape:
-        raise ValueError("per_token_logps, ref_per_token_logps and completion_mask must have the same shape "
-                         f"[rows, completion_length]; got {tuple(per_token_logps.shape)}, "
+    _check_number("epsilon", epsilon, 0, "a number >= 0 (PPO's clip range is [1 - epsilon, 1 + epsilon])")
+    _check_number("epsilon_high", epsilon_high, 0, "a number >= 0 (CISPO's upper bound on the ratio)")
+    shape = per_token_logps.shape
+    if old_per_token_logps.shape != shape or ref_per_token_logps.shape != shape or completion_mask.shape != shape:
+        raise ValueError("per_token_logps, old_per_token_logps, ref_per_token_logps and completion_mask must have the "
+                         f"same shape [rows, completion_length]; got {tuple(shape)}, {tuple(old_per_token_logps.shape)}, "
                          f"{tuple(ref_per_token_logps.shape)} and {tuple(completion_mask.shape)}.")
-    if advantages.shape != per_token_logps.shape[:1]:
-        raise ValueError(f"advantages must be [rows] = {tuple(per_token_logps.shape[:1])}, got {tuple(advantages.shape)}.")
+    if advantages.shape != shape[:1]:
+        raise ValueError(f"advantages must be [rows] = {tuple(shape[:1])}, got {tuple(advantages.shape)}.")
     kl = per_token_kl(per_token_logps, ref_per_token_logps)
-    ratio = torch.exp(per_token_logps - per_token_logps.detach())
-    per_token = -(ratio * advantages.unsqueeze(1) - beta * kl)
+    ratio = torch.exp(per_token_logps - old_per_token_logps.detach())
+    adv = advantages.unsqueeze(1)
+    if loss_type == "cispo":
+        per_token = -(torch.clamp(ratio, max=epsilon_high).detach() * adv * per_token_logps - beta * kl)
+    else:
+        clipped = torch.clamp(ratio, 1 - epsilon, 1 + epsilon)
+        per_token = -(torch.min(ratio * adv, clipped * adv) - beta * kl)
     mask = completion_mask.to(per_token.dtype)
     if reduction == "token":
         return (per_token * mask).sum() / mask.sum().clamp_min(1.0)
     return ((per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp_min(1.0)).mean()
+
+
+def clip_fraction(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor, advantages: torch.Tensor,
+                  completion_mask: torch.Tensor, loss_type: str = "cispo", epsilon: float = 0.2,
+                  epsilon_high: float = 5.0) -> torch.Tensor:
+    """Share of the masked tokens whose ratio the loss clips: for ``"grpo"``, where PPO's min picks
+    the clipped term and the token gets no gradient (ratio above ``1 + epsilon`` with a positive
+    advantage, or below ``1 - epsilon`` with a negative one); for ``"cispo"``, where the ratio is
+    above ``epsilon_high`` (the token keeps its gradient, with a capped weight)."""
+    ratio = torch.exp(per_token_logps.detach() - old_per_token_logps.detach())
+    adv = advantages.unsqueeze(1)
+    if loss_type == "cispo":
+        clipped = ratio > epsilon_high
+    else:
+        clipped = ((ratio > 1 + epsilon) & (adv > 0)) | ((ratio < 1 - epsilon) & (adv < 0))
+    mask = completion_mask.bool()
+    return (clipped & mask).float().sum() / mask.float().sum().clamp_min(1.0)
 
 
 # ---------------------------------------------------------------------- verifiable rewards
@@ -236,29 +308,42 @@ class GRPOObjective:
     """GRPO as an objective for ``minimind_ref.train``: ``objective(model, batch) -> metrics``
     where ``batch`` is a list of RL records (``RLPromptDataset.batch``).
 
-    Per batch: sample ``num_generations`` completions per prompt (the policy, no gradient),
-    reward them with ``reward_fn(reply, answer)`` (default ``sum_reward``), ``group_advantages``,
+    Per batch: the rollout (``num_generations`` completions per prompt sampled by the sampling
+    policy, and its ``old_per_token_logps``), rewards ``reward_fn(reply, answer)`` (default
+    ``sum_reward``), ``group_advantages`` (d65ef2c's, or ``advantages=C090B69_ADVANTAGES``),
     per-token log-probabilities of the policy (with gradient) and of the frozen reference, and
-    ``grpo_loss`` (+ the MoE balancing loss, 0 for dense models). ``ref_model=None`` drops the KL
-    term (``beta`` must then be 0).
+    ``grpo_loss`` (+ the MoE balancing loss, 0 for dense models). The sampling policy is a copy of
+    the policy refreshed every ``sync_every`` calls (1: the policy itself, as upstream's torch
+    rollout engine; more: a lagging copy, as its SGLang engine between ``update_policy`` calls).
+    ``ref_model=None`` drops the KL term (``beta`` must then be 0).
 
     Metrics (detached): ``grpo_loss``, ``aux_loss``, ``reward`` (mean), ``accuracy`` (share of
     completions with reward >= 1), ``completion_length`` (mean tokens, end marker included),
     ``stop_rate`` (completions that emitted the end marker), ``kl`` (mean k3 over the completion
-    tokens), ``zero_std_groups`` (share of groups whose rewards were all equal: no signal) and
-    ``tokens`` (completion tokens in the loss)."""
+    tokens), ``ratio_mean`` / ``ratio_max`` (of ``exp(lp - old)`` over the completion tokens),
+    ``clip_fraction`` (``grpo.clip_fraction``), ``zero_std_groups`` (share of groups whose
+    rewards were all equal: no signal) and ``tokens`` (completion tokens in the loss)."""
 
-    def __init__(self, ref_model: Optional[torch.nn.Module], tokenizer: Any, num_generations: int = 8,
-                 max_new_tokens: int = 24, beta: float = 0.02, temperature: float = 0.8,
-                 reward_fn: Callable[[str, str], float] = sum_reward, normalize_batch: bool = True,
-                 reduction: str = "sequence", seed: int = 0) -> None:
+    def __init__(self, ref_model: Optional[torch.nn.Module], tokenizer: Any, num_generations: int = 6,
+                 max_new_tokens: int = 16, beta: float = 0.1, temperature: float = 0.8,
+                 reward_fn: Callable[[str, str], float] = sum_reward, loss_type: str = "cispo", epsilon: float = 0.2,
+                 epsilon_high: float = 5.0, advantages: Optional[Dict[str, Any]] = None, reduction: str = "sequence",
+                 sync_every: int = 1, seed: int = 0) -> None:
         if reduction not in REDUCTIONS:
             raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}.")
+        if loss_type not in LOSS_TYPES:
+            raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}.")
         _check_beta(beta)
         if ref_model is None and beta != 0:
             raise ValueError(f"beta={beta} needs a reference model for the KL term; pass ref_model or set beta=0.")
         if isinstance(num_generations, bool) or not isinstance(num_generations, int) or num_generations < 2:
             raise ValueError(f"num_generations must be an int >= 2, got {num_generations!r}.")
+        if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
+            raise ValueError(f"sync_every must be an int >= 1 (1: sample with the policy itself), got {sync_every!r}.")
+        unknown = set(advantages or {}) - {"eps", "unbiased", "clamp", "normalize_batch"}
+        if unknown:
+            raise ValueError(f"advantages takes group_advantages' options (eps, unbiased, clamp, normalize_batch), "
+                             f"got {sorted(unknown)}.")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an int >= 1 (the longest completion sampled), got {max_new_tokens!r}.")
         if (isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature)
@@ -272,9 +357,12 @@ class GRPOObjective:
         self.ref_model, self.tokenizer = ref_model, tokenizer
         self.num_generations, self.max_new_tokens = num_generations, max_new_tokens
         self.beta, self.temperature, self.reward_fn = float(beta), temperature, reward_fn
-        self.normalize_batch, self.reduction = normalize_batch, reduction
+        self.loss_type, self.epsilon, self.epsilon_high = loss_type, float(epsilon), float(epsilon_high)
+        self.advantages, self.reduction, self.sync_every = dict(advantages or {}), reduction, sync_every
         self.end = _special_id(tokenizer, IM_END)
         self.generator = torch.Generator().manual_seed(seed)
+        self.rollout_model: Optional[torch.nn.Module] = None
+        self.calls = 0
         self.last_samples: List[Dict[str, Any]] = []
 
     def _generator_for(self, device: torch.device) -> torch.Generator:
@@ -283,28 +371,52 @@ class GRPOObjective:
                                                                                           generator=self.generator)))
         return self.generator
 
+    def sampling_policy(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The model that samples this call: ``model`` itself when ``sync_every == 1``, else a copy
+        refreshed from ``model`` every ``sync_every`` calls (``update_policy``)."""
+        if self.sync_every == 1:
+            return model
+        if self.rollout_model is None or self.calls % self.sync_every == 0:
+            if self.rollout_model is None:
+                self.rollout_model = copy.deepcopy(model).requires_grad_(False)
+            else:
+                self.rollout_model.load_state_dict(model.state_dict())
+        return self.rollout_model
+
     def __call__(self, model: torch.nn.Module, batch: Sequence[Dict[str, Any]]) -> Dict[str, torch.Tensor]:
         from .dpo import check_reference
 
         check_reference(model, self.ref_model)
         device = next(model.parameters()).device
         generator = self._generator_for(device)
+        sampler = self.sampling_policy(model)
+        self.calls += 1
+        was_training = sampler.training
+        sampler.eval()
         groups, rewards, texts = [], [], []
-        for record in batch:
-            turns = record["conversations"]
-            sample = sample_completions(model, self.tokenizer, turns[:-1], self.num_generations, self.max_new_tokens,
-                                        self.temperature, generator)
-            groups.append(sample)
-            texts.extend(sample["texts"])
-            rewards.extend(_checked_reward(self.reward_fn(t, turns[-1]["content"]), t, self.reward_fn)
-                           for t in sample["texts"])
+        try:
+            for record in batch:
+                turns = record["conversations"]
+                sample = sample_completions(sampler, self.tokenizer, turns[:-1], self.num_generations,
+                                            self.max_new_tokens, self.temperature, generator)
+                groups.append(sample)
+                texts.extend(sample["texts"])
+                rewards.extend(_checked_reward(self.reward_fn(t, turns[-1]["content"]), t, self.reward_fn)
+                               for t in sample["texts"])
+        finally:
+            sampler.train(was_training)
         reward_t = torch.tensor(rewards, dtype=torch.float32, device=device)
-        advantages = group_advantages(reward_t, self.num_generations, normalize_batch=self.normalize_batch)
+        advantages = group_advantages(reward_t, self.num_generations, **self.advantages)
         width = max(g["completion_ids"].size(1) for g in groups)
-        lps, ref_lps, masks, aux = [], [], [], torch.zeros((), device=device)
+        lps, old_lps, ref_lps, masks, aux = [], [], [], [], torch.zeros((), device=device)
         for g in groups:
             x = F.pad(g["input_ids"], (0, width - g["completion_ids"].size(1)), value=self.end)
             out_lp, out_aux = _logps_and_aux(model, x, width)
+            if sampler is model:  # the rollout's own log-probabilities: the same weights, the same numbers
+                old_lps.append(out_lp.detach())
+            else:
+                with torch.no_grad():
+                    old_lps.append(per_token_logps(sampler, x, width))
             lps.append(out_lp)
             aux = aux + out_aux / len(groups)
             if self.ref_model is not None:
@@ -313,28 +425,33 @@ class GRPOObjective:
                 with torch.no_grad():
                     ref_lps.append(per_token_logps(self.ref_model, x, width))
             masks.append(completion_mask(x[:, -width:], self.end))
-        lp = torch.cat(lps)
+        lp, old_lp = torch.cat(lps), torch.cat(old_lps)
         ref_lp = torch.cat(ref_lps) if ref_lps else lp.detach()
         mask = torch.cat(masks)
-        loss = grpo_loss(lp, ref_lp, advantages, mask, self.beta, self.reduction)
+        loss = grpo_loss(lp, old_lp, ref_lp, advantages, mask, self.beta, self.loss_type, self.epsilon,
+                         self.epsilon_high, self.reduction)
         with torch.no_grad():
             m = mask.float()
             kl = (per_token_kl(lp.detach(), ref_lp) * m).sum() / m.sum().clamp_min(1.0)
+            ratio = torch.exp(lp.detach() - old_lp)
+            ratio_mean = (ratio * m).sum() / m.sum().clamp_min(1.0)
+            ratio_max = (ratio * m).max()
+            clipped = clip_fraction(lp, old_lp, advantages, mask, self.loss_type, self.epsilon, self.epsilon_high)
             spread = reward_t.view(-1, self.num_generations).std(dim=1)
         self.last_samples = [{"text": t, "reward": r, "advantage": float(a)} for t, r, a in zip(texts, rewards, advantages)]
         stopped = torch.cat([(g["completion_ids"] == self.end).any(dim=1) for g in groups]).float()
         return {"loss": loss + aux, "grpo_loss": loss.detach(), "aux_loss": aux.detach(), "reward": reward_t.mean(),
                 "accuracy": (reward_t >= 1).float().mean(), "completion_length": m.sum(dim=1).mean(),
-                "stop_rate": stopped.mean(), "kl": kl, "zero_std_groups": (spread == 0).float().mean(),
-                "tokens": m.sum()}
+                "stop_rate": stopped.mean(), "kl": kl, "ratio_mean": ratio_mean, "ratio_max": ratio_max,
+                "clip_fraction": clipped, "zero_std_groups": (spread == 0).float().mean(), "tokens": m.sum()}
 
 
 # ---------------------------------------------------------------------- training and the grpo stage
 GRPO_CONFIG = "ch12_grpo"
 # the shipped stage's GRPO settings (the loop's settings are configs/ch12_grpo.json)
-STAGE_SETTINGS: Dict[str, Any] = {"num_generations": 8, "max_new_tokens": 16, "beta": 0.04, "temperature": 0.8,
-                                  "reduction": "sequence", "normalize_batch": True, "n_train": 2000,
-                                  "n_heldout": 100, "seed": 0}
+STAGE_SETTINGS: Dict[str, Any] = {"num_generations": 6, "max_new_tokens": 16, "beta": 0.1, "temperature": 0.8,
+                                  "loss_type": "cispo", "epsilon": 0.2, "epsilon_high": 5.0, "sync_every": 1,
+                                  "reduction": "sequence", "n_train": 2000}
 
 
 def rl_data(n_train: int = 2000, seed: int = 0) -> "RunData":
@@ -346,24 +463,31 @@ def rl_data(n_train: int = 2000, seed: int = 0) -> "RunData":
 
 
 @torch.no_grad()
-def heldout_accuracy(model: torch.nn.Module, tokenizer: Any, n: int = 100, seed: int = 0,
-                     max_new_tokens: int = 16, n_samples: int = 4, temperature: float = 0.8) -> Dict[str, float]:
-    """Greedy replies to ``n`` held-out sum prompts (``chat_data.rl_prompts(n, seed, "test")``):
+def heldout_accuracy(model: torch.nn.Module, tokenizer: Any, n: Optional[int] = None, seed: int = 0,
+                     max_new_tokens: int = 16, n_samples: int = 4, temperature: float = 0.8,
+                     records: Optional[Sequence[Dict[str, Any]]] = None) -> Dict[str, float]:
+    """Greedy replies to held-out sum prompts (default ``chat_data.heldout_rl_prompts()``: 200
+    distinct held-out problems in held-out phrasings; ``n``: the first ``n`` of them):
     ``accuracy`` (``sum_reward``), ``stop_rate`` and ``length`` (mean reply tokens); and, with
     ``n_samples``, ``sampled_accuracy``: the mean reward of ``n_samples`` replies per prompt
-    sampled at ``temperature`` (what GRPO maximises; seeded, so deterministic on one machine)."""
+    sampled at ``temperature`` (what GRPO maximises; seeded by ``seed``, so deterministic on one
+    machine)."""
     from . import chat_data
     from .sft import generate_replies
 
-    records = chat_data.rl_prompts(n, seed, "test")
+    records = list(records) if records is not None else chat_data.heldout_rl_prompts()
+    records = records[:n] if n else records
+    if not records:
+        raise ValueError("heldout_accuracy needs at least one record to score.")
+    count = len(records)
     was_training = model.training
     model.eval()
     try:
         replies = generate_replies(model, tokenizer, [r["conversations"][:-1] for r in records],
                                    max_new_tokens=max_new_tokens)
         scores = [sum_reward(r["text"], rec["conversations"][-1]["content"]) for r, rec in zip(replies, records)]
-        out = {"accuracy": sum(scores) / n, "stop_rate": sum(r["stopped"] for r in replies) / n,
-               "length": sum(len(r["ids"]) for r in replies) / n}
+        out = {"accuracy": sum(scores) / count, "stop_rate": sum(r["stopped"] for r in replies) / count,
+               "length": sum(len(r["ids"]) for r in replies) / count}
         if n_samples:
             g = torch.Generator(device=next(model.parameters()).device).manual_seed(seed + 1)
             convs = [r["conversations"][:-1] for r in records for _ in range(n_samples)]
@@ -377,16 +501,18 @@ def heldout_accuracy(model: torch.nn.Module, tokenizer: Any, n: int = 100, seed:
 
 
 def train_grpo(model: torch.nn.Module, tokenizer: Any, cfg: "Optional[TrainConfig]" = None, ref_model: Any = "copy",
-               num_generations: int = 8, max_new_tokens: int = 16, beta: float = 0.04, temperature: float = 0.8,
-               normalize_batch: bool = True, reduction: str = "sequence", reward_fn: Callable[[str, str], float] = sum_reward,
-               n_train: int = 2000, seed: int = 0, n_heldout: int = 100, data: "Optional[RunData]" = None,
-               **train_kwargs: Any) -> "TrainResult":
+               num_generations: int = 6, max_new_tokens: int = 16, beta: float = 0.1, temperature: float = 0.8,
+               loss_type: str = "cispo", epsilon: float = 0.2, epsilon_high: float = 5.0,
+               advantages: Optional[Dict[str, Any]] = None, reduction: str = "sequence", sync_every: int = 1,
+               reward_fn: Callable[[str, str], float] = sum_reward, n_train: int = 2000, seed: int = 0,
+               n_heldout: Optional[int] = 100, data: "Optional[RunData]" = None, **train_kwargs: Any) -> "TrainResult":
     """GRPO with ``minimind_ref.train``'s loop; ``model`` (the policy) is trained in place.
     ``cfg.batch_size`` counts prompts (``batch_size * num_generations`` completions per step).
     ``ref_model``: ``"copy"`` (default) freezes a copy of ``model`` first, as upstream does; a
     module is used as given; ``None`` drops the KL term (``beta`` must be 0). Every
-    ``cfg.eval_every`` steps the default evaluation logs ``heldout_accuracy`` on ``n_heldout``
-    held-out prompts (``history["eval_accuracy"]``, ``eval_stop_rate``, ``eval_length``)."""
+    ``cfg.eval_every`` steps the default evaluation logs ``heldout_accuracy`` on the first
+    ``n_heldout`` held-out prompts (``history["eval_accuracy"]``, ``eval_stop_rate``,
+    ``eval_length``, ``eval_sampled_accuracy``; ``n_heldout=0``: no evaluation)."""
     from .dpo import check_reference, freeze_reference
     from .train import TrainConfig, train
 
@@ -398,8 +524,9 @@ def train_grpo(model: torch.nn.Module, tokenizer: Any, cfg: "Optional[TrainConfi
         ref_model = freeze_reference(model)
     data = data if data is not None else rl_data(n_train, seed)
     objective = GRPOObjective(ref_model, tokenizer, num_generations=num_generations, max_new_tokens=max_new_tokens,
-                              beta=beta, temperature=temperature, reward_fn=reward_fn, normalize_batch=normalize_batch,
-                              reduction=reduction, seed=seed)
+                              beta=beta, temperature=temperature, reward_fn=reward_fn, loss_type=loss_type,
+                              epsilon=epsilon, epsilon_high=epsilon_high, advantages=advantages, reduction=reduction,
+                              sync_every=sync_every, seed=seed)
 
     def evaluate(policy: torch.nn.Module, step: int) -> Dict[str, float]:
         return heldout_accuracy(policy, tokenizer, n_heldout, seed, max_new_tokens) if n_heldout else {}
@@ -410,25 +537,26 @@ def train_grpo(model: torch.nn.Module, tokenizer: Any, cfg: "Optional[TrainConfi
     return result
 
 
-def build_stage(parent: torch.nn.Module, tokenizer: Any) -> "tuple[torch.nn.Module, Dict[str, Any], Any]":
+def build_stage(parent: torch.nn.Module, tokenizer: Any, seed: int = 0) -> "tuple[torch.nn.Module, Dict[str, Any], Any]":
     """The shipped ``grpo`` stage: ``train_grpo`` on its parent stage with ``GRPO_CONFIG`` and
-    ``STAGE_SETTINGS`` (``python -m minimind_ref.stages rebuild grpo``)."""
+    ``STAGE_SETTINGS`` (``python -m minimind_ref.stages rebuild grpo``); ``seed`` draws the
+    prompts, orders the batches and seeds the sampler (the shipped stage: 0)."""
     from .dpo import freeze_reference
     from .train import TrainConfig
 
     s = STAGE_SETTINGS
-    cfg = TrainConfig.from_json(GRPO_CONFIG).replace(progress=False, out_dir=None)
+    cfg = TrainConfig.from_json(GRPO_CONFIG).replace(progress=False, out_dir=None, seed=seed)
     ref = freeze_reference(parent)
-    before = heldout_accuracy(parent, tokenizer, s["n_heldout"], s["seed"], s["max_new_tokens"])
-    result = train_grpo(parent, tokenizer, cfg, ref_model=ref, num_generations=s["num_generations"],
-                        max_new_tokens=s["max_new_tokens"], beta=s["beta"], temperature=s["temperature"],
-                        normalize_batch=s["normalize_batch"], reduction=s["reduction"], n_train=s["n_train"],
-                        seed=s["seed"], n_heldout=s["n_heldout"], log=lambda line: None)
-    after = heldout_accuracy(result.model, tokenizer, s["n_heldout"], s["seed"], s["max_new_tokens"])
+    before = heldout_accuracy(parent, tokenizer, None, 0, s["max_new_tokens"])
+    keys = ("num_generations", "max_new_tokens", "beta", "temperature", "loss_type", "epsilon", "epsilon_high",
+            "sync_every", "reduction", "n_train")
+    result = train_grpo(parent, tokenizer, cfg, ref_model=ref, seed=seed, n_heldout=0, log=lambda line: None,
+                        **{k: s[k] for k in keys})
+    after = heldout_accuracy(result.model, tokenizer, None, 0, s["max_new_tokens"])
     h = result.history
     k = min(10, len(h["reward"]))
     extra = {"recipe": "minimind_ref.grpo:build_stage", "command": "python -m minimind_ref.stages rebuild grpo",
-             "train_config": cfg.to_dict(), "grpo_settings": dict(s),
+             "train_config": cfg.to_dict(), "grpo_settings": dict(s), "seed": seed,
              "metrics": {"first_reward_mean10": sum(h["reward"][:k]) / k, "final_reward_mean10": sum(h["reward"][-k:]) / k,
                          "final_kl_mean10": sum(h["kl"][-k:]) / k,
                          "heldout_accuracy_before": before["accuracy"], "heldout_accuracy_after": after["accuracy"],
@@ -437,6 +565,6 @@ def build_stage(parent: torch.nn.Module, tokenizer: Any) -> "tuple[torch.nn.Modu
                          "heldout_sampled_accuracy_after": after["sampled_accuracy"]},
              # the run's curves (a few kB), plotted by chapter 12
              "history": {key: [round(float(v), 5) for v in h[key]] for key in
-                         ("step", "reward", "kl", "completion_length", "zero_std_groups", "grpo_loss", "eval_step",
-                          "eval_accuracy", "eval_sampled_accuracy")}}
+                         ("step", "reward", "kl", "completion_length", "zero_std_groups", "grpo_loss", "ratio_mean",
+                          "clip_fraction")}}
     return result.model, extra, tokenizer

@@ -5,21 +5,29 @@ A square ``nn.Linear`` with weight ``W [out, in]`` gets a side path of rank ``r`
     y = W x + B(A(x))        A: Linear(in, r)  [r, in],  N(0, 0.02)
                              B: Linear(r, out) [out, r], zeros  ->  a fresh adapter changes nothing
 
-As upstream (c090b69): adapters go on **every** ``nn.Linear`` whose weight is square. In MiniMind2
-(8 query heads, 2 key/value heads) those are ``self_attn.q_proj`` and ``self_attn.o_proj`` of every
-layer: ``k_proj``/``v_proj`` map hidden -> hidden/4, the MLP and ``lm_head`` are rectangular, and
-the MoE gate is a bare parameter. There is no scaling factor (scale 1) and no dropout.
+As upstream (d65ef2c; c090b69 is the same but for the default rank, 8): adapters of rank 16 go on
+**every** ``nn.Linear`` whose weight is square. In MiniMind2 (8 query heads, 2 key/value heads)
+and minimind-3 (8 : 4) those are ``self_attn.q_proj`` and ``self_attn.o_proj`` of every layer:
+``k_proj``/``v_proj`` are narrower, the MLP and ``lm_head`` are rectangular, and the MoE gate is a
+bare parameter. There is no scaling factor (scale 1) and no dropout. The course keeps PEFT's
+scaling as an option: ``apply_lora(model, rank, alpha=...)`` multiplies the path by ``alpha / rank``
+(``scale`` sets the factor directly).
 
 Upstream's adapter is a child module named ``lora`` of the layer it adapts, so the state-dict keys
 are ``<module path>.lora.A.weight`` and ``<module path>.lora.B.weight`` (e.g.
 ``model.layers.0.self_attn.q_proj.lora.A.weight``); ``save_lora`` writes exactly those and nothing
 else, ``load_lora`` reads them (a leading ``module.`` from a DDP run is stripped, as upstream does).
 
+``save_lora`` writes exactly those keys and nothing else, in fp16 (upstream: ``v.cpu().half()``).
+
 ``apply_lora`` does **not** freeze anything (upstream's trainer, ``train_lora.py``, freezes every
 parameter whose name lacks ``lora``): whoever trains calls ``mark_only_lora_trainable(model)``.
 
-``merge_lora`` is a course addition: c090b69 has no merge (minimind-3 later adds one). It folds
-``B.weight @ A.weight`` into ``W`` and removes the adapters, leaving a plain ``MiniMindForCausalLM``.
+``merge_lora(model)`` folds ``B.weight @ A.weight`` into ``W`` and removes the adapters, leaving a
+plain ``MiniMindForCausalLM`` (in fp32 when the model is). ``merge_lora(model, lora_path,
+save_path)`` is upstream's d65ef2c function: load the adapter file into the model's adapters and
+write the merged weights as an fp16 state dict (``W.half() + (B @ A).half()``, the adapters'
+keys left out) to ``save_path``, leaving the model as it was.
 """
 
 from __future__ import annotations
@@ -43,9 +51,9 @@ class LoRA(nn.Module):
 
     ``A.weight`` is ``[rank, in_features]`` drawn from N(0, 0.02); ``B.weight`` is
     ``[out_features, rank]``, zero, so the path outputs zeros until ``B`` is trained.
-    ``scale`` (upstream has none, i.e. 1) multiplies the path's output; ``save_lora`` records a
-    scale other than 1 (key ``lora_scale``, which upstream's ``load_lora`` ignores) and
-    ``load_lora`` refuses a model whose adapters use another.
+    ``scale`` (upstream has none, i.e. 1; PEFT's is ``alpha / rank``) multiplies the path's output;
+    ``save_lora`` records a scale other than 1 (key ``lora_scale``, which upstream's ``load_lora``
+    ignores) and ``load_lora`` refuses a model whose adapters use another.
     """
 
     def __init__(self, in_features: int, out_features: int, rank: int, scale: float = 1.0) -> None:
@@ -88,15 +96,23 @@ def lora_modules(model: nn.Module) -> List[Tuple[str, nn.Linear]]:
     return [(name, m) for name, m in _unwrap(model).named_modules() if isinstance(getattr(m, "lora", None), LoRA)]
 
 
-def apply_lora(model: nn.Module, rank: int = 8, scale: float = 1.0) -> nn.Module:
-    """Give every square ``nn.Linear`` of ``model`` a ``LoRA`` of rank ``rank``; returns ``model``.
+def apply_lora(model: nn.Module, rank: int = 16, scale: float = 1.0, alpha: Optional[float] = None) -> nn.Module:
+    """Give every square ``nn.Linear`` of ``model`` a ``LoRA`` of rank ``rank`` (upstream's
+    default 16); returns ``model``.
 
     The adapters live on each layer's device and in its dtype. Nothing is frozen: call
     ``mark_only_lora_trainable(model)`` before training. The model's outputs do not change
-    (``B`` starts at zero). ``scale`` is a course option (upstream: 1).
+    (``B`` starts at zero). ``scale`` (upstream: 1) and ``alpha`` (PEFT's ``lora_alpha``: the
+    factor is ``alpha / rank``; give one of the two) are course options.
     """
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise ValueError(f"rank must be a positive int, got {rank!r}.")
+    if alpha is not None:
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
+            raise ValueError(f"alpha must be a finite number (PEFT's lora_alpha; the factor is alpha / rank), got {alpha!r}.")
+        if scale != 1.0:
+            raise ValueError("give scale or alpha, not both: alpha sets scale = alpha / rank.")
+        scale = alpha / rank
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
         raise ValueError(f"scale must be a finite number (upstream: 1.0), got {scale!r}.")
     if scale == 0:
@@ -140,7 +156,8 @@ def _lora_state_dict(model: nn.Module) -> Dict[str, torch.Tensor]:
 
 
 def save_lora(model: nn.Module, path: PathLike) -> None:
-    """Save only the adapters (``{key: tensor}``, upstream's keys, on the CPU) to ``path``, atomically.
+    """Save only the adapters (``{key: tensor}``, upstream's keys, fp16 on the CPU as upstream's
+    ``save_lora`` writes them) to ``path``, atomically.
 
     A file upstream's ``load_lora`` reads, and ours. NaN/inf adapters are refused (``ValueError``;
     an existing file is kept).
@@ -152,7 +169,7 @@ def save_lora(model: nn.Module, path: PathLike) -> None:
     if bad is not None:
         raise ValueError(f"refusing to save {os.fspath(path)}: adapter {bad[0]!r} holds {bad[1]} NaN/inf value(s) "
                          "(the run has diverged: lower the learning rate).")
-    blob = {k: v.detach().cpu() for k, v in state.items()}
+    blob = {k: v.detach().cpu().half() for k, v in state.items()}
     scale = _adapter_scale(model)
     if scale != 1.0:  # upstream's files have no scale (1); record any other (upstream's load_lora ignores the key)
         blob[SCALE_KEY] = torch.tensor(float(scale))
@@ -229,16 +246,35 @@ def load_lora(model: nn.Module, path: PathLike, check_finite: bool = True) -> No
 
 
 @torch.no_grad()
-def merge_lora(model: nn.Module) -> nn.Module:
+def merge_lora(model: nn.Module, lora_path: Optional[PathLike] = None, save_path: Optional[PathLike] = None) -> nn.Module:
     """Fold every adapter into its layer (``W [out, in] += scale * B.weight @ A.weight``), remove the
     adapters and return ``model``: its state dict then loads strict into a plain ``MiniMindForCausalLM``.
+    The sum is formed in fp32 and cast to ``W``'s dtype. ``requires_grad`` flags are left as they
+    are (after ``mark_only_lora_trainable`` the base stays frozen).
 
-    A course addition (c090b69 has no merge). The sum is formed in fp32 and cast to ``W``'s dtype.
-    ``requires_grad`` flags are left as they are (after ``mark_only_lora_trainable`` the base stays frozen).
+    With ``lora_path`` and ``save_path``: upstream's ``merge_lora`` (d65ef2c) instead. The
+    adapters (``apply_lora`` first) are loaded from ``lora_path``, the merged fp16 state dict is
+    written to ``save_path`` exactly as upstream forms it (every ``nn.Linear`` weight in fp16, plus
+    ``(B @ A).half()`` where a layer has an adapter; the adapters' keys left out), and the model
+    keeps its adapters; returns ``model``.
     """
+    if (lora_path is None) != (save_path is None):
+        raise ValueError("give both lora_path and save_path (upstream's file-to-file merge), or neither (merge in place).")
     layers = lora_modules(model)
     if not layers:
         raise ValueError("the model has no LoRA adapters to merge: call apply_lora(model, rank=...) (and load_lora) first.")
+    if lora_path is not None:
+        load_lora(model, lora_path)
+        raw = _unwrap(model)
+        state = {k: v.cpu().half() for k, v in raw.state_dict().items() if ".lora." not in k}
+        for name, module in raw.named_modules():
+            if isinstance(module, nn.Linear) and ".lora." not in name and not name.endswith((".lora.A", ".lora.B")):
+                state[f"{name}.weight"] = module.weight.data.clone().cpu().half()
+                if isinstance(getattr(module, "lora", None), LoRA):
+                    delta = module.lora.scale * (module.lora.B.weight.data @ module.lora.A.weight.data)
+                    state[f"{name}.weight"] += delta.cpu().half()
+        _atomic_save(state, save_path)
+        return model
     for _, layer in layers:
         delta = layer.lora.scale * (layer.lora.B.weight.float() @ layer.lora.A.weight.float())
         layer.weight.copy_((layer.weight.float() + delta).to(layer.weight.dtype))
@@ -251,7 +287,7 @@ def merge_lora(model: nn.Module) -> nn.Module:
 LORA_CONFIG = "ch10_lora"  # minimind_ref/configs/ch10_lora.json: the loop's settings of the shipped `lora` stage
 # What the loop's config does not hold: the adapter's rank, the share of chapter-09 conversations
 # rehearsed beside the new skill, the number of training conversations, the data seed.
-STAGE_SETTINGS: Dict[str, Any] = {"rank": 8, "replay": 0.5, "n_train": 3000, "seed": 0}
+STAGE_SETTINGS: Dict[str, Any] = {"rank": 16, "replay": 0.5, "n_train": 3000}
 
 
 def lora_data(tokenizer: Any, n_train: int = 3000, n_val: int = 200, seed: int = 0, replay: float = 0.5,
@@ -263,15 +299,17 @@ def lora_data(tokenizer: Any, n_train: int = 3000, n_val: int = 200, seed: int =
     from .sft import SFTDataset
     from .train import RunData
 
-    train_set = SFTDataset(chat_data.double_conversations(n_train, seed, "train", replay), tokenizer, max_length)
-    val_set = SFTDataset(chat_data.double_conversations(n_val, seed, "test", replay), tokenizer, max_length)
+    train_set = SFTDataset(chat_data.double_conversations(n_train, seed, "train", replay), tokenizer, max_length,
+                           seed=seed)
+    val_set = SFTDataset(chat_data.double_conversations(n_val, 0, "test", replay), tokenizer, max_length, seed=0)
     return RunData(tokenizer, train_set, val_set, [])
 
 
 @torch.no_grad()
 def double_accuracy(model: nn.Module, tokenizer: Any, exchanges: Optional[Sequence[Any]] = None) -> float:
     """Share of whole answers exactly right (greedy) on the doubling skill's held-out prompts
-    (default: ``chat_data.double_eval_exchanges("test")``, 20 numbers x 6 phrasings)."""
+    (default: ``chat_data.double_eval_exchanges("test")``: the numbers whose doubling never
+    occurs in any training text, in the 6 training and the 6 held-out phrasings)."""
     from . import chat_data
     from .sft import generate_replies
 
@@ -283,7 +321,7 @@ def double_accuracy(model: nn.Module, tokenizer: Any, exchanges: Optional[Sequen
     return sum(r["text"].strip() == ex.answer for ex, r in zip(exchanges, replies)) / len(exchanges)
 
 
-def train_lora(model: nn.Module, tokenizer: Any, cfg: Any = None, rank: int = 8, replay: float = 0.5,
+def train_lora(model: nn.Module, tokenizer: Any, cfg: Any = None, rank: int = 16, replay: float = 0.5,
                n_train: int = 3000, seed: int = 0, full: bool = False, **train_kwargs: Any) -> Any:
     """Teach ``model`` (in place) the doubling skill with ``minimind_ref.train``'s loop.
 
@@ -305,20 +343,23 @@ def train_lora(model: nn.Module, tokenizer: Any, cfg: Any = None, rank: int = 8,
     return train(cfg, model=model, data=data, **train_kwargs)
 
 
-def build_stage(parent: nn.Module, tokenizer: Any) -> Tuple[nn.Module, Dict[str, Any], Any]:
+def build_stage(parent: nn.Module, tokenizer: Any, seed: int = 0) -> Tuple[nn.Module, Dict[str, Any], Any]:
     """The shipped ``lora`` stage (``python -m minimind_ref.stages rebuild lora``): ``train_lora``
-    on the ``sft`` stage with ``LORA_CONFIG`` and ``STAGE_SETTINGS``, then ``merge_lora``. The
+    on the ``sft`` stage with ``LORA_CONFIG`` and ``STAGE_SETTINGS``, then ``merge_lora``; ``seed``
+    draws the data, the adapters' initial ``A`` and the batch order (the shipped stage: 0). The
     file also records the adapter itself (upstream's keys, float32) and its own metrics."""
     import copy
 
     from .train import TrainConfig
 
-    cfg = TrainConfig.from_json(LORA_CONFIG).replace(progress=False, out_dir=None)
+    cfg = TrainConfig.from_json(LORA_CONFIG).replace(progress=False, out_dir=None, seed=seed)
     s = STAGE_SETTINGS
     before = double_accuracy(parent, tokenizer)
     model = copy.deepcopy(parent)
-    result = train_lora(model, tokenizer, cfg, rank=s["rank"], replay=s["replay"], n_train=s["n_train"], seed=s["seed"],
-                        log=lambda line: None)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)  # the adapters' A ~ N(0, 0.02)
+        result = train_lora(model, tokenizer, cfg, rank=s["rank"], replay=s["replay"], n_train=s["n_train"],
+                            seed=seed, log=lambda line: None)
     adapter = {k: v.detach().float().clone() for k, v in _lora_state_dict(model).items()}
     trainable = sum(v.numel() for v in adapter.values())
     with_adapter = double_accuracy(model, tokenizer)
@@ -332,7 +373,7 @@ def build_stage(parent: nn.Module, tokenizer: Any) -> Tuple[nn.Module, Dict[str,
                "final_train_loss_mean20": sum(result.history["loss"][-20:]) / 20,
                "final_val_loss": result.history["eval_loss"][-1]}
     extra = {"recipe": "minimind_ref.lora:build_stage", "command": "python -m minimind_ref.stages rebuild lora",
-             "train_config": cfg.to_dict(), "lora_settings": dict(s), "metrics": metrics, "adapter": adapter,
+             "train_config": cfg.to_dict(), "lora_settings": dict(s), "seed": seed, "metrics": metrics, "adapter": adapter,
              "loss_history": [round(v, 4) for v in result.history["loss"]]}
     return model, extra, tokenizer
 

@@ -1,156 +1,381 @@
 """Supervised fine-tuning (chapter 09): MiniMind's chat template, the assistant-only loss, and
 chatting with the model.
 
-``render_chat`` renders a conversation exactly as upstream's ``model/tokenizer_config.json`` chat
-template does (jingyaogong/minimind at c090b69), without the tool-call branches::
+Two templates, both as upstream's ``model/tokenizer_config.json`` writes them (jingyaogong/minimind):
 
-    <|im_start|>system\\n{system prompt, default "You are a helpful assistant"}<|im_end|>\\n
-    <|im_start|>user\\n{content}<|im_end|>\\n
-    <|im_start|>assistant\\n{content}<|im_end|>\\n
-    ...
-    <|im_start|>assistant\\n                      (add_generation_prompt=True)
+* ``"minimind-3"`` (d65ef2c, upstream's main; the course's default): no default system prompt, and
+  every assistant turn opens with a thinking block, empty when the message has no reasoning::
 
-``encode_chat`` turns a conversation into token ids: the markers become the special ids and the
-message text is encoded as plain text, so a user who types ``<|im_end|>`` gets those characters,
-never the end-of-turn token (for ordinary text the ids equal ``tokenizer.encode(render_chat(...))``,
-which is what upstream's ``SFTDataset`` does). ``assistant_loss_mask`` marks the tokens the loss
-counts, as upstream's ``generate_labels`` / ``generate_loss_mask`` (``dataset/lm_dataset.py``) do:
-every assistant reply, its ``<|im_end|>`` and the newline after it. ``SFTDataset`` gives
-``(input_ids, labels)`` batches for ``minimind_ref.train`` (the objective is the ordinary
-next-token loss: the labels carry the mask), and ``chat`` talks to a model with the KV cache.
+      <|im_start|>system\\n{system prompt, only if the conversation has one}<|im_end|>\\n
+      <|im_start|>user\\n{content}<|im_end|>\\n
+      <|im_start|>assistant\\n<think>\\n{reasoning}\\n</think>\\n\\n{content}<|im_end|>\\n
+      <|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n          (add_generation_prompt=True)
+      <|im_start|>assistant\\n<think>\\n                          (... and open_thinking=True)
+
+* ``"minimind2"`` (c090b69): the default system prompt ``You are a helpful assistant`` when the
+  conversation has none, and no thinking blocks.
+
+Both render ``tools`` (a system block listing the functions), assistant ``tool_calls``
+(``<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>``) and ``tool`` turns
+(``<tool_response>`` blocks in a user turn) as the templates do.
+
+Upstream's ``dataset/lm_dataset.py`` (d65ef2c) prepares each SFT conversation with
+``pre_processing_chat`` (a random system prompt on 20 % of the conversations that have none) and
+``post_processing_chat`` (the empty thinking blocks removed from 80 % of the rendered
+conversations); both are here, seeded. ``encode_chat`` turns a conversation into ids: the markers
+become the special ids and every other piece is encoded as plain text, so a user who types
+``<|im_end|>`` gets those characters, never the end-of-turn token.
+
+``assistant_loss_mask`` marks the tokens the loss counts, as upstream's ``generate_labels``
+(d65ef2c) does: after each ``<|im_start|>assistant\\n`` up to and including the next
+``<|im_end|>\\n``. One edge case is the course's own: when a conversation is encoded as one string
+(upstream's way) and a reply begins with whitespace, a byte-level BPE may merge the header's
+newline into the reply's first token, the marker ending in ``\\n`` no longer matches and upstream's
+rule drops the whole reply from the loss. ``merged_newline_ids`` lists the tokens that can do that
+and ``assistant_loss_mask(..., merged_starts=...)`` keeps such replies (the labels equal
+upstream's wherever upstream's marker matches). ``start_plus_one_mask`` is the older MiniMind2
+rule (markers without the newline, counting from the second token after the header), which kept
+such replies too. ``SFTDataset`` gives ``(input_ids, labels)`` batches for ``minimind_ref.train``,
+and ``chat`` talks to a model with the KV cache.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
+import random
 import warnings
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
 if TYPE_CHECKING:  # pragma: no cover
     from .train import RunData
 
-DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant"
+DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant"  # minimind2 (c090b69) only
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
-ROLES = ("system", "user", "assistant")
+THINK_START, THINK_END = "<think>", "</think>"
+EMPTY_THINK = "<think>\n\n</think>\n\n"  # what post_processing_chat removes
+ROLES = ("system", "user", "assistant", "tool")
+TEMPLATES = ("minimind-3", "minimind2")
+CHAT_TEMPLATE = "minimind-3"  # the template every stage of the course is trained and prompted with
+# The system prompts pre_processing_chat draws from: the course's own (upstream's pool names minimind
+# in Chinese and English; these name the course's assistant).
+SYSTEM_PROMPTS = ("You are MiniMind, a helpful assistant.", "You are a helpful assistant. Answer briefly.",
+                  "You are MiniMind, a tiny language model. Be precise.", "Answer the user's question.")
 
-Message = Dict[str, str]
+Message = Dict[str, Any]
+Segment = Tuple[bool, str]  # (is a special marker, text)
+
+_TOOLS_HEADER = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided "
+                 "with function signatures within <tools></tools> XML tags:\n<tools>")
+_TOOLS_FOOTER = ("\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+                 "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+                 "<args-json-object>}\n</tool_call>")
+
+
+def _tojson(value: Any) -> str:
+    """The chat templates' ``tojson`` filter as transformers defines it."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _template(template: Optional[str]) -> str:
+    template = CHAT_TEMPLATE if template is None else template
+    if template not in TEMPLATES:
+        raise ValueError(f"template must be one of {TEMPLATES} (upstream's d65ef2c and c090b69 templates), got {template!r}.")
+    return template
 
 
 def _validate(messages: Sequence[Message]) -> None:
     if not isinstance(messages, (list, tuple)) or not messages:
         raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts.")
     for i, message in enumerate(messages):
-        if not isinstance(message, dict) or "role" not in message or "content" not in message:
+        if not isinstance(message, Mapping) or "role" not in message or "content" not in message:
             raise ValueError(f"message {i} must be a dict with 'role' and 'content', got {message!r:.80}.")
         if message["role"] not in ROLES:
-            raise ValueError(f"message {i} has role {message['role']!r}; MiniMind's template (without tools) knows "
-                             f"{', '.join(ROLES)}.")
-        if not isinstance(message["content"], str):
-            raise TypeError(f"message {i}: content must be a string, got {type(message['content']).__name__}.")
+            raise ValueError(f"message {i} has role {message['role']!r}; MiniMind's template knows {', '.join(ROLES)}.")
+        content = message["content"]
+        if not isinstance(content, str) and not (content is None and message.get("tool_calls")):
+            raise TypeError(f"message {i}: content must be a string (None only beside tool_calls), got "
+                            f"{type(content).__name__}.")
+        calls = message.get("tool_calls")
+        if calls is not None and (message["role"] != "assistant" or not isinstance(calls, (list, tuple))):
+            raise ValueError(f"message {i}: tool_calls must be a list of {{'name', 'arguments'}} dicts on an assistant "
+                             "message.")
+        reasoning = message.get("reasoning_content")
+        if reasoning is not None and not isinstance(reasoning, str):
+            raise TypeError(f"message {i}: reasoning_content must be a string, got {type(reasoning).__name__}.")
 
 
-def render_chat(messages: Sequence[Message], add_generation_prompt: bool = False) -> str:
-    """The prompt string upstream's chat template renders for ``messages`` (no tools).
+def _assistant_body(message: Message, template: str, drop_empty_think: bool) -> str:
+    """Everything of an assistant turn between ``assistant\\n`` and ``<|im_end|>``."""
+    content = message["content"] if isinstance(message["content"], str) else ""
+    text = content
+    if template == "minimind-3":
+        reasoning = message.get("reasoning_content")
+        if not isinstance(reasoning, str):
+            reasoning = ""
+            if THINK_END in content:
+                reasoning = content.split(THINK_END)[0].rstrip("\n").split(THINK_START)[-1].lstrip("\n")
+                content = content.split(THINK_END)[-1].lstrip("\n")
+        think = f"{THINK_START}\n{reasoning.strip(chr(10))}\n{THINK_END}\n\n"
+        text = ("" if drop_empty_think and think == EMPTY_THINK else think) + content.lstrip("\n")
+    for n, call in enumerate(message.get("tool_calls") or []):
+        if (n == 0 and content) or n > 0:
+            text += "\n"
+        if isinstance(call, Mapping) and call.get("function"):
+            call = call["function"]
+        if not isinstance(call, Mapping) or "name" not in call:
+            raise ValueError(f"a tool call must be a dict with 'name' and 'arguments' (or {{'function': ...}}), got {call!r:.80}.")
+        arguments = call.get("arguments", {})
+        text += ('<tool_call>\n{"name": "' + str(call["name"]) + '", "arguments": '
+                 + (arguments if isinstance(arguments, str) else _tojson(arguments)) + "}\n</tool_call>")
+    return text
 
-    A first ``system`` message replaces the default system prompt; a ``system`` message later in
-    the conversation is rendered like a user turn, as upstream does. ``add_generation_prompt``
-    appends ``<|im_start|>assistant\\n`` so the model writes the next assistant turn.
-    (Upstream's template silently drops messages of unknown roles and renders non-string content
-    as ''; here both are errors.)"""
+
+def chat_segments(messages: Sequence[Message], add_generation_prompt: bool = False, tools: Optional[Sequence[Any]] = None,
+                  template: Optional[str] = None, open_thinking: bool = False,
+                  drop_empty_think: bool = False) -> List[Segment]:
+    """The rendered conversation as ``(is_marker, text)`` pieces: ``<|im_start|>`` and ``<|im_end|>``
+    are markers; a turn's header (``"user\\n"``) and its body are separate pieces, so encoding the
+    pieces one by one never merges the header's newline into the body."""
     _validate(messages)
-    parts: List[str] = []
-    if messages[0]["role"] == "system":
-        parts.append(f"{IM_START}system\n{messages[0]['content']}{IM_END}\n")
-    else:
-        parts.append(f"{IM_START}system\n{DEFAULT_SYSTEM_PROMPT}{IM_END}\n")
+    template = _template(template)
+    out: List[Segment] = []
+
+    def turn(header: str, body: str, close: bool = True) -> None:
+        out.append((True, IM_START))
+        out.append((False, header))
+        if body:
+            out.append((False, body))
+        if close:
+            out.extend([(True, IM_END), (False, "\n")])
+
+    first_is_system = messages[0]["role"] == "system"
+    if tools:
+        head = (messages[0]["content"] + "\n\n" if first_is_system else "") + _TOOLS_HEADER
+        head += "".join("\n" + _tojson(tool) for tool in tools) + _TOOLS_FOOTER
+        turn("system\n", head)
+    elif first_is_system:
+        turn("system\n", messages[0]["content"])
+    elif template == "minimind2":
+        turn("system\n", DEFAULT_SYSTEM_PROMPT)
     for i, message in enumerate(messages):
-        if i == 0 and message["role"] == "system":
-            continue
-        parts.append(f"{IM_START}{message['role']}\n{message['content']}{IM_END}\n")
+        role = message["role"]
+        content = message["content"] if isinstance(message["content"], str) else ""
+        if role == "user" or (role == "system" and i > 0):
+            turn(f"{role}\n", content)
+        elif role == "assistant":
+            turn("assistant\n", _assistant_body(message, template, drop_empty_think))
+        elif role == "tool":
+            if i == 0 or messages[i - 1]["role"] != "tool":
+                out += [(True, IM_START), (False, "user")]
+            out.append((False, f"\n<tool_response>\n{content}\n</tool_response>"))
+            if i == len(messages) - 1 or messages[i + 1]["role"] != "tool":
+                out += [(True, IM_END), (False, "\n")]
     if add_generation_prompt:
-        parts.append(f"{IM_START}assistant\n")
-    return "".join(parts)
+        out += [(True, IM_START), (False, "assistant\n")]
+        if template == "minimind-3":
+            out.append((False, f"{THINK_START}\n" if open_thinking else EMPTY_THINK))
+    return out
+
+
+def render_chat(messages: Sequence[Message], add_generation_prompt: bool = False, tools: Optional[Sequence[Any]] = None,
+                template: Optional[str] = None, open_thinking: bool = False, drop_empty_think: bool = False) -> str:
+    """The prompt string upstream's chat template renders for ``messages``.
+
+    ``template``: ``"minimind-3"`` (d65ef2c; default, ``CHAT_TEMPLATE``) or ``"minimind2"``
+    (c090b69). ``tools``: function schemas (dicts) listed in a system block. Messages may carry
+    ``tool_calls`` (assistant) and ``reasoning_content`` (assistant, minimind-3: the thinking
+    block; a ``<think>...</think>`` prefix of the content is taken as reasoning too). A ``system``
+    message later in the conversation is rendered like a user turn, as upstream does.
+    ``add_generation_prompt`` appends ``<|im_start|>assistant\\n`` (minimind-3: and the empty
+    thinking block, or ``<think>\\n`` with ``open_thinking``, upstream's switch).
+    ``drop_empty_think`` renders without the empty thinking blocks, what ``post_processing_chat``
+    does to 80 % of upstream's SFT conversations. (Upstream's template renders unknown roles as
+    nothing and non-string content as ''; here both are errors.)"""
+    return "".join(text for _, text in chat_segments(messages, add_generation_prompt, tools, template, open_thinking,
+                                                     drop_empty_think))
+
+
+def pre_processing_chat(conversations: Sequence[Message], rng: random.Random, add_system_ratio: float = 0.2,
+                        system_prompts: Sequence[str] = SYSTEM_PROMPTS) -> List[Message]:
+    """Upstream's ``pre_processing_chat`` (d65ef2c), seeded: a conversation without a system
+    message gets one drawn from ``system_prompts`` with probability ``add_system_ratio``; tool-use
+    conversations (a message with ``tools``) are kept as they are."""
+    conversations = list(conversations)
+    if any(m.get("tools") for m in conversations):
+        return conversations
+    if conversations and conversations[0].get("role") != "system" and rng.random() < add_system_ratio:
+        return [{"role": "system", "content": rng.choice(list(system_prompts))}] + conversations
+    return conversations
+
+
+def post_processing_chat(prompt_content: str, rng: random.Random, empty_think_ratio: float = 0.2) -> str:
+    """Upstream's ``post_processing_chat`` (d65ef2c), seeded: with probability ``1 -
+    empty_think_ratio`` every empty thinking block ``<think>\\n\\n</think>\\n\\n`` is removed from
+    the rendered conversation (upstream: ``random.random() > empty_think_ratio``)."""
+    if EMPTY_THINK in prompt_content and rng.random() > empty_think_ratio:
+        prompt_content = prompt_content.replace(EMPTY_THINK, "")
+    return prompt_content
 
 
 # ---------------------------------------------------------------------- tokens
+def backend_tokenizer(tokenizer: Any) -> Any:
+    """The ``tokenizers.Tokenizer`` behind ``tokenizer``: itself, the one inside
+    ``pretrained.UpstreamTokenizer`` (``.tokenizer``), or a transformers fast tokenizer's
+    ``backend_tokenizer``."""
+    if hasattr(tokenizer, "encode_special_tokens") and hasattr(tokenizer, "token_to_id"):
+        return tokenizer
+    for attr in ("tokenizer", "backend_tokenizer"):
+        inner = getattr(tokenizer, attr, None)
+        if inner is not None and hasattr(inner, "encode_special_tokens") and hasattr(inner, "token_to_id"):
+            return inner
+    raise TypeError(f"expected a tokenizers.Tokenizer (minimind_ref.tokenizer, tokenizer.json), a "
+                    f"pretrained.UpstreamTokenizer or a transformers fast tokenizer; got {type(tokenizer).__name__}.")
+
+
 def _plain_ids(tokenizer: Any, text: str) -> List[int]:
     """Ids of ``text`` with special-token parsing off (``<|im_end|>`` typed in text stays text)."""
     if not text:
         return []
-    previous = getattr(tokenizer, "encode_special_tokens", None)
-    if previous is None:
-        raise TypeError("encode_chat needs a tokenizers.Tokenizer (from minimind_ref.tokenizer or tokenizer.json).")
-    tokenizer.encode_special_tokens = True
+    backend = backend_tokenizer(tokenizer)
+    previous = backend.encode_special_tokens
+    backend.encode_special_tokens = True
     try:
-        return list(tokenizer.encode(text).ids)
+        return list(backend.encode(text, add_special_tokens=False).ids)
     finally:
-        tokenizer.encode_special_tokens = previous
+        backend.encode_special_tokens = previous
 
 
 def _special_id(tokenizer: Any, token: str) -> int:
-    token_id = tokenizer.token_to_id(token)
+    token_id = backend_tokenizer(tokenizer).token_to_id(token)
     if token_id is None:
         raise ValueError(f"the tokenizer has no special token {token}; MiniMind's tokenizers have "
                          "<|endoftext|>, <|im_start|>, <|im_end|> at ids 0, 1, 2.")
     return token_id
 
 
-def encode_chat(tokenizer: Any, messages: Sequence[Message], add_generation_prompt: bool = False) -> List[int]:
-    """Token ids of ``render_chat(messages, add_generation_prompt)``, built piece by piece: the
-    markers ``<|im_start|>`` / ``<|im_end|>`` are the special ids, everything else (roles, the
-    message text, newlines) is encoded as plain text. The pieces meet at newlines, where a
-    byte-level pre-tokenizer splits anyway, so ordinary conversations get the same ids as
-    encoding the rendered string; text that imitates a marker cannot forge one."""
-    _validate(messages)
+def encode_chat(tokenizer: Any, messages: Sequence[Message], add_generation_prompt: bool = False,
+                tools: Optional[Sequence[Any]] = None, template: Optional[str] = None, open_thinking: bool = False,
+                drop_empty_think: bool = False) -> List[int]:
+    """Token ids of ``render_chat(messages, ...)``, built piece by piece (``chat_segments``): the
+    markers ``<|im_start|>`` / ``<|im_end|>`` are the special ids, every other piece (a turn's
+    header, its body, the newline after ``<|im_end|>``) is encoded as plain text. The pieces meet
+    where a byte-level pre-tokenizer splits anyway (at the markers and after a header's newline),
+    so an ordinary conversation gets the ids of encoding the rendered string; text that imitates
+    a marker cannot forge one, and a reply that begins with whitespace never swallows its header's
+    newline."""
     start, end = _special_id(tokenizer, IM_START), _special_id(tokenizer, IM_END)
-    turns: List[Tuple[str, str]] = []
-    if messages[0]["role"] == "system":
-        turns.append(("system", messages[0]["content"]))
-        rest = messages[1:]
-    else:
-        turns.append(("system", DEFAULT_SYSTEM_PROMPT))
-        rest = messages
-    turns += [(m["role"], m["content"]) for m in rest]
     ids: List[int] = []
-    for role, content in turns:
-        ids += [start] + _plain_ids(tokenizer, f"{role}\n") + _plain_ids(tokenizer, content) + [end]
-        ids += _plain_ids(tokenizer, "\n")
-    if add_generation_prompt:
-        ids += [start] + _plain_ids(tokenizer, "assistant\n")
+    for is_marker, text in chat_segments(messages, add_generation_prompt, tools, template, open_thinking,
+                                         drop_empty_think):
+        ids += ([start] if text == IM_START else [end]) if is_marker else _plain_ids(tokenizer, text)
     return ids
+
+
+def encode_rendered(tokenizer: Any, text: str) -> List[int]:
+    """Upstream's encoding: the whole rendered string at once, special tokens parsed
+    (``tokenizer(prompt).input_ids``). Merges across a header's newline can happen here."""
+    return list(backend_tokenizer(tokenizer).encode(text, add_special_tokens=False).ids)
 
 
 def marker_ids(tokenizer: Any) -> Tuple[List[int], List[int]]:
     """``(bos_ids, eos_ids)``: the ids of ``<|im_start|>assistant\\n`` and of ``<|im_end|>\\n``,
-    the markers upstream's ``SFTDataset`` searches for (``self.bos_id`` / ``self.eos_id``)."""
+    the markers upstream's ``SFTDataset`` searches for (``self.bos_id`` / ``self.eos_id``, d65ef2c).
+    Any tokenizer ``backend_tokenizer`` accepts (``pretrained.load_tokenizer_dir``'s too)."""
     bos = [_special_id(tokenizer, IM_START)] + _plain_ids(tokenizer, "assistant\n")
     eos = [_special_id(tokenizer, IM_END)] + _plain_ids(tokenizer, "\n")
     return bos, eos
 
 
-def assistant_loss_mask(input_ids: Sequence[int], bos_ids: Sequence[int], eos_ids: Sequence[int], max_length: int) -> List[int]:
+@functools.lru_cache(maxsize=16)
+def _merged_newline_ids(backend_id: int, vocab: Tuple[Tuple[str, int], ...], newline: Tuple[int, ...]) -> FrozenSet[int]:
+    from tokenizers.decoders import ByteLevel
+
+    decoder = ByteLevel()
+    out = set()
+    for token, token_id in vocab:
+        text = decoder.decode([token])
+        if text.startswith("\n") and len(text) > 1 and (token_id,) != newline:
+            out.add(token_id)
+    return frozenset(out)
+
+
+def merged_newline_ids(tokenizer: Any) -> FrozenSet[int]:
+    """Ids of the tokens whose text is a newline followed by more (``"\\n "``, ``"\\n\\n"``, ...):
+    the tokens that can swallow the newline of ``<|im_start|>assistant\\n`` when a reply begins
+    with whitespace and the conversation is encoded as one string. Byte-level vocabularies only
+    (the course's and upstream's); empty when the vocabulary has no such merge."""
+    backend = backend_tokenizer(tokenizer)
+    vocab = tuple(sorted(backend.get_vocab(with_added_tokens=False).items()))
+    return _merged_newline_ids(id(backend), vocab, tuple(_plain_ids(tokenizer, "\n")))
+
+
+def _find(ids: Sequence[int], pattern: Sequence[int], start: int) -> int:
+    """Index of the first occurrence of ``pattern`` in ``ids`` at or after ``start``, else ``len(ids)``."""
+    end = start
+    while end < len(ids) and list(ids[end:end + len(pattern)]) != list(pattern):
+        end += 1
+    return end
+
+
+def assistant_loss_mask(input_ids: Sequence[int], bos_ids: Sequence[int], eos_ids: Sequence[int], max_length: int,
+                        merged_starts: Optional[Sequence[int]] = None) -> List[int]:
     """1 where the loss counts, else 0; ``len(input_ids)`` entries.
 
-    Upstream's rule (``generate_labels`` / ``generate_loss_mask`` at c090b69): find each
-    ``bos_ids`` (``<|im_start|>assistant\\n``); counting starts at the first token after it and
-    runs to the end of the next ``eos_ids`` (``<|im_end|>\\n``) inclusive, so the reply, its end
-    marker and the newline after it count; a reply cut off before its end marker counts to the
-    end of the sequence; nothing at or past ``max_length`` counts. System and user turns, the
-    ``assistant`` header and padding never count."""
+    Upstream's rule (``generate_labels`` / ``generate_loss_mask``, ``dataset/lm_dataset.py`` at
+    d65ef2c): find each ``bos_ids`` (``<|im_start|>assistant\\n``); counting starts at the first
+    token after it and runs to the end of the next ``eos_ids`` (``<|im_end|>\\n``) inclusive, so
+    the reply, its end marker and the newline after it count; a reply cut off before its end
+    marker counts to the end of the sequence; nothing at or past ``max_length`` counts. System and
+    user turns, the ``assistant`` header and padding never count.
+
+    ``merged_starts`` (``merged_newline_ids(tokenizer)``; the course's addition): also accept the
+    header ``<|im_start|>assistant`` followed by a token that begins with the newline, and count
+    from that token, so a reply whose first token swallowed the header's newline stays supervised.
+    Where upstream's marker matches, the result is upstream's."""
     ids, bos, eos = list(input_ids), list(bos_ids), list(eos_ids)
     if not bos or not eos:
         raise ValueError("bos_ids and eos_ids must not be empty (see marker_ids).")
+    merged = frozenset(merged_starts or ())
+    header = bos[:-1]
     mask = [0] * len(ids)
     i = 0
     while i < len(ids):
         if ids[i:i + len(bos)] == bos:
             start = i + len(bos)
-            end = start
-            while end < len(ids) and ids[end:end + len(eos)] != eos:
-                end += 1
-            for j in range(start, min(end + len(eos), max_length, len(ids))):
+        elif merged and header and ids[i:i + len(header)] == header and i + len(header) < len(ids) \
+                and ids[i + len(header)] in merged:
+            start = i + len(header)
+        else:
+            i += 1
+            continue
+        end = _find(ids, eos, start)
+        for j in range(start, min(end + len(eos), max_length, len(ids))):
+            mask[j] = 1
+        i = end + len(eos) if end < len(ids) else len(ids)
+    return mask
+
+
+def start_plus_one_mask(input_ids: Sequence[int], bos_ids: Sequence[int], eos_ids: Sequence[int],
+                        max_length: int) -> List[int]:
+    """The older MiniMind2 rule (``_generate_loss_mask``; stored at upstream commit 020bd44): markers
+    without the newline (``bos_ids`` = ids of ``<|im_start|>assistant``, ``eos_ids`` = ids of
+    ``<|im_end|>``), counting from the second token after the header (``start + 1``, skipping the
+    header's newline) to one token past the end marker (the newline after it). A reply whose first
+    token swallowed the newline keeps its supervision (but loses that first token)."""
+    ids, bos, eos = list(input_ids), list(bos_ids), list(eos_ids)
+    if not bos or not eos:
+        raise ValueError("bos_ids and eos_ids must not be empty.")
+    mask = [0] * len(ids)
+    i = 0
+    while i < len(ids):
+        if ids[i:i + len(bos)] == bos:
+            start = i + len(bos)
+            end = _find(ids, eos, start)
+            for j in range(start + 1, min(end + len(eos) + 1, max_length, len(ids))):
                 mask[j] = 1
             i = end + len(eos) if end < len(ids) else len(ids)
         else:
@@ -158,10 +383,31 @@ def assistant_loss_mask(input_ids: Sequence[int], bos_ids: Sequence[int], eos_id
     return mask
 
 
-def assistant_labels(input_ids: Sequence[int], bos_ids: Sequence[int], eos_ids: Sequence[int], max_length: int) -> List[int]:
+def assistant_labels(input_ids: Sequence[int], bos_ids: Sequence[int], eos_ids: Sequence[int], max_length: int,
+                     merged_starts: Optional[Sequence[int]] = None) -> List[int]:
     """The SFT labels: the token id where ``assistant_loss_mask`` is 1, else -100 (ignored)."""
-    mask = assistant_loss_mask(input_ids, bos_ids, eos_ids, max_length)
+    mask = assistant_loss_mask(input_ids, bos_ids, eos_ids, max_length, merged_starts)
     return [t if m else -100 for t, m in zip(input_ids, mask)]
+
+
+def unsupervised_replies(tokenizer: Any, conversations: Sequence[Sequence[Message]], template: Optional[str] = None,
+                         merged: bool = False) -> List[int]:
+    """Indices of the conversations in which some assistant reply gets no supervised token when
+    the conversation is encoded as one string (upstream's way, ``encode_rendered``) and labelled
+    with upstream's rule (``merged=False``) or the course's (``merged=True``). The empty thinking
+    blocks are dropped first (what ``post_processing_chat`` does most of the time), so a reply
+    follows its header directly."""
+    bos, eos = marker_ids(tokenizer)
+    starts = merged_newline_ids(tokenizer) if merged else None
+    lost = []
+    for n, messages in enumerate(conversations):
+        ids = encode_rendered(tokenizer, render_chat(messages, template=template, drop_empty_think=True))
+        mask = assistant_loss_mask(ids, bos, eos, len(ids), starts)
+        n_replies = sum(m["role"] == "assistant" for m in messages)
+        ends = [j for j in range(len(ids)) if ids[j:j + len(eos)] == eos and mask[j] == 1]
+        if len(ends) < n_replies:
+            lost.append(n)
+    return lost
 
 
 def _check_max_length(max_length: Any) -> None:
@@ -217,12 +463,22 @@ def truncation_note(counts: Dict[str, int], what: str, max_length: Any, dropped:
 
 
 # ---------------------------------------------------------------------- dataset
+ENCODINGS = ("pieces", "upstream")
+
+
 class SFTDataset:
     """Conversations (upstream's ``{"conversations": [...]}`` records) as ``(input_ids, labels)``.
 
-    Like upstream's ``SFTDataset``: the conversation is rendered with the chat template, cut to
-    ``max_length`` tokens on the right, and labelled with ``assistant_labels``. ``loss_on="all"``
-    is the ablation of chapter 09: every real token counts (system and user turns too).
+    Like upstream's ``SFTDataset`` (d65ef2c): each conversation goes through
+    ``pre_processing_chat`` (``add_system_ratio``) and is rendered with the chat template, the
+    empty thinking blocks dropped with probability ``1 - empty_think_ratio``
+    (``post_processing_chat``); the draws come from ``random.Random(seed)``, so the dataset is
+    deterministic. The ids are cut to ``max_length`` on the right and labelled with
+    ``assistant_labels`` (with ``merged_newline_ids``: replies that begin with whitespace stay
+    supervised). ``encoding="pieces"`` (default) encodes with ``encode_chat``;
+    ``encoding="upstream"`` encodes the rendered string at once, as upstream does. A record whose
+    first message is a system message with ``tools`` renders those tools. ``loss_on="all"`` is the
+    ablation of chapter 09: every real token counts (system and user turns too).
     ``batch(indices)`` pads on the right with ``pad_id`` (labels -100) to the longest row of the
     batch rather than to ``max_length``: the causal mask keeps right padding from changing any
     real position, so the loss is the same and short batches are cheaper.
@@ -236,21 +492,39 @@ class SFTDataset:
     """
 
     def __init__(self, records: Sequence[Dict[str, Any]], tokenizer: Any, max_length: int = 256,
-                 loss_on: str = "assistant", pad_id: int = 0, drop_truncated: bool = False) -> None:
+                 loss_on: str = "assistant", pad_id: int = 0, template: Optional[str] = None,
+                 add_system_ratio: float = 0.2, empty_think_ratio: float = 0.2, seed: int = 0,
+                 encoding: str = "pieces", drop_truncated: bool = False) -> None:
         if loss_on not in ("assistant", "all"):
             raise ValueError(f"loss_on must be 'assistant' or 'all', got {loss_on!r}.")
+        if encoding not in ENCODINGS:
+            raise ValueError(f"encoding must be one of {ENCODINGS}, got {encoding!r}.")
         _check_max_length(max_length)
+        for name, ratio in (("add_system_ratio", add_system_ratio), ("empty_think_ratio", empty_think_ratio)):
+            if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
+                raise ValueError(f"{name} must be a probability in [0, 1], got {ratio!r}.")
         bos, eos = marker_ids(tokenizer)
-        self.max_length, self.loss_on, self.pad_id = max_length, loss_on, pad_id
+        merged = merged_newline_ids(tokenizer)
+        rng = random.Random(seed)
+        self.max_length, self.loss_on, self.pad_id, self.template = max_length, loss_on, pad_id, _template(template)
         self.examples: List[Tuple[List[int], List[int]]] = []
         self.truncation: Dict[str, int] = {"examples": 0, "no_answer": 0, "cut_answer": 0, "dropped": 0,
                                          "max_length": max_length}
         self.truncated: List[int] = []  # indices (in ``records``) of the conversations counted there
         self.no_reply: List[int] = []  # indices of conversations without an assistant reply (nothing to learn)
         for n, record in enumerate(records):
-            if not isinstance(record, dict) or "conversations" not in record:
+            if not isinstance(record, Mapping) or "conversations" not in record:
                 raise ValueError(f"record {n} has no 'conversations' key (upstream's SFT format): {record!r:.100}")
-            full = encode_chat(tokenizer, record["conversations"])
+            messages = pre_processing_chat(record["conversations"], rng, add_system_ratio)
+            tools = messages[0].get("tools") if messages and messages[0].get("role") == "system" else None
+            tools = json.loads(tools) if isinstance(tools, str) else tools
+            rendered = render_chat(messages, tools=tools, template=self.template)
+            drop = EMPTY_THINK in rendered and rng.random() > empty_think_ratio
+            if encoding == "pieces":
+                full = encode_chat(tokenizer, messages, tools=tools, template=self.template, drop_empty_think=drop)
+            else:
+                full = encode_rendered(tokenizer, render_chat(messages, tools=tools, template=self.template,
+                                                              drop_empty_think=drop))
             if loss_on == "assistant" and not has_reply(record["conversations"]):
                 self.no_reply.append(n)
             self.truncation["examples"] += 1
@@ -262,7 +536,7 @@ class SFTDataset:
                     self.truncation["dropped"] += 1
                     continue
             ids = full[:max_length]
-            labels = assistant_labels(ids, bos, eos, max_length) if loss_on == "assistant" else list(ids)
+            labels = assistant_labels(ids, bos, eos, max_length, merged) if loss_on == "assistant" else list(ids)
             self.examples.append((ids, labels))
         if self.truncated:
             warnings.warn("SFTDataset: " + truncation_note(self.truncation, "conversations", max_length, drop_truncated),
@@ -314,17 +588,19 @@ class SFTDataset:
 def generate_replies(model: torch.nn.Module, tokenizer: Any, conversations: Sequence[Sequence[Message]],
                      max_new_tokens: int = 48, do_sample: bool = False, temperature: float = 1.0, top_k: int = 0,
                      top_p: float = 1.0, generator: Optional[torch.Generator] = None,
-                     batch_size: int = 128) -> List[Dict[str, Any]]:
+                     batch_size: int = 128, template: Optional[str] = None) -> List[Dict[str, Any]]:
     """The model's next assistant turn for every conversation, with the KV cache.
 
     Returns, per conversation, ``{"text", "ids", "stopped"}``: the decoded reply, its token ids
     up to (not including) ``<|im_end|>``, and whether the model emitted ``<|im_end|>`` within
-    ``max_new_tokens``. Prompts of equal length are batched together (no padding needed)."""
+    ``max_new_tokens``. The prompt ends with the template's generation prompt (minimind-3: the
+    empty thinking block, upstream's non-thinking mode). Prompts of equal length are batched
+    together (no padding needed)."""
     from .generation import generate
 
     device = next(model.parameters()).device
     end = _special_id(tokenizer, IM_END)
-    prompts = [encode_chat(tokenizer, conv, add_generation_prompt=True) for conv in conversations]
+    prompts = [encode_chat(tokenizer, conv, add_generation_prompt=True, template=template) for conv in conversations]
     by_len: Dict[int, List[int]] = {}
     for i, p in enumerate(prompts):
         by_len.setdefault(len(p), []).append(i)
@@ -357,17 +633,26 @@ def chat(model: torch.nn.Module, tokenizer: Any, messages: Sequence[Message], ma
 
 # ---------------------------------------------------------------------- the SFT stage
 SFT_CONFIG = "ch09_sft"  # minimind_ref/configs/ch09_sft.json: the chapter's run and the shipped `sft` stage
+# What the loop's config does not hold: the data sizes and upstream's two preprocessing ratios. The
+# course keeps every empty thinking block (empty_think_ratio 1.0; upstream's 0.2 drops them from 80 % of
+# the conversations): the generation prompt always ends with the empty block, and a model that saw it in
+# only a fifth of its training conversations copies the numbers of a question badly after it (measured
+# on this model: 13 % of 100 training sums right with the block, 63 % without it; see chapter 09).
+STAGE_SETTINGS: Dict[str, Any] = {"n_train": 4000, "n_val": 200, "add_system_ratio": 0.2, "empty_think_ratio": 1.0}
 
 
 def sft_data(tokenizer: Any, n_train: int = 4000, n_val: int = 200, seed: int = 0, max_length: int = 256,
-             loss_on: str = "assistant") -> "RunData":
+             loss_on: str = "assistant", add_system_ratio: float = 0.2, empty_think_ratio: float = 0.2) -> "RunData":
     """Generated conversations (``chat_data.sft_conversations``) as a ``train.RunData``: the
-    training split and a held-out validation split, both ``SFTDataset``."""
+    training split and a held-out validation split, both ``SFTDataset`` (upstream's
+    preprocessing drawn from ``seed``)."""
     from . import chat_data
     from .train import RunData
 
-    train_set = SFTDataset(chat_data.sft_conversations(n_train, seed=seed, split="train"), tokenizer, max_length, loss_on)
-    val_set = SFTDataset(chat_data.sft_conversations(n_val, seed=seed, split="test"), tokenizer, max_length, loss_on)
+    kw = dict(max_length=max_length, loss_on=loss_on, add_system_ratio=add_system_ratio,
+              empty_think_ratio=empty_think_ratio)
+    train_set = SFTDataset(chat_data.sft_conversations(n_train, seed=seed, split="train"), tokenizer, seed=seed, **kw)
+    val_set = SFTDataset(chat_data.sft_conversations(n_val, seed=0, split="test"), tokenizer, seed=0, **kw)
     return RunData(tokenizer, train_set, val_set, [])
 
 
@@ -375,24 +660,29 @@ def train_sft(model: torch.nn.Module, tokenizer: Any, cfg: Any = None, loss_on: 
               n_train: int = 4000, seed: int = 0, **train_kwargs: Any) -> Any:
     """Supervised fine-tuning with ``minimind_ref.train``'s loop: the objective is the ordinary
     next-token loss (``lm_objective``); the labels of ``SFTDataset`` make it count only the
-    assistant's tokens (or every token, ``loss_on="all"``). ``model`` is trained in place.
-    Returns the ``TrainResult``."""
+    assistant's tokens (or every token, ``loss_on="all"``). ``seed`` draws the training
+    conversations and upstream's preprocessing; ``cfg.seed`` orders the batches. ``model`` is
+    trained in place. Returns the ``TrainResult``."""
     from .train import TrainConfig, train
 
     cfg = cfg if cfg is not None else TrainConfig.from_json(SFT_CONFIG)
-    data = sft_data(tokenizer, n_train=n_train, seed=seed, max_length=cfg.seq_len, loss_on=loss_on)
+    s = STAGE_SETTINGS
+    data = sft_data(tokenizer, n_train=n_train, n_val=s["n_val"], seed=seed, max_length=cfg.seq_len, loss_on=loss_on,
+                    add_system_ratio=s["add_system_ratio"], empty_think_ratio=s["empty_think_ratio"])
     return train(cfg, model=model, data=data, **train_kwargs)
 
 
-def build_stage(parent: torch.nn.Module, tokenizer: Any) -> Tuple[torch.nn.Module, Dict[str, Any], Any]:
-    """The shipped ``sft`` stage: ``train_sft`` on the ``base`` stage with ``SFT_CONFIG``
-    (``python -m minimind_ref.stages rebuild sft``)."""
+def build_stage(parent: torch.nn.Module, tokenizer: Any, seed: int = 0) -> Tuple[torch.nn.Module, Dict[str, Any], Any]:
+    """The shipped ``sft`` stage: ``train_sft`` on the ``base`` stage with ``SFT_CONFIG`` and
+    ``STAGE_SETTINGS`` (``python -m minimind_ref.stages rebuild sft``); ``seed`` draws the data and
+    orders the batches (the shipped stage: 0)."""
     from .train import TrainConfig
 
-    cfg = TrainConfig.from_json(SFT_CONFIG).replace(progress=False, out_dir=None)
-    result = train_sft(parent, tokenizer, cfg, log=lambda line: None)
+    cfg = TrainConfig.from_json(SFT_CONFIG).replace(progress=False, out_dir=None, seed=seed)
+    result = train_sft(parent, tokenizer, cfg, n_train=STAGE_SETTINGS["n_train"], seed=seed, log=lambda line: None)
     extra = {"recipe": "minimind_ref.sft:build_stage", "command": "python -m minimind_ref.stages rebuild sft",
-             "train_config": cfg.to_dict(), "metrics": {"final_train_loss_mean20": sum(result.history["loss"][-20:]) / 20,
-                                                        "final_val_loss": result.history["eval_loss"][-1]},
+             "train_config": cfg.to_dict(), "sft_settings": dict(STAGE_SETTINGS), "seed": seed,
+             "metrics": {"final_train_loss_mean20": sum(result.history["loss"][-20:]) / 20,
+                         "final_val_loss": result.history["eval_loss"][-1]},
              "loss_history": [round(v, 4) for v in result.history["loss"]]}
     return result.model, extra, tokenizer

@@ -622,7 +622,7 @@ def grpo_group_without_spread(tmp: Path) -> None:
     """A GRPO group whose completions all got the same reward: advantage 0, no NaN (std 0 + 1e-4)."""
     from minimind_ref.grpo import group_advantages
 
-    adv = group_advantages(torch.tensor([1.0, 1.0, 1.0, 1.0]), 4, normalize_batch=False)
+    adv = group_advantages(torch.tensor([1.0, 1.0, 1.0, 1.0]), 4)
     assert torch.equal(adv, torch.zeros(4)), adv
 
 
@@ -636,8 +636,9 @@ def _grpo_loss(**changes: Any) -> Callable[[Path], Any]:
     def run(tmp: Path) -> Any:
         from minimind_ref.grpo import grpo_loss
 
-        args = dict(per_token_logps=torch.zeros(2, 3), ref_per_token_logps=torch.zeros(2, 3), advantages=torch.zeros(2),
-                    completion_mask=torch.ones(2, 3), beta=0.02)
+        args = dict(per_token_logps=torch.zeros(2, 3), old_per_token_logps=torch.zeros(2, 3),
+                    ref_per_token_logps=torch.zeros(2, 3), advantages=torch.zeros(2), completion_mask=torch.ones(2, 3),
+                    beta=0.02)
         args.update(changes)
         return grpo_loss(**args)
     return run
@@ -968,7 +969,9 @@ def sft_answer_cut(tmp: Path) -> None:
     from minimind_ref.sft import SFTDataset
 
     record = _chat("hi", "a long answer " * 20)
-    ds = _warned(lambda: SFTDataset([record, _chat("hi", "ok")], _course_tokenizer(), max_length=_fits(record) - 5),
+    # no random system prompt, every empty thinking block kept: the encoding _fits measured
+    ds = _warned(lambda: SFTDataset([record, _chat("hi", "ok")], _course_tokenizer(), max_length=_fits(record) - 5,
+                                    add_system_ratio=0.0, empty_think_ratio=1.0),
                  "1 lost the end of an answer with its <|im_end|>")
     assert ds.truncation["cut_answer"] == 1 and ds.truncation["no_answer"] == 0, ds.truncation
     assert 2 not in ds.examples[0][1], "the cut answer has no <|im_end|> label"
@@ -1096,6 +1099,10 @@ def lora_scale_round_trip(tmp: Path) -> None:
     from minimind_ref.lora import apply_lora, load_lora, save_lora
 
     model = _adapted(scale=2.0)
+    with torch.no_grad():  # the file holds fp16 adapters (as upstream's save_lora writes them)
+        for name, p in model.named_parameters():
+            if ".lora." in name:
+                p.copy_(p.half().float())
     save_lora(model, tmp / "a.pth")
     assert float(torch.load(tmp / "a.pth", weights_only=True)["lora_scale"]) == 2.0
     again = apply_lora(tiny_model(), rank=4, scale=2.0)
@@ -1292,8 +1299,9 @@ def _check_writer_files(folder: Path) -> None:
     _one_of(mm.load_checkpoint(folder / "ckpt.pt"), v["model"], _same_weights, "ckpt.pt")
     adapted = apply_lora(tiny_model(), rank=4)
     load_lora(adapted, folder / "adapter.pth")
-    _one_of(adapted, v["lora"], lambda a, b: all(torch.equal(x.lora.B.weight, y.lora.B.weight) for (_, x), (_, y)
-                                                  in zip(lora_modules(a), lora_modules(b))), "adapter.pth")
+    _one_of(adapted, v["lora"], lambda a, b: all(torch.equal(x.lora.B.weight, y.lora.B.weight.half().float())
+                                                  for (_, x), (_, y) in zip(lora_modules(a), lora_modules(b))),
+            "adapter.pth")  # save_lora writes fp16, as upstream
     with _stage_dir(folder):
         stages.stage_metadata("sft")  # verifies the digests
         stage = mm.load_checkpoint(stages.stage_path("sft"))
@@ -1550,6 +1558,9 @@ CASES: List[Case] = [
          ValueError, "do not split into groups of num_generations=4"),
     Case("grpo_loss: negative beta", _grpo_loss(beta=-0.1), ValueError, "beta must be a number >= 0"),
     Case("grpo_loss: advantages of another batch", _grpo_loss(advantages=torch.zeros(3)), ValueError, "advantages must be [rows] = (2,)"),
+    Case("grpo_loss: old log-probabilities of another batch", _grpo_loss(old_per_token_logps=torch.zeros(3, 3)),
+         ValueError, "must have the same shape"),
+    Case("grpo_loss: an unknown loss_type", _grpo_loss(loss_type="ppo"), ValueError, "loss_type must be one of"),
     # ---- item 1: saving is atomic
     Case("save_checkpoint: write fails half-way -> previous file intact, no temp file", save_fails_half_way, None),
     Case("save_checkpoint: process killed mid-write -> previous file intact", save_killed_half_way, None, slow=True),

@@ -111,3 +111,47 @@ def test_lora_parameter_count_names_a_forgotten_layer_count():
 
     msg = check_fails(ch10.check_lora_parameter_count, one_block, "the layer count left out", "MiniMind2-Small")
     assert "only q_proj" not in msg, msg
+
+
+# ---------------------------------------------------------------------- 10.4 / 10.5
+def test_adapted_layers_reference_passes_and_mistakes_fail_with_hints(capsys):
+    from minimind_ref.checks import ch10
+
+    ch10.check_adapted_layers(ch10.adapted_layers_reference)
+    assert capsys.readouterr().out.startswith("✓")
+    check_fails(ch10.check_adapted_layers, stub, "10.4", "not implemented")
+
+    def q_and_o_always(config):
+        return [f"model.layers.{i}.self_attn.{p}" for i in range(config.num_hidden_layers) for p in ("q_proj", "o_proj")]
+
+    check_fails(ch10.check_adapted_layers, q_and_o_always, "free head_dim")
+    with_kv = lambda c: [n.replace("q_proj", p) for n in ch10.adapted_layers_reference(c) for p in ("q_proj", "k_proj")]
+    check_fails(ch10.check_adapted_layers, with_kv, "k_proj and v_proj")
+    check_fails(ch10.check_adapted_layers, lambda c: ch10.adapted_layers_reference(c) + ["lm_head"], "lm_head")
+    check_fails(ch10.check_adapted_layers, lambda c: "q_proj", "expected a list of module names")
+
+
+def test_merge_file_reference_passes_and_mistakes_are_named(capsys):
+    from minimind_ref.checks import ch10
+
+    ch10.check_merge_file(ch10.merge_file_reference)
+    assert capsys.readouterr().out.startswith("✓")
+    check_fails(ch10.check_merge_file, stub, "10.5", "not implemented")
+
+    def fp32_sum(state, adapters):
+        out = {k: v.half() for k, v in state.items()}
+        for k in adapters:
+            if k.endswith(".lora.A.weight"):
+                layer = k[: -len(".lora.A.weight")]
+                out[f"{layer}.weight"] = (state[f"{layer}.weight"] + adapters[f"{layer}.lora.B.weight"] @ adapters[k]).half()
+        return out
+
+    check_fails(ch10.check_merge_file, fp32_sum, "this looks like the sum formed in fp32")
+    check_fails(ch10.check_merge_file, lambda s, a: {k: v.half() for k, v in s.items()}, "this looks like the adapter left out")
+    check_fails(ch10.check_merge_file, lambda s, a: {**ch10.merge_file_reference(s, a), **a}, "the keys differ")
+
+
+def test_adapted_layers_names_duplicates():
+    from minimind_ref.checks import ch10
+
+    check_fails(ch10.check_adapted_layers, lambda c: ch10.adapted_layers_reference(c) * 2, "some twice")

@@ -17,13 +17,18 @@ def stub(*args, **kwargs):
     raise NotImplementedError("Exercise 11.x: stub")
 
 
+def mean_loss(ref, pol, mask, beta):
+    """c090b69's dpo_loss (exercise 11.3): the per-token mean."""
+    return dpo.dpo_loss(ref, pol, mask, beta, reduction="mean")
+
+
 def token_lp(logits, labels):
     return F.log_softmax(logits, -1).gather(-1, labels[..., None]).squeeze(-1)
 
 
 # ---------------------------------------------------------------------- 11.1
 def seq_reference(logits, labels, mask):
-    return dpo.sequence_log_probs(dpo.logits_to_log_probs(logits, labels), mask)
+    return dpo.sequence_log_probs(dpo.logits_to_log_probs(logits, labels), mask, "mean")
 
 
 def test_sequence_log_probs_reference_passes(capsys):
@@ -66,7 +71,7 @@ def test_sequence_log_probs_rejects_stub_and_in_place_edits():
 
 # ---------------------------------------------------------------------- 11.2
 def test_dpo_loss_reference_passes(capsys):
-    ch11.check_dpo_loss(dpo.dpo_loss)
+    ch11.check_dpo_loss(mean_loss)
     assert capsys.readouterr().out.startswith("✓")
 
 
@@ -95,7 +100,7 @@ LOSS_MISTAKES = {
     "the minus sign of -logsigmoid missing":
         loss_from(lambda r, p, b, beta: F.logsigmoid(beta * ((p[:b] - p[b:]) - (r[:b] - r[b:]))).mean()),
     "summed over the pairs": loss_from(lambda r, p, b, beta: (-F.logsigmoid(beta * ((p[:b] - p[b:]) - (r[:b] - r[b:])))).sum()),
-    "the paper's summed sequence log-probabilities": lambda ref, pol, mask, beta: dpo.dpo_loss(ref, pol, mask, beta, "sum"),
+    "the paper's summed sequence log-probabilities": lambda ref, pol, mask, beta: dpo.dpo_loss(ref, pol, mask, beta),
 }
 
 
@@ -109,7 +114,7 @@ def test_dpo_loss_rejects_stub_detached_nan_and_per_pair():
     with pytest.raises(ExerciseError, match="not implemented"):
         ch11.check_dpo_loss(stub)
     with pytest.raises(ExerciseError, match="no gradient"):
-        ch11.check_dpo_loss(lambda ref, pol, mask, beta: dpo.dpo_loss(ref, pol.detach(), mask, beta))
+        ch11.check_dpo_loss(lambda ref, pol, mask, beta: mean_loss(ref, pol.detach(), mask, beta))
 
     def no_clamp(ref, pol, mask, beta):
         m = mask.float()
@@ -120,7 +125,7 @@ def test_dpo_loss_rejects_stub_detached_nan_and_per_pair():
     with pytest.raises(ExerciseError, match="NaN"):
         ch11.check_dpo_loss(no_clamp)
     with pytest.raises(ExerciseError, match="scalar"):
-        ch11.check_dpo_loss(lambda ref, pol, mask, beta: dpo.dpo_pair_stats(ref, pol, mask, beta)["loss"])
+        ch11.check_dpo_loss(lambda ref, pol, mask, beta: dpo.dpo_pair_stats(ref, pol, mask, beta, "mean")["loss"])
 
 
 # ---------------------------------------------------------------------- 11.3
@@ -243,6 +248,37 @@ def test_the_exercises_are_numbered_in_the_order_the_chapter_asks_for_them():
     import inspect
 
     source = inspect.getsource(ch11)
-    names = re.findall(r'@check\("Exercise (11\.\d) (\w+)"\)', source)
+    names = re.findall(r'@check\("Exercise (11\.\d) ([^"]+)"\)', source)
     assert names == [("11.1", "sequence_log_probs"), ("11.2", "shift_example"), ("11.3", "dpo_loss"),
-                     ("11.4", "implicit_rewards")], names
+                     ("11.4", "implicit_rewards"), ("11.5", "summed dpo_loss"), ("11.6", "gradient_ratio")], names
+
+
+# ---------------------------------------------------------------------- 11.5 / 11.6
+def test_summed_dpo_loss_reference_passes_and_mistakes_are_named(capsys):
+    ch11.check_summed_dpo_loss(dpo.dpo_loss)
+    assert capsys.readouterr().out.startswith("✓")
+    with pytest.raises(ExerciseError, match="not implemented"):
+        ch11.check_summed_dpo_loss(stub)
+    with pytest.raises(ExerciseError, match="this looks like the mean log-probability per reply token"):
+        ch11.check_summed_dpo_loss(mean_loss)
+    with pytest.raises(ExerciseError, match="this looks like the margin's sign reversed"):
+        ch11.check_summed_dpo_loss(lambda ref, pol, mask, beta: dpo.dpo_loss(ref.roll(ref.shape[0] // 2, 0),
+                                                                              pol.roll(pol.shape[0] // 2, 0),
+                                                                              mask.roll(mask.shape[0] // 2, 0), beta))
+    with pytest.raises(ExerciseError, match="gradient"):
+        ch11.check_summed_dpo_loss(lambda ref, pol, mask, beta: dpo.dpo_loss(ref, pol.detach(), mask, beta))
+
+
+def test_gradient_ratio_reference_passes_and_mistakes_are_named(capsys):
+    ch11.check_gradient_ratio(ch11.gradient_ratio_reference)
+    assert capsys.readouterr().out.startswith("✓")
+    with pytest.raises(ExerciseError, match="not implemented"):
+        ch11.check_gradient_ratio(stub)
+    with pytest.raises(ExerciseError, match="this looks like the lengths the wrong way round"):
+        ch11.check_gradient_ratio(lambda c, r, red: 1.0 if red == "sum" else c / r)
+    with pytest.raises(ExerciseError, match="this looks like a length effect under the sum"):
+        ch11.check_gradient_ratio(lambda c, r, red: r / c)
+    with pytest.raises(ExerciseError, match="this looks like no length effect under the mean"):
+        ch11.check_gradient_ratio(lambda c, r, red: 1.0)
+    with pytest.raises(ExerciseError, match="expected a number"):
+        ch11.check_gradient_ratio(lambda c, r, red: "1")

@@ -8,9 +8,19 @@ from minimind_ref import grpo
 from minimind_ref.checks import ch12
 
 
+def c090b69_advantages(r, g, **kwargs):
+    """c090b69's advantages (the existing exercise 12.1): grpo.group_advantages with C090B69_ADVANTAGES."""
+    return grpo.group_advantages(r, g, **{**grpo.C090B69_ADVANTAGES, **kwargs})
+
+
+def c090b69_loss(lp, ref, a, m, b, reduction="sequence"):
+    """c090b69's loss (the existing exercise 12.3): PPO-clip with the current policy as the old one."""
+    return grpo.grpo_loss(lp, lp.detach(), ref, a, m, b, loss_type="grpo", reduction=reduction)
+
+
 # ---------------------------------------------------------------------- 12.1
 def test_group_advantages_reference_passes(capsys):
-    ch12.check_group_advantages(grpo.group_advantages)
+    ch12.check_group_advantages(c090b69_advantages)
     assert capsys.readouterr().out.startswith("✓")
 
 
@@ -24,7 +34,7 @@ def _grouped(r, g, unbiased=True):
 
 
 ADV_MISTAKES = {
-    "only the per-group normalisation": lambda r, g: grpo.group_advantages(r, g, normalize_batch=False),
+    "only the per-group normalisation": lambda r, g: c090b69_advantages(r, g, normalize_batch=False),
     "one mean and std over the whole batch": lambda r, g: _batch(((r - r.mean()) / (r.std() + 1e-4)).clamp(-10, 10)),
     "not divided by the group std": lambda r, g: _batch(r - _grouped(r, g)[0]),
     "the group statistics taken over the wrong axis":
@@ -43,7 +53,7 @@ def test_group_advantages_rejects_stub_and_in_place_edits():
 
     def edits(rewards, g):
         rewards.sub_(rewards.mean())
-        return grpo.group_advantages(rewards, g)
+        return c090b69_advantages(rewards, g)
 
     check_fails(ch12.check_group_advantages, edits, "in place")
 
@@ -86,7 +96,7 @@ def test_completion_mask_rejects_stub_and_accepts_a_bool_mask():
 
 # ---------------------------------------------------------------------- 12.3
 def test_grpo_loss_reference_passes(capsys):
-    ch12.check_grpo_loss(grpo.grpo_loss)
+    ch12.check_grpo_loss(c090b69_loss)
     assert capsys.readouterr().out.startswith("✓")
 
 
@@ -106,11 +116,11 @@ def _ratio(lp):
 LOSS_MISTAKES = {
     "the KL term with the wrong sign": lambda lp, ref, a, m, b: _seq(-(_ratio(lp) * a[:, None] + b * _k3(lp, ref)), m),
     "the KL estimator the other way round": lambda lp, ref, a, m, b: _seq(-(_ratio(lp) * a[:, None] - b * _k3(ref, lp)), m),
-    "one average over all masked tokens of the batch": lambda lp, ref, a, m, b: grpo.grpo_loss(lp, ref, a, m, b, "token"),
+    "one average over all masked tokens of the batch": lambda lp, ref, a, m, b: c090b69_loss(lp, ref, a, m, b, "token"),
     "no mask": lambda lp, ref, a, m, b: (-(_ratio(lp) * a[:, None] - b * _k3(lp, ref))).mean(),
-    "missing the minus sign": lambda lp, ref, a, m, b: -grpo.grpo_loss(lp, ref, a, m, b),
+    "missing the minus sign": lambda lp, ref, a, m, b: -c090b69_loss(lp, ref, a, m, b),
     "exp(lp - lp) or exp(0)": lambda lp, ref, a, m, b: _seq(-(torch.exp(lp - lp) * a[:, None] - b * _k3(lp, ref)), m),
-    "has no gradient": lambda lp, ref, a, m, b: grpo.grpo_loss(lp.detach(), ref, a, m, b),
+    "has no gradient": lambda lp, ref, a, m, b: c090b69_loss(lp.detach(), ref, a, m, b),
 }
 
 
@@ -147,14 +157,82 @@ def test_grpo_loss_rejects_in_place_edits_of_its_inputs(argument):
             a.clamp_(-1.0, 1.0)
         else:
             m[:, -1] = 1
-        return grpo.grpo_loss(lp, ref, a, m, b)
+        return c090b69_loss(lp, ref, a, m, b)
 
     check_fails(ch12.check_grpo_loss, edits, "changed its input", "in place")
 
 
 def test_grpo_loss_cut_from_the_policy_says_so():
     def rewrapped(lp, ref, a, m, b):
-        return torch.tensor(float(grpo.grpo_loss(lp.detach(), ref, a, m, b)), requires_grad=True)
+        return torch.tensor(float(c090b69_loss(lp.detach(), ref, a, m, b)), requires_grad=True)
 
     msg = check_fails(ch12.check_grpo_loss, rewrapped, "does not depend on per_token_logps")
     assert "RuntimeError" not in msg and "NoneType" not in msg, msg
+
+
+# ---------------------------------------------------------------------- 12.4 d65ef2c's advantages
+def test_advantages_once_reference_passes_and_mistakes_are_named(capsys):
+    ch12.check_advantages_once(grpo.group_advantages)
+    assert capsys.readouterr().out.startswith("✓")
+    check_fails(ch12.check_advantages_once, stub, "12.4", "not implemented")
+    check_fails(ch12.check_advantages_once, lambda r, g: grpo.group_advantages(r, g, unbiased=True),
+                "this looks like the sample std")
+    check_fails(ch12.check_advantages_once, c090b69_advantages, "this looks like a second normalisation")
+    check_fails(ch12.check_advantages_once, lambda r, g: grpo.group_advantages(r, g, normalize_batch=True),
+                "this looks like a second normalisation")
+    check_fails(ch12.check_advantages_once, lambda r, g: r - _grouped(r, g)[0], "not divided by the group std")
+    check_fails(ch12.check_advantages_once, lambda r, g: (r - _grouped(r, g)[0]) / _grouped(r, g, False)[1], "NaN")
+
+
+# ---------------------------------------------------------------------- 12.5 / 12.6 PPO's clip and CISPO
+def ppo_clip(lp, old, ref, a, m, b, eps):
+    return grpo.grpo_loss(lp, old, ref, a, m, b, loss_type="grpo", epsilon=eps)
+
+
+def cispo(lp, old, ref, a, m, b, eps_high):
+    return grpo.grpo_loss(lp, old, ref, a, m, b, loss_type="cispo", epsilon_high=eps_high)
+
+
+def test_ppo_clip_loss_reference_passes_and_mistakes_are_named(capsys):
+    ch12.check_ppo_clip_loss(ppo_clip)
+    assert capsys.readouterr().out.startswith("✓")
+    check_fails(ch12.check_ppo_clip_loss, stub, "12.5", "not implemented")
+    r = lambda lp, old: torch.exp(lp - old)  # noqa: E731
+    seq = lambda t, m: ((t * m).sum(1) / m.sum(1).clamp_min(1)).mean()  # noqa: E731
+    no_clip = lambda lp, old, ref, a, m, b, e: seq(-(r(lp, old) * a[:, None] - b * _k3(lp, ref)), m.float())
+    check_fails(ch12.check_ppo_clip_loss, no_clip, "this looks like no clipping at all")
+    check_fails(ch12.check_ppo_clip_loss, lambda lp, old, ref, a, m, b, e: ppo_clip(lp, lp.detach(), ref, a, m, b, e),
+                "this looks like the ratio against the current policy")
+    check_fails(ch12.check_ppo_clip_loss, lambda lp, old, ref, a, m, b, e: cispo(lp, old, ref, a, m, b, 5.0),
+                "this looks like CISPO's clamped, detached ratio")
+    maxed = lambda lp, old, ref, a, m, b, e: seq(-(torch.max(r(lp, old) * a[:, None], torch.clamp(r(lp, old), 1 - e, 1 + e)
+                                                              * a[:, None]) - b * _k3(lp, ref)), m.float())
+    check_fails(ch12.check_ppo_clip_loss, maxed, "this looks like max instead of min")
+
+
+def test_cispo_loss_reference_passes_and_mistakes_are_named(capsys):
+    ch12.check_cispo_loss(cispo)
+    assert capsys.readouterr().out.startswith("✓")
+    check_fails(ch12.check_cispo_loss, stub, "12.6", "not implemented")
+    seq = lambda t, m: ((t * m).sum(1) / m.sum(1).clamp_min(1)).mean()  # noqa: E731
+    attached = lambda lp, old, ref, a, m, b, e: seq(-(torch.clamp(torch.exp(lp - old), max=e) * a[:, None] * lp
+                                                      - b * _k3(lp, ref)), m.float())
+    check_fails(ch12.check_cispo_loss, attached, "the ratio not detached")
+    reinforce = lambda lp, old, ref, a, m, b, e: seq(-(a[:, None] * lp - b * _k3(lp, ref)), m.float())
+    check_fails(ch12.check_cispo_loss, reinforce, "this looks like the ratio left out")
+    check_fails(ch12.check_cispo_loss, lambda lp, old, ref, a, m, b, e: ppo_clip(lp, old, ref, a, m, b, 0.2),
+                "this looks like PPO's clipped surrogate")
+    check_fails(ch12.check_cispo_loss, lambda lp, old, ref, a, m, b, e: cispo(lp, old, ref, a, m, b, 1e9),
+                "this looks like no cap on the ratio")
+
+
+# ---------------------------------------------------------------------- 12.7 the group size
+def test_smallest_group_reference_passes_and_mistakes_are_named(capsys):
+    ch12.check_smallest_group(ch12.smallest_group_reference)
+    assert capsys.readouterr().out.startswith("✓")
+    check_fails(ch12.check_smallest_group, stub, "12.7", "not implemented")
+    all_wrong = lambda p, lim: next(g for g in range(2, 65) if (1 - p) ** g <= lim)
+    check_fails(ch12.check_smallest_group, all_wrong, "this looks like only the all-wrong case counted")
+    one_more = lambda p, lim: ch12.smallest_group_reference(p, lim) + 1
+    check_fails(ch12.check_smallest_group, one_more, "this looks like one more than needed")
+    check_fails(ch12.check_smallest_group, lambda p, lim: float(ch12.smallest_group_reference(p, lim)), "expected an int")

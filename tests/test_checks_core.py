@@ -222,7 +222,7 @@ def test_show_solution_imports_the_chapter_and_rejects_unknown_numbers(capsys):
     finally:
         core._SOLUTIONS.update(saved)
         importlib.import_module("minimind_ref.checks.ch09")
-    with pytest.raises(ValueError, match=r"no exercise 9\.7 \(this chapter's exercises: 9\.1, 9\.2, 9\.3\)"):
+    with pytest.raises(ValueError, match=r"no exercise 9\.7 \(this chapter's exercises: 9\.1, 9\.2, 9\.3, 9\.4, 9\.5, 9\.6\)"):
         core.show_solution("9.7")
     with pytest.raises(ValueError, match="no exercise 42.1"):
         core.show_solution("42.1")

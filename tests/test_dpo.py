@@ -1,7 +1,9 @@
 """Chapter 11's DPO equals upstream's trainer/train_dpo.py and dataset/lm_dataset.py DPODataset
-(jingyaogong/minimind at c090b69), and its objective is safe inside minimind_ref.train's loop.
+(jingyaogong/minimind at d65ef2c: the summed log-probabilities; c090b69's mean as the variant), and
+its objective is safe inside minimind_ref.train's loop.
 
-The upstream functions are transcribed below as the reference the tests compare with."""
+The upstream functions are transcribed below as the reference the tests compare with (the parity
+fixture of tests/test_upstream_parity_posttrain.py runs upstream's own files)."""
 
 import copy
 import math
@@ -23,7 +25,8 @@ def upstream_logits_to_log_probs(logits, labels):
     return torch.gather(log_probs, dim=2, index=labels.unsqueeze(2)).squeeze(-1)
 
 
-def upstream_dpo_loss(ref_log_probs, policy_log_probs, mask, beta):
+def c090b69_dpo_loss(ref_log_probs, policy_log_probs, mask, beta):
+    """c090b69's dpo_loss: the mean log-probability per reply token (upstream issue #298)."""
     seq_lengths = mask.sum(dim=1, keepdim=True).clamp_min(1e-8)
     ref_log_probs = (ref_log_probs * mask).sum(dim=1) / seq_lengths.squeeze()
     policy_log_probs = (policy_log_probs * mask).sum(dim=1) / seq_lengths.squeeze()
@@ -39,8 +42,8 @@ def upstream_dpo_loss(ref_log_probs, policy_log_probs, mask, beta):
     return loss.mean()
 
 
-def paper_dpo_loss(ref_log_probs, policy_log_probs, mask, beta):
-    """The DPO paper's loss: sequence log-probabilities are sums over the reply's tokens."""
+def upstream_dpo_loss(ref_log_probs, policy_log_probs, mask, beta):
+    """d65ef2c's dpo_loss and the DPO paper's: sequence log-probabilities are sums over the reply's tokens."""
     ref = (ref_log_probs * mask).sum(1)
     pol = (policy_log_probs * mask).sum(1)
     b = ref.shape[0] // 2
@@ -66,13 +69,14 @@ def upstream_generate_loss_mask(input_ids, bos_id, eos_id, max_length):
     return loss_mask
 
 
-def upstream_dpo_item(tok, record, max_length, pad_id=0):
-    """DPODataset.__getitem__ (c090b69): template, truncate + pad to max_length, mask, shift."""
+def upstream_dpo_item(tok, record, max_length, pad_id=0, drop=False):
+    """DPODataset.__getitem__ (d65ef2c): template (post_processing_chat: ``drop``), truncate + pad to
+    max_length, mask, shift."""
     out = {}
     bos_id = tok.encode("<|im_start|>assistant\n").ids
     eos_id = tok.encode("<|im_end|>\n").ids
     for side in ("chosen", "rejected"):
-        ids = tok.encode(render_chat(record[side])).ids[:max_length]
+        ids = tok.encode(render_chat(record[side], drop_empty_think=drop)).ids[:max_length]
         ids = ids + [pad_id] * (max_length - len(ids))
         mask = upstream_generate_loss_mask(ids, bos_id, eos_id, max_length)
         out[f"x_{side}"] = torch.tensor(ids[:-1], dtype=torch.long)
@@ -105,13 +109,13 @@ BETAS = [0.01, 0.1, 0.5, 2.0]
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("beta", BETAS)
 @pytest.mark.parametrize("mask_dtype", [torch.long, torch.float32])
-def test_dpo_loss_and_gradient_equal_upstream(name, beta, mask_dtype):
+def test_mean_variant_and_gradient_equal_c090b69(name, beta, mask_dtype):
     pairs, seq, lengths = CASES[name]
     ref, pol, mask = make_case(pairs, seq, lengths, seed=len(name), mask_dtype=mask_dtype)
     pol_ours = pol.clone().requires_grad_(True)
     pol_up = pol.clone().requires_grad_(True)
-    ours = dpo.dpo_loss(ref, pol_ours, mask, beta)
-    expected = upstream_dpo_loss(ref, pol_up, mask, beta)
+    ours = dpo.dpo_loss(ref, pol_ours, mask, beta, reduction="mean")
+    expected = c090b69_dpo_loss(ref, pol_up, mask, beta)
     assert torch.isfinite(ours)
     torch.testing.assert_close(ours, expected, rtol=1e-6, atol=1e-7)
     ours.backward()
@@ -122,13 +126,13 @@ def test_dpo_loss_and_gradient_equal_upstream(name, beta, mask_dtype):
 
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("beta", BETAS)
-def test_summed_variant_equals_the_paper(name, beta):
+def test_default_sum_equals_upstream_and_the_paper(name, beta):
     pairs, seq, lengths = CASES[name]
     ref, pol, mask = make_case(pairs, seq, lengths, seed=7)
     a = pol.clone().requires_grad_(True)
     b = pol.clone().requires_grad_(True)
-    ours = dpo.dpo_loss(ref, a, mask, beta, reduction="sum")
-    expected = paper_dpo_loss(ref, b, mask, beta)
+    ours = dpo.dpo_loss(ref, a, mask, beta)
+    expected = upstream_dpo_loss(ref, b, mask, beta)
     torch.testing.assert_close(ours, expected, rtol=1e-6, atol=1e-7)
     ours.backward()
     expected.backward()
@@ -198,11 +202,12 @@ def tok():
 
 
 @pytest.mark.parametrize("max_length", [256, 40, 24])
-def test_dataset_item_equals_upstream(tok, max_length):
+@pytest.mark.parametrize("drop", [False, True])
+def test_dataset_item_equals_upstream(tok, max_length, drop):
     records = chat_data.preference_pairs(12, seed=1)
-    ds = dpo.DPODataset(records, tok, max_length=max_length)
+    ds = dpo.DPODataset(records, tok, max_length=max_length, empty_think_ratio=0.0 if drop else 1.0)
     for i, record in enumerate(records):
-        ours, expected = ds[i], upstream_dpo_item(tok, record, max_length)
+        ours, expected = ds[i], upstream_dpo_item(tok, record, max_length, drop=drop)
         assert set(ours) == set(expected)
         for key in expected:
             assert torch.equal(ours[key], expected[key]), (i, key)
@@ -228,7 +233,7 @@ def test_mask_covers_the_reply_its_end_marker_and_newline(tok):
     """The first supervised target is the reply's first token (predicted from the '\\n' after
     'assistant'), the last is the newline after <|im_end|>."""
     record = chat_data.preference_pairs(3, seed=0)[1]
-    ds = dpo.DPODataset([record], tok, max_length=256)
+    ds = dpo.DPODataset([record], tok, max_length=256, empty_think_ratio=0.0)
     _, eos = marker_ids(tok)
     for side in ("chosen", "rejected"):
         item = ds[0]
@@ -237,6 +242,16 @@ def test_mask_covers_the_reply_its_end_marker_and_newline(tok):
         assert y[mask.bool()].tolist() == tok.encode(reply).ids + eos
         first = int(mask.nonzero()[0])
         assert item[f"x_{side}"][first].item() == tok.encode("\n").ids[0]
+
+
+def test_one_draw_per_pair_decides_the_thinking_block_for_both_sides(tok):
+    records = chat_data.preference_pairs(200, seed=4)
+    ds = dpo.DPODataset(records, tok, max_length=256)
+    think = tok.encode("<think>").ids
+    has = lambda ids: any(ids[j:j + len(think)] == think for j in range(len(ids)))
+    kept = [has(c) for c, _, r, _ in ds.pairs]
+    assert kept == [has(r) for c, _, r, _ in ds.pairs]
+    assert 0.1 < sum(kept) / len(kept) < 0.3  # upstream keeps the empty block 20 % of the time
 
 
 def test_dataset_rejects_bad_records(tok):

@@ -1,10 +1,11 @@
-"""GRPO (chapter 12) equals upstream's trainer/train_grpo.py (jingyaogong/minimind at c090b69):
-advantages, completion mask, per-token log-probabilities and the loss, in value and gradient, on
-cases written here; the rewards follow upstream's format reward; the objective is safe inside
-minimind_ref.train's loop.
+"""GRPO (chapter 12) equals upstream's trainer/train_grpo.py (jingyaogong/minimind at d65ef2c; its
+c090b69 form as the variant): advantages, completion mask, per-token log-probabilities and the
+CISPO and PPO-clip losses, in value and gradient, on cases written here; the rewards follow
+c090b69's format reward; the objective is safe inside minimind_ref.train's loop.
 
 Upstream's computations are transcribed below (from the training loop's body, where they are
-inline) as the reference the tests compare with."""
+inline) as the reference the tests compare with (the parity fixture of
+tests/test_upstream_parity_posttrain.py runs upstream's own lines)."""
 
 import copy
 import math
@@ -20,6 +21,14 @@ from minimind_ref.tokenizer import train_bpe_tokenizer
 
 # ---------------------------------------------------------------------- upstream, transcribed
 def upstream_advantages(rewards, num_generations):
+    """d65ef2c: one normalisation, the population std."""
+    grouped_rewards = rewards.view(-1, num_generations)
+    mean_r = grouped_rewards.mean(dim=1).repeat_interleave(num_generations)
+    std_r = grouped_rewards.std(dim=1, unbiased=False).repeat_interleave(num_generations)
+    return (rewards - mean_r) / (std_r + 1e-4)
+
+
+def c090b69_advantages(rewards, num_generations):
     grouped_rewards = rewards.view(-1, num_generations)
     mean_r = grouped_rewards.mean(dim=1).repeat_interleave(num_generations)
     std_r = grouped_rewards.std(dim=1).repeat_interleave(num_generations)
@@ -44,7 +53,24 @@ def upstream_get_per_token_logps(mdl, input_ids, n_keep):
     return torch.stack(per_token_logps)
 
 
-def upstream_loss(per_token_logps, ref_per_token_logps, advantages, completion_mask, beta):
+def upstream_loss(per_token_logps, old_per_token_logps, ref_per_token_logps, advantages, completion_mask, beta,
+                  loss_type="cispo", epsilon=0.2, epsilon_high=5.0):
+    """d65ef2c's loss lines (train_grpo.py, grpo_train_epoch)."""
+    kl_div = ref_per_token_logps - per_token_logps
+    per_token_kl = torch.exp(kl_div) - kl_div - 1
+    ratio = torch.exp(per_token_logps - old_per_token_logps)
+    if loss_type == "cispo":
+        clamped_ratio = torch.clamp(ratio, max=epsilon_high).detach()
+        per_token_loss = -(clamped_ratio * advantages.unsqueeze(1) * per_token_logps - beta * per_token_kl)
+    else:
+        clipped_ratio = torch.clamp(ratio, 1 - epsilon, 1 + epsilon)
+        per_token_loss1 = ratio * advantages.unsqueeze(1)
+        per_token_loss2 = clipped_ratio * advantages.unsqueeze(1)
+        per_token_loss = -(torch.min(per_token_loss1, per_token_loss2) - beta * per_token_kl)
+    return ((per_token_loss * completion_mask).sum(dim=1) / completion_mask.sum(dim=1).clamp(min=1)).mean()
+
+
+def c090b69_loss(per_token_logps, ref_per_token_logps, advantages, completion_mask, beta):
     kl_div = ref_per_token_logps - per_token_logps
     per_token_kl = torch.exp(kl_div) - kl_div - 1
     per_token_loss = -(torch.exp(per_token_logps - per_token_logps.detach()) * advantages.unsqueeze(1) - beta * per_token_kl)
@@ -64,32 +90,36 @@ def upstream_format_reward(response):
 
 
 # ---------------------------------------------------------------------- advantages
-@pytest.mark.parametrize("num_generations", [2, 4, 8])
+@pytest.mark.parametrize("num_generations", [2, 4, 6, 8])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_group_advantages_equal_upstream(num_generations, seed):
     g = torch.Generator().manual_seed(seed)
     rewards = torch.randint(0, 3, (3 * num_generations,), generator=g).float() + torch.rand(3 * num_generations, generator=g)
     torch.testing.assert_close(grpo.group_advantages(rewards, num_generations), upstream_advantages(rewards, num_generations),
                                rtol=0, atol=1e-6)  # same operations in the same order
+    torch.testing.assert_close(grpo.group_advantages(rewards, num_generations, **grpo.C090B69_ADVANTAGES),
+                               c090b69_advantages(rewards, num_generations), rtol=0, atol=1e-6)
 
 
 def test_a_group_with_equal_rewards_carries_no_signal():
     rewards = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0])
-    adv = grpo.group_advantages(rewards, 4, normalize_batch=False)
+    adv = grpo.group_advantages(rewards, 4)
     assert torch.equal(adv[:4], torch.zeros(4))
     assert adv[4] < 0 < adv[5]
 
 
-def test_clamp_and_second_normalisation():
-    # one right answer in a group of G: z = (1 - 1/G) / std, which grows like sqrt(G)
-    for group in (8, 128):
+def test_one_normalisation_with_the_population_std():
+    # one right answer in a group of G: z = (1 - 1/G) / std; population std sqrt(G - 1) / G
+    for group in (2, 6, 128):
         rewards = torch.zeros(group)
         rewards[0] = 1.0
-        z = float((1 - rewards.mean()) / (rewards.std() + 1e-4))
-        got = float(grpo.group_advantages(rewards, group, normalize_batch=False)[0])
-        assert got == pytest.approx(min(z, 10.0), rel=1e-6)
-    assert z > 10.0 and got == 10.0  # with 128 samples the lone success is clamped
-    both = grpo.group_advantages(torch.tensor([0.0, 1.0, 0.0, 0.0, 3.0, 1.0]), 3)
+        got = float(grpo.group_advantages(rewards, group)[0])
+        assert got == pytest.approx((1 - 1 / group) / (math.sqrt(group - 1) / group + 1e-4), rel=1e-6)
+    assert got > 10.0  # d65ef2c does not clamp; c090b69 did
+    assert float(grpo.group_advantages(rewards, 128, **grpo.C090B69_ADVANTAGES)[0]) != got
+    clamped = grpo.group_advantages(rewards, 128, unbiased=True, clamp=10.0)
+    assert float(clamped[0]) == 10.0
+    both = grpo.group_advantages(torch.tensor([0.0, 1.0, 0.0, 0.0, 3.0, 1.0]), 3, **grpo.C090B69_ADVANTAGES)
     assert float(both.mean()) == pytest.approx(0.0, abs=1e-6) and float(both.std()) == pytest.approx(1.0, abs=1e-4)
 
 
@@ -112,6 +142,15 @@ def test_completion_mask_equals_upstream():
     mask = grpo.completion_mask(ids, 2)
     torch.testing.assert_close(mask, upstream_completion_mask(ids, 2), rtol=0, atol=0)
     assert mask.sum(1).tolist() == [1, 5, 4, 9, 9, 9]
+
+
+def test_completion_mask_with_an_engines_padding():
+    ids = torch.tensor([[5, 6, 2, 7], [5, 6, 7, 2], [5, 2, 7, 7]])
+    pad = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 1]])
+    # row 1: its marker lies under the padding, so it has none: kept up to the padding
+    assert grpo.completion_mask(ids, 2, pad).tolist() == [[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 0, 0]]
+    with pytest.raises(ValueError, match="pad_mask"):
+        grpo.completion_mask(ids, 2, pad[:, :2])
 
 
 def test_completion_mask_rejects_a_1d_input():
@@ -140,37 +179,72 @@ def test_per_token_logps_reject_bad_n_keep(n_keep):
 
 
 # ---------------------------------------------------------------------- the loss
-def loss_case(seed, rows=6, length=7):
+def loss_case(seed, rows=6, length=7, spread=0.6):
     g = torch.Generator().manual_seed(seed)
     lp = (-3 * torch.rand(rows, length, generator=g)).requires_grad_(True)
+    old = lp.detach() + spread * torch.randn(rows, length, generator=g)  # ratios far from 1
     ref = -3 * torch.rand(rows, length, generator=g)
     adv = torch.randn(rows, generator=g)
     ids = torch.randint(3, 9, (rows, length), generator=g)
     ids[torch.arange(rows), torch.randint(0, length, (rows,), generator=g)] = 2
-    return lp, ref, adv, upstream_completion_mask(ids, 2)
+    return lp, old, ref, adv, upstream_completion_mask(ids, 2)
 
 
+@pytest.mark.parametrize("loss_type", ["cispo", "grpo"])
 @pytest.mark.parametrize("beta", [0.0, 0.02, 0.5])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_grpo_loss_and_gradient_equal_upstream(beta, seed):
-    lp, ref, adv, mask = loss_case(seed)
-    lp2 = lp.detach().clone().requires_grad_(True)
-    ours = grpo.grpo_loss(lp, ref, adv, mask, beta)
-    theirs = upstream_loss(lp2, ref, adv, mask, beta)
+def test_grpo_loss_and_gradient_equal_upstream(beta, seed, loss_type):
+    lp, old, ref, adv, mask = loss_case(seed)
+    for eps, eps_high in ((0.2, 5.0), (0.1, 1.5)):
+        a = lp.detach().clone().requires_grad_(True)
+        b = lp.detach().clone().requires_grad_(True)
+        ours = grpo.grpo_loss(a, old, ref, adv, mask, beta, loss_type=loss_type, epsilon=eps, epsilon_high=eps_high)
+        theirs = upstream_loss(b, old, ref, adv, mask, beta, loss_type, eps, eps_high)
+        torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-7)
+        ours.backward()
+        theirs.backward()
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_c090b69s_loss_is_ppo_clip_with_the_current_policy_as_the_old_one(seed):
+    lp, _, ref, adv, mask = loss_case(seed)
+    a = lp.detach().clone().requires_grad_(True)
+    b = lp.detach().clone().requires_grad_(True)
+    ours = grpo.grpo_loss(a, a.detach(), ref, adv, mask, 0.1, loss_type="grpo")
+    theirs = c090b69_loss(b, ref, adv, mask, 0.1)
     torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-7)
     ours.backward()
     theirs.backward()
-    torch.testing.assert_close(lp.grad, lp2.grad, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(a.grad, b.grad, rtol=1e-6, atol=1e-7)
 
 
-def test_the_ratio_is_one_in_value_and_the_policy_gradient_in_gradient():
-    lp, ref, adv, mask = loss_case(3)
-    loss = grpo.grpo_loss(lp, lp.detach(), adv, mask, beta=0.0)  # policy == reference: KL term 0
+def test_with_ratio_one_cispo_and_ppo_clip_are_the_policy_gradient():
+    lp, _, ref, adv, mask = loss_case(3)
     counts = mask.sum(1, keepdim=True).float()
-    torch.testing.assert_close(loss, -adv.mean(), rtol=1e-6, atol=1e-7)  # value: exp(0) = 1
-    loss.backward()
     expected = -(adv[:, None] * mask / counts) / mask.size(0)  # gradient of -mean_rows(mean_tokens(A * lp))
-    torch.testing.assert_close(lp.grad, expected, rtol=1e-6, atol=1e-7)
+    for loss_type in grpo.LOSS_TYPES:
+        p = lp.detach().clone().requires_grad_(True)
+        loss = grpo.grpo_loss(p, p.detach(), p.detach(), adv, mask, beta=0.0, loss_type=loss_type)
+        loss.backward()
+        torch.testing.assert_close(p.grad, expected, rtol=1e-6, atol=1e-7)
+
+
+def test_ppo_clip_stops_the_gradient_where_the_ratio_left_the_range_and_cispo_does_not():
+    lp = torch.zeros(2, 3, requires_grad=True)
+    old = torch.log(torch.tensor([[1 / 1.5, 1.0, 1 / 0.5], [1 / 1.5, 1.0, 1 / 0.5]]))  # ratios 1.5, 1, 0.5
+    adv, mask, ref = torch.tensor([1.0, -1.0]), torch.ones(2, 3), torch.zeros(2, 3)
+    grpo.grpo_loss(lp, old, ref, adv, mask, 0.0, loss_type="grpo").backward()
+    # row 0 (A > 0): the ratio 1.5 above 1 + eps is clipped; row 1 (A < 0): the ratio 0.5 below 1 - eps is clipped
+    assert lp.grad[0, 0] == 0 and lp.grad[0, 1] != 0 and lp.grad[0, 2] != 0
+    assert lp.grad[1, 2] == 0 and lp.grad[1, 0] != 0 and lp.grad[1, 1] != 0
+    frac = grpo.clip_fraction(lp, old, adv, mask, "grpo")
+    assert float(frac) == pytest.approx(2 / 6)
+    lp2 = torch.zeros(2, 3, requires_grad=True)
+    grpo.grpo_loss(lp2, old, ref, adv, mask, 0.0, loss_type="cispo", epsilon_high=1.2).backward()
+    assert bool((lp2.grad != 0).all())  # every token keeps a gradient ...
+    torch.testing.assert_close(lp2.grad[0] * 6, -torch.tensor([1.2, 1.0, 0.5]))  # ... weighed by min(ratio, 1.2)
+    assert float(grpo.clip_fraction(lp2, old, adv, mask, "cispo", epsilon_high=1.2)) == pytest.approx(2 / 6)
 
 
 def test_k3_is_nonnegative_and_estimates_the_kl():
@@ -185,27 +259,31 @@ def test_k3_is_nonnegative_and_estimates_the_kl():
 
 
 def test_token_reduction_weighs_long_completions_more():
-    lp, ref, adv, mask = loss_case(4)
-    per_token = -(adv[:, None] - 0.1 * grpo.per_token_kl(lp.detach(), ref)) * mask
-    token = grpo.grpo_loss(lp, ref, adv, mask, 0.1, reduction="token")
+    lp, _, ref, adv, mask = loss_case(4)
+    per_token = -(adv[:, None] * lp.detach() - 0.1 * grpo.per_token_kl(lp.detach(), ref)) * mask
+    token = grpo.grpo_loss(lp, lp.detach(), ref, adv, mask, 0.1, reduction="token")
     torch.testing.assert_close(token, per_token.sum() / mask.sum(), rtol=1e-6, atol=1e-7)
-    assert not torch.allclose(token, grpo.grpo_loss(lp, ref, adv, mask, 0.1))
+    assert not torch.allclose(token, grpo.grpo_loss(lp, lp.detach(), ref, adv, mask, 0.1))
 
 
-@pytest.mark.parametrize("kwargs, match", [({"beta": -1}, "beta"), ({"reduction": "mean"}, "reduction")])
+@pytest.mark.parametrize("kwargs, match", [({"beta": -1}, "beta"), ({"reduction": "mean"}, "reduction"),
+                                           ({"loss_type": "ppo"}, "loss_type"), ({"epsilon": -0.1}, "epsilon"),
+                                           ({"epsilon_high": float("nan")}, "epsilon_high")])
 def test_grpo_loss_rejects_bad_settings(kwargs, match):
-    lp, ref, adv, mask = loss_case(0)
+    lp, old, ref, adv, mask = loss_case(0)
     settings = {"beta": 0.1, **kwargs}
     with pytest.raises(ValueError, match=match):
-        grpo.grpo_loss(lp, ref, adv, mask, **settings)
+        grpo.grpo_loss(lp, old, ref, adv, mask, **settings)
 
 
 def test_grpo_loss_rejects_mismatched_shapes():
-    lp, ref, adv, mask = loss_case(0)
+    lp, old, ref, adv, mask = loss_case(0)
     with pytest.raises(ValueError, match="same shape"):
-        grpo.grpo_loss(lp, ref[:, :-1], adv, mask, 0.1)
+        grpo.grpo_loss(lp, old, ref[:, :-1], adv, mask, 0.1)
+    with pytest.raises(ValueError, match="same shape"):
+        grpo.grpo_loss(lp, old[:, :-1], ref, adv, mask, 0.1)
     with pytest.raises(ValueError, match="advantages"):
-        grpo.grpo_loss(lp, ref, adv[:-1], mask, 0.1)
+        grpo.grpo_loss(lp, old, ref, adv[:-1], mask, 0.1)
 
 
 # ---------------------------------------------------------------------- rewards
@@ -287,7 +365,8 @@ def test_objective_matches_upstream_on_its_own_samples(tok):
         masks.append(upstream_completion_mask(x[:, -width:], end))
         rewards += [float(len(t) % 3) for t in s["texts"]]
     adv = upstream_advantages(torch.tensor(rewards), 4)
-    expected = upstream_loss(torch.cat(lps), torch.cat(refs), adv, torch.cat(masks), 0.1)
+    lp = torch.cat(lps)
+    expected = upstream_loss(lp, lp.detach(), torch.cat(refs), adv, torch.cat(masks), 0.1)  # sampled by the policy
     torch.testing.assert_close(metrics["grpo_loss"], expected.detach(), rtol=1e-5, atol=1e-6)
     assert metrics["loss"].requires_grad and int(metrics["tokens"]) == int(torch.cat(masks).sum())
     assert float(metrics["kl"]) == pytest.approx(0.0, abs=1e-6)  # policy == reference before any step
@@ -314,6 +393,24 @@ def test_training_moves_the_policy_and_leaves_the_reference_untouched(tok):
     assert all(math.isfinite(v) for v in h["grpo_loss"])
 
 
+def test_a_lagging_sampler_makes_the_ratio_act(tok):
+    from minimind_ref.train import RunData, TrainConfig, train
+
+    policy = tiny_model(seed=6, vocab_size=tok.get_vocab_size(), max_position_embeddings=256)
+    data = RunData(tok, grpo.RLPromptDataset(chat_data.rl_prompts(8, split="train")), None, [])
+    cfg = TrainConfig(batch_size=2, max_steps=4, lr=3e-2, min_lr=3e-2, warmup_steps=0, eval_every=0, log_every=0,
+                      eval_problems=0, progress=False, device="cpu")
+    ratios = {}
+    for sync_every in (1, 4):
+        objective = grpo.GRPOObjective(copy.deepcopy(policy), tok, num_generations=4, max_new_tokens=5, beta=0.0,
+                                       reward_fn=lambda reply, answer: float(len(reply) % 2), sync_every=sync_every,
+                                       seed=0)
+        result = train(cfg, model=copy.deepcopy(policy), data=data, objective=objective, log=lambda s: None)
+        ratios[sync_every] = result.history["ratio_mean"]
+    assert all(r == 1.0 for r in ratios[1])  # the policy samples: old log-probabilities are its own
+    assert ratios[4][0] == 1.0 and any(abs(r - 1.0) > 1e-4 for r in ratios[4][1:])  # the copy lags after step 1
+
+
 def test_objective_validates_its_settings(tok):
     with pytest.raises(ValueError, match="reference model"):
         grpo.GRPOObjective(None, tok, beta=0.1)
@@ -321,3 +418,9 @@ def test_objective_validates_its_settings(tok):
         grpo.GRPOObjective(None, tok, num_generations=1, beta=0.0)
     with pytest.raises(ValueError, match="reduction"):
         grpo.GRPOObjective(None, tok, beta=0.0, reduction="mean")
+    with pytest.raises(ValueError, match="loss_type"):
+        grpo.GRPOObjective(None, tok, beta=0.0, loss_type="ppo")
+    with pytest.raises(ValueError, match="sync_every"):
+        grpo.GRPOObjective(None, tok, beta=0.0, sync_every=0)
+    with pytest.raises(ValueError, match="advantages"):
+        grpo.GRPOObjective(None, tok, beta=0.0, advantages={"clip": 3})

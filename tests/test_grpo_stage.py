@@ -16,14 +16,17 @@ from minimind_ref.train import TrainConfig
 def test_recorded_metrics_are_consistent():
     meta = stages.stage_metadata("grpo")
     m = meta["metrics"]
+    assert meta["grpo_settings"] == grpo.STAGE_SETTINGS and meta["grpo_settings"]["loss_type"] == "cispo"
     assert 0 < m["final_kl_mean10"] < 0.2  # moved, but stayed near the sft reference
     for k in ("first_reward_mean10", "final_reward_mean10", "heldout_accuracy_before", "heldout_accuracy_after",
               "heldout_stop_rate_after"):
         assert 0.0 <= m[k] <= 1.0
     assert m["heldout_stop_rate_after"] >= 0.95
-    assert abs(m["heldout_accuracy_after"] - m["heldout_accuracy_before"]) <= 0.15  # no collapse
-    ev, parent = meta["evaluate_chat"], stages.stage_metadata("sft")["evaluate_chat"]
-    assert ev["stop_rate"] >= 0.95 and abs(ev["sum_accuracy"] - parent["sum_accuracy"]) <= 0.15
+    assert m["heldout_accuracy_after"] > m["heldout_accuracy_before"]  # the greedy gain (its size over seeds: the report)
+    assert m["final_reward_mean10"] > m["first_reward_mean10"]
+    ev = meta["evaluate_chat"]
+    assert ev["sum_accuracy"] == pytest.approx(m["heldout_accuracy_after"], abs=0.01)  # the same 200 held-out sums
+    assert ev["stop_rate"] >= 0.95
 
 
 def test_shipped_weights_reproduce_the_recorded_heldout_accuracy():
@@ -31,19 +34,20 @@ def test_shipped_weights_reproduce_the_recorded_heldout_accuracy():
     meta = stages.stage_metadata("grpo")
     s = meta["grpo_settings"]
     model, tok = stages.load_stage("grpo")
-    again = grpo.heldout_accuracy(model, tok, s["n_heldout"], s["seed"], s["max_new_tokens"], n_samples=0)
-    assert abs(again["accuracy"] - meta["metrics"]["heldout_accuracy_after"]) <= 0.05
+    again = grpo.heldout_accuracy(model, tok, None, 0, s["max_new_tokens"], n_samples=0)
+    assert abs(again["accuracy"] - meta["metrics"]["heldout_accuracy_after"]) <= 0.03
     assert "sampled_accuracy" not in again
 
 
 def test_heldout_accuracy_scores_the_greedy_replies():
     model, tok = stages.load_stage("sft")
     out = grpo.heldout_accuracy(model, tok, n=12, n_samples=2)
-    records = chat_data.rl_prompts(12, 0, "test")
+    records = chat_data.heldout_rl_prompts()[:12]
     replies = generate_replies(model, tok, [r["conversations"][:-1] for r in records], max_new_tokens=16)
     right = sum(grpo.sum_reward(r["text"], rec["conversations"][-1]["content"]) for r, rec in zip(replies, records))
     assert out["accuracy"] == right / 12 and 0 <= out["sampled_accuracy"] <= 1
     assert out == grpo.heldout_accuracy(model, tok, n=12, n_samples=2)  # seeded: deterministic
+    assert records == chat_data.heldout_rl_prompts()[:12]
     assert not model.training
 
 
@@ -62,6 +66,7 @@ def test_train_grpo_short_run_records_the_metrics_and_keeps_the_reference_fixed(
         grpo.train_grpo(model, tok, cfg, ref_model="nope")
     with pytest.raises(ValueError, match="beta"):
         grpo.train_grpo(model, tok, cfg, ref_model=None, beta=0.04)
+    assert "ratio_mean" in h and all(r == 1.0 for r in h["ratio_mean"])  # the policy samples: ratio 1
 
 
 @pytest.mark.slow

@@ -307,7 +307,7 @@ CHAPTERS: Dict[str, Tuple[Callable, Callable, str, str]] = {
            "(on a reply cut off before its end marker: ids=", "（用例：一个在结束标记之前被截断的回答：ids="),
     "10": (ch10.check_lora_forward, _lora_unscaled, "this looks like the scale ignored", "忽略了 scale"),
     "11": (ch11.check_implicit_rewards, _rewards_without_beta, "this looks like beta left out", "漏掉了 beta"),
-    "12": (ch12.check_group_advantages, lambda r, g: grpo.group_advantages(r, g, normalize_batch=False),
+    "12": (ch12.check_group_advantages, lambda r, g: grpo.group_advantages(r, g, unbiased=True, clamp=10.0),
            "this looks like only the per-group normalisation", "只做了组内归一化"),
 }
 

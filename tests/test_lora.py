@@ -156,10 +156,16 @@ def test_our_file_is_upstreams_format(tmp_path):
     names = [name for name, _ in lora_modules(source)]
     assert sorted(state) == sorted(f"{n}.lora.{k}" for n in names for k in ("A.weight", "B.weight"))
     assert "model.layers.0.self_attn.q_proj.lora.A.weight" in state
+    assert all(v.dtype == torch.float16 for v in state.values()), "upstream's save_lora writes fp16"
     target = apply_lora(tiny_model(), rank=4)
     _upstream_load(target, path)
+    halved = copy.deepcopy(source)
+    with torch.no_grad():
+        for _, layer in lora_modules(halved):
+            for p in layer.lora.parameters():
+                p.copy_(p.half().float())
     ids = rand_ids(2, 7)
-    torch.testing.assert_close(target(ids).logits, source(ids).logits, **EXACT)
+    torch.testing.assert_close(target(ids).logits, halved(ids).logits, **EXACT)  # the fp16 values, exactly
     assert [p.name for p in tmp_path.iterdir()] == ["lora.pth"], "no temporary file left behind"
 
 
@@ -267,3 +273,31 @@ def test_scale_is_folded_into_the_merge():
     with_adapters = half(ids).logits
     torch.testing.assert_close(merge_lora(half)(ids).logits, with_adapters, **MERGE_TOL)
     assert not torch.allclose(with_adapters, base, **MERGE_TOL)
+
+
+def test_upstreams_default_rank_and_pefts_alpha():
+    model = apply_lora(tiny_model())
+    layers = lora_modules(model)
+    assert {layer.lora.rank for _, layer in layers} == {16} and {layer.lora.scale for _, layer in layers} == {1.0}
+    scaled = apply_lora(tiny_model(), rank=8, alpha=16)
+    assert {layer.lora.scale for _, layer in lora_modules(scaled)} == {2.0}
+    with pytest.raises(ValueError, match="not both"):
+        apply_lora(tiny_model(), rank=8, alpha=16, scale=3.0)
+    with pytest.raises(ValueError, match="alpha"):
+        apply_lora(tiny_model(), rank=8, alpha=float("inf"))
+
+
+def test_upstreams_file_to_file_merge(tmp_path):
+    source = _trained_adapters(apply_lora(tiny_model(), rank=4))
+    save_lora(source, tmp_path / "lora.pth")
+    target = apply_lora(tiny_model(), rank=4)
+    merge_lora(target, tmp_path / "lora.pth", tmp_path / "merged.pth")
+    merged = torch.load(tmp_path / "merged.pth", weights_only=True)
+    assert lora_modules(target) and all(".lora." not in k for k in merged)
+    assert all(v.dtype == torch.float16 for v in merged.values())
+    plain = tiny_model()
+    plain.load_state_dict({k: v.float() for k, v in merged.items()}, strict=True)
+    ids = rand_ids(2, 7)
+    torch.testing.assert_close(plain(ids).logits, target(ids).logits, rtol=0, atol=5e-3)  # fp16 weights
+    with pytest.raises(ValueError, match="both"):
+        merge_lora(target, tmp_path / "lora.pth")

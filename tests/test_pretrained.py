@@ -316,7 +316,7 @@ def test_chat_template_renders_as_render_chat(tokenizer_dirs, where, name, gen):
     assert tok.chat_template == U.CHAT_TEMPLATE
     messages = CONVERSATIONS[name]
     text = tok.apply_chat_template(messages, add_generation_prompt=gen)
-    assert text == render_chat(messages, add_generation_prompt=gen)
+    assert text == render_chat(messages, add_generation_prompt=gen, template="minimind2")  # MiniMind2's folders
     ids = tok.apply_chat_template(messages, add_generation_prompt=gen, tokenize=True)
     assert ids == tok.encode(text) and ids[0] == tok.bos_token_id
     assert tok.decode(ids) == text
@@ -357,8 +357,9 @@ def test_old_template_is_rendered_as_written(tmp_path):
     renders whatever template the folder holds (it equals render_chat only when the prompt ends a user turn)."""
     tok = P.load_tokenizer_dir(U.write_tokenizer(tmp_path, chat_template=U.OLD_CHAT_TEMPLATE))
     hi = [{"role": "user", "content": "hi"}]
-    assert tok.apply_chat_template(hi) == render_chat(hi, add_generation_prompt=True)
-    assert tok.apply_chat_template(CONVERSATIONS["later system turn"]) != render_chat(CONVERSATIONS["later system turn"])
+    assert tok.apply_chat_template(hi) == render_chat(hi, add_generation_prompt=True, template="minimind2")
+    assert tok.apply_chat_template(CONVERSATIONS["later system turn"]) != render_chat(CONVERSATIONS["later system turn"],
+                                                                                      template="minimind2")
 
 
 # ---------------------------------------------------------------------- transformers cross-checks
@@ -399,7 +400,7 @@ def test_tokenizer_agrees_with_transformers(tokenizer_dirs, where):
                        {"add_generation_prompt": True, "enable_thinking": False}):
             assert ours.apply_chat_template(messages, **kwargs) == theirs.apply_chat_template(messages, tokenize=False,
                                                                                                 **kwargs)
-        text = render_chat(messages, add_generation_prompt=True)
+        text = render_chat(messages, add_generation_prompt=True, template="minimind2")
         assert ours.encode(text) == theirs(text)["input_ids"]
         assert ours.decode(ours.encode(text), skip_special_tokens=True) == theirs.decode(
             theirs(text)["input_ids"], skip_special_tokens=True)

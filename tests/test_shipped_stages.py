@@ -15,7 +15,7 @@ from minimind_ref.train import CONFIG_DIR, TrainConfig
 # stage: (parent, the recipe's module, its loop config, the key of its own settings in the file or None,
 #         whether it records one training loss per step)
 RECIPES = {
-    "sft": ("base", sft, sft.SFT_CONFIG, None, True),
+    "sft": ("base", sft, sft.SFT_CONFIG, "sft_settings", True),
     "lora": ("sft", lora, lora.LORA_CONFIG, "lora_settings", True),
     "dpo": ("sft", dpo, dpo.DPO_CONFIG, "dpo_settings", False),
     "grpo": ("sft", grpo, grpo.GRPO_CONFIG, "grpo_settings", False),
@@ -29,6 +29,7 @@ def test_shipped_stage_loads_weights_only_and_records_its_recipe(name):
     extra = blob["extra"]
     assert extra["stage"] == name and extra["parent"] == parent == stages.STAGE_INFO[name].parent
     assert extra["command"] == f"python -m minimind_ref.stages rebuild {name}"
+    assert extra["seed"] == 0 and extra["seconds"] > 0
     assert extra["recipe"] == stages.RECIPES[name] == f"{module.__name__}:build_stage"
     raw = json.loads((CONFIG_DIR / f"{config_name}.json").read_text())
     cfg = TrainConfig.from_json(config_name)

@@ -1,35 +1,107 @@
 """The stage report (book/performance.md) is produced by code, never typed: the committed table is
-what `make report` writes, and it holds every shipped stage's held-out figures as the stage files
-recorded them when `python -m minimind_ref.stages rebuild` made them."""
+what `make report` renders from the seeded rebuild's record (minimind_ref/checkpoints/stage_seeds.json,
+written by `python -m minimind_ref.stages rebuild --seeds 0,1,2`); the shipped stage files are the
+first seed's models with the figures the record holds for them; and every claim a chapter makes
+about a stage's effect (``stages.STAGE_CLAIMS``) agrees with the record."""
 
+import copy
 from pathlib import Path
+
+import pytest
 
 from minimind_ref import stages
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = ROOT / "benchmarks" / "results" / "stage_report.md"
+FIGURE = ROOT / "benchmarks" / "results" / "figures" / "stage_report.png"
 
 
-def test_committed_table_is_the_recorded_figures_of_every_shipped_stage():
-    rows = stages.recorded_rows()
-    assert [r["stage"] for r in rows] == [s for s in stages.STAGES if stages.stage_path(s).is_file()]
-    assert TABLE.read_text(encoding="utf-8") == stages.render_markdown(rows), (
+@pytest.fixture(scope="module")
+def records():
+    return stages.load_seed_records()
+
+
+def test_committed_table_is_the_rendered_seed_record(records):
+    assert TABLE.read_text(encoding="utf-8") == stages.render_seed_report(records), (
         "benchmarks/results/stage_report.md is out of date: run `make report` (and commit the table)")
+    assert FIGURE.is_file() and FIGURE.stat().st_size > 10_000
 
 
-def test_every_shipped_stage_records_its_parent_and_evaluation():
-    for name in stages.available_stages():
+def test_the_record_has_three_seeds_of_every_stage(records):
+    assert len(records["seeds"]) >= 3
+    for name in ("base",) + stages.SEEDED_STAGES:
+        assert sorted(records["stages"][name], key=int) == [str(s) for s in records["seeds"]], name
+        for seed, entry in records["stages"][name].items():
+            assert set(stages.REPORT_KEYS) <= set(entry["metrics"]), (name, seed)
+
+
+def test_shipped_stages_are_the_first_seeds_models(records):
+    first = str(records["seeds"][0])
+    for name in stages.SEEDED_STAGES:
         meta = stages.stage_metadata(name)
-        assert meta["parent"] == stages.STAGE_INFO[name].parent, name
-        assert set(stages.METRICS) <= set(meta["evaluate_chat"]), name
+        assert meta["seed"] == records["seeds"][0]
+        assert meta["evaluate_chat"] == records["stages"][name][first]["metrics"], name
 
 
-def test_report_command_writes_the_recorded_table(tmp_path):
-    out = tmp_path / "report.md"
-    assert stages.main(["report", "--recorded", "--out", str(out)]) == 0
+def test_report_command_writes_the_committed_table_and_a_figure(tmp_path):
+    out, fig = tmp_path / "report.md", tmp_path / "report.png"
+    assert stages.main(["report", "--out", str(out), "--figure", str(fig)]) == 0
     assert out.read_text(encoding="utf-8") == TABLE.read_text(encoding="utf-8")
+    assert fig.stat().st_size > 10_000
 
 
-def test_the_performance_page_includes_the_table():
+def test_the_performance_page_includes_the_table_and_the_figure():
     page = (ROOT / "book" / "performance.md").read_text(encoding="utf-8")
     assert "```{include} ../benchmarks/results/stage_report.md" in page and "make report" in page
+    assert "../benchmarks/results/figures/stage_report.png" in page
+
+
+@pytest.mark.parametrize("claim", stages.STAGE_CLAIMS, ids=lambda c: f"{c[0]}-{c[1]}-{c[2]}")
+def test_every_chapter_claim_agrees_with_the_record(records, claim):
+    stage, metric, direction = claim
+    sentence = stages.check_claim(stage, metric, direction, records)
+    assert sentence.endswith(direction)
+
+
+# ---------------------------------------------------------------------- the machinery, on a made-up record
+def _fake(values):
+    """A record with the given {stage: [values over seeds]} for every report column."""
+    seeds = [0, 1, 2]
+    out = {"seeds": seeds, "stages": {}}
+    for name, vals in values.items():
+        out["stages"][name] = {str(s): {"metrics": {**{k: v for k in stages.REPORT_KEYS}, "sum_n": 200.0},
+                                        "seconds": 1.0} for s, v in zip(seeds, vals)}
+    return out
+
+
+def test_effects_need_ranges_that_do_not_overlap():
+    rec = _fake({"base": [0.0, 0.0, 0.0], "sft": [0.5, 0.6, 0.55], "lora": [0.58, 0.7, 0.65],
+                 "dpo": [0.2, 0.3, 0.25], "grpo": [0.61, 0.65, 0.7]})
+    assert stages.stage_effect("sft", "sum_accuracy", rec)["direction"] == "up"
+    assert stages.stage_effect("lora", "sum_accuracy", rec)["direction"] == "within range"  # 0.58 <= 0.6
+    assert stages.stage_effect("dpo", "sum_accuracy", rec)["direction"] == "down"
+    assert stages.stage_effect("grpo", "sum_accuracy", rec)["direction"] == "up"
+    e = stages.stage_effect("grpo", "sum_accuracy", rec)
+    assert e["change"] == pytest.approx((0.61 + 0.65 + 0.7) / 3 - 0.55) and e["parent_range"] == (0.5, 0.6)
+    assert stages.check_claim("grpo", "sum_accuracy", "up", rec).endswith("up")
+    with pytest.raises(AssertionError, match="do not show 'up'"):
+        stages.check_claim("lora", "sum_accuracy", "up", rec)
+    with pytest.raises(ValueError, match="claim"):
+        stages.check_claim("lora", "sum_accuracy", "better", rec)
+    with pytest.raises(ValueError, match="no metric"):
+        stages.stage_effect("lora", "poetry", rec)
+
+
+def test_rendering_marks_the_effects_and_shows_ranges():
+    rec = _fake({"base": [0.0, 0.0, 0.0], "sft": [0.5, 0.6, 0.55], "lora": [0.58, 0.7, 0.65],
+                 "dpo": [0.2, 0.3, 0.25], "grpo": [0.61, 0.65, 0.7]})
+    table = stages.render_seed_report(rec)
+    rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines() if line.startswith("| ")}
+    assert "55.0% ▲<br>(50.0%–60.0%)" in rows["sft"]
+    assert "▲" not in rows["lora"] and "▼" not in rows["lora"]
+    assert "25.0% ▼" in rows["dpo"] and "65.3% ▲" in rows["grpo"]
+    assert "3 seeds (0, 1, 2)" in table
+    assert rows["base"].split(" | ")[-2] == "–" and "▲" not in rows["sft"].split(" | ")[-2]  # the win rate
+    broken = copy.deepcopy(rec)
+    del broken["stages"]["lora"]["2"]["metrics"]["win_rate"]
+    assert "–" in stages.render_seed_report(broken)

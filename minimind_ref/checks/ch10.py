@@ -1,9 +1,10 @@
 """Checks for chapter 10 (LoRA): the adapted layer's forward, counting the parameters upstream's
-``apply_lora`` adds, and merging an adapter into its weight.
+``apply_lora`` adds, merging an adapter into its weight, which layers get an adapter in a given
+layout (minimind-3's free ``head_dim`` included), and upstream's fp16 file-to-file merge.
 
 Each check runs the learner's function on inputs it makes itself and compares with
-``minimind_ref.lora`` (upstream's ``model/model_lora.py`` at c090b69: ``y = W x + B(A(x))``,
-adapters on every square ``nn.Linear``); a mismatch names the known mistake it matches when it can.
+``minimind_ref.lora`` (upstream's ``model/model_lora.py``: ``y = W x + B(A(x))``, adapters on
+every square ``nn.Linear``); a mismatch names the known mistake it matches when it can.
 """
 
 from __future__ import annotations
@@ -179,6 +180,143 @@ def check_lora_parameter_count(lora_parameter_count: Callable[..., Any]) -> str:
                          "adapts only the square nn.Linear layers: which layers of a block are square for this "
                          "config, and how many blocks are there?")
     return f"{len(cases)} configs (the course model, MiniMind2-Small, MiniMind2-MoE, full KV heads)"
+
+
+# ---------------------------------------------------------------------- 10.4 which layers get an adapter
+def adapted_layers_reference(config: MiniMindConfig) -> List[str]:
+    """Names of the modules ``apply_lora`` adapts in ``MiniMindForCausalLM(config)`` (every square
+    ``nn.Linear``), in ``named_modules`` order (built on the meta device)."""
+    from ..model import MiniMindForCausalLM
+
+    with torch.device("meta"):
+        model = MiniMindForCausalLM(config)
+    return [name for name, m in model.named_modules()
+            if isinstance(m, nn.Linear) and m.weight.shape[0] == m.weight.shape[1]]
+
+
+def _layer_cases() -> List[Dict[str, Any]]:
+    small = dict(hidden_size=64, num_hidden_layers=2, vocab_size=97, max_position_embeddings=64)
+    return [
+        {"config": MiniMindConfig(num_attention_heads=8, num_key_value_heads=2, **small),
+         "case": "MiniMind2 layout (8 heads, 2 KV heads)"},
+        {"config": MiniMindConfig(generation="minimind-3", num_attention_heads=8, num_key_value_heads=4, **small),
+         "case": "minimind-3 layout (8 heads, 4 KV heads, head_dim = hidden / heads)"},
+        {"config": MiniMindConfig(generation="minimind-3", num_attention_heads=4, num_key_value_heads=2, head_dim=24,
+                                  **small), "case": "minimind-3 with head_dim 24 (4 heads x 24 = 96 != hidden 64)"},
+        {"config": MiniMindConfig(num_attention_heads=4, num_key_value_heads=4, **small),
+         "case": "4 heads and 4 KV heads (k_proj and v_proj square too)"},
+        {"config": MiniMindConfig(generation="minimind-3", num_attention_heads=4, num_key_value_heads=2, use_moe=True,
+                                  moe_intermediate_size=64, **small),
+         "case": "minimind-3 MoE whose experts' width equals hidden (gate_proj of an expert square!)"},
+    ]
+
+
+solution("10.4", "with torch.device('meta'): m = MiniMindForCausalLM(config); return [n for n, x in "
+                 "m.named_modules() if isinstance(x, nn.Linear) and x.weight.shape[0] == x.weight.shape[1]]")
+
+
+@check("Exercise 10.4 adapted_layers")
+def check_adapted_layers(adapted_layers: Callable[..., Any]) -> str:
+    """``adapted_layers(config) -> list of module names``: the modules of
+    ``MiniMindForCausalLM(config)`` that upstream's ``apply_lora`` gives an adapter (every
+    ``nn.Linear`` whose weight is square), derived from the config's shapes."""
+    name = "Exercise 10.4 adapted_layers"
+    cases = _layer_cases()
+    for c in cases:
+        config, case = c["config"], c["case"]
+        got = call(adapted_layers, config, name=name, case=case)
+        if not isinstance(got, (list, tuple)) or not all(isinstance(n, str) for n in got):
+            fail(name, f"expected a list of module names, got {got!r:.80} ({case})",
+                 "return names such as 'model.layers.0.self_attn.q_proj'.")
+        expected = adapted_layers_reference(config)
+        got_set, want = set(got), set(expected)
+        if got_set == want and len(got) == len(expected):
+            continue
+        extra, missing = sorted(got_set - want), sorted(want - got_set)
+        what = f"names that get no adapter listed: {extra[:3]}" if extra else ""
+        what += ("; " if what and missing else "") + (f"adapted layers not listed: {missing[:3]}" if missing else "")
+        hints = []
+        if any(n.endswith(("k_proj", "v_proj")) for n in extra):
+            hints.append("k_proj and v_proj map hidden to num_key_value_heads * head_dim: square only with as many KV "
+                         "heads as query heads")
+        if any(n.endswith(("q_proj", "o_proj")) for n in extra):
+            hints.append("q_proj maps hidden to num_attention_heads * head_dim: with a free head_dim (minimind-3) that "
+                         "need not equal hidden")
+        if any(n == "lm_head" for n in extra):
+            hints.append("lm_head maps hidden to the vocabulary: not square")
+        if any("mlp" in n for n in missing + extra):
+            hints.append("an MLP projection is square only when its width equals hidden (an expert can be)")
+        fail(name, f"{what or 'the right names, but some twice'} ({case})",
+             "; ".join(hints) or "build the shapes from the config: q [heads * head_dim, hidden], k/v [kv_heads * "
+             "head_dim, hidden], o [hidden, heads * head_dim], MLP [width, hidden] and [hidden, width].")
+    return f"{len(cases)} layouts (MiniMind2, minimind-3, a free head_dim, full KV heads, MoE)"
+
+
+# ---------------------------------------------------------------------- 10.5 upstream's fp16 merge
+def merge_file_reference(state_dict: Dict[str, torch.Tensor], adapters: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """Upstream's ``merge_lora`` (d65ef2c) on state dicts: every tensor in fp16, and for each
+    adapted layer ``W.half() + (B @ A).half()`` (the product in the weights' own dtype, then cast)."""
+    out = {k: v.half() for k, v in state_dict.items()}
+    for key in adapters:
+        if key.endswith(".lora.A.weight"):
+            layer = key[: -len(".lora.A.weight")]
+            out[f"{layer}.weight"] = state_dict[f"{layer}.weight"].half() + (
+                adapters[f"{layer}.lora.B.weight"] @ adapters[key]).half()
+    return out
+
+
+solution("10.5", "out = {k: v.half() for k, v in state_dict.items()}; for each layer with an adapter: "
+                 "out[layer + '.weight'] = state_dict[layer + '.weight'].half() + (B @ A).half()")
+
+
+@check("Exercise 10.5 merge_file")
+def check_merge_file(merge_file: Callable[..., Any]) -> str:
+    """``merge_file(state_dict, adapters) -> state dict``: what upstream's ``merge_lora(model,
+    lora_path, save_path)`` writes, from the base model's fp32 ``state_dict`` and the adapters
+    (``{'<layer>.lora.A.weight': [r, in], '<layer>.lora.B.weight': [out, r]}``): every key of
+    ``state_dict`` and no adapter key, in fp16, ``W.half() + (B @ A).half()`` for the adapted layers."""
+    name = "Exercise 10.5 merge_file"
+    from ..model import MiniMindForCausalLM
+
+    for seed, rank in ((1, 16), (2, 4)):
+        torch.manual_seed(seed)
+        model = ref_lora.apply_lora(MiniMindForCausalLM(MiniMindConfig(hidden_size=32, num_hidden_layers=2,
+                                                                        num_attention_heads=4, num_key_value_heads=2,
+                                                                        vocab_size=61)), rank=rank)
+        g = seeded(seed)
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if ".lora." in n:
+                    p.copy_(0.3 * torch.randn(p.shape, generator=g))
+        full = model.state_dict()
+        base = {k: v.clone() for k, v in full.items() if ".lora." not in k}
+        adapters = {k: v.clone() for k, v in full.items() if ".lora." in k}
+        case = f"a 2-layer model, rank {rank}"
+        got = call(merge_file, {k: v.clone() for k, v in base.items()}, {k: v.clone() for k, v in adapters.items()},
+                   name=name, case=case, check_inputs=True)
+        if not isinstance(got, dict):
+            fail(name, f"expected a dict of tensors, got {type(got).__name__} ({case})", "return the merged state dict.")
+        expected = merge_file_reference(base, adapters)
+        if set(got) != set(expected):
+            extra, missing = sorted(set(got) - set(expected)), sorted(set(expected) - set(got))
+            fail(name, f"the keys differ ({case}): extra {extra[:2]}, missing {missing[:2]}",
+                 "keep every key of the base state dict (both tied keys too) and drop the adapters' '.lora.' keys.")
+        for key, want in expected.items():
+            mistakes = {}
+            layer = key[: -len(".weight")]
+            if f"{layer}.lora.A.weight" in adapters:
+                A, B, W = adapters[f"{layer}.lora.A.weight"], adapters[f"{layer}.lora.B.weight"], base[key]
+                mistakes = {
+                    "the sum formed in fp32 and cast once ((W + B @ A).half()): upstream casts W and B @ A to fp16 "
+                    "first, then adds in fp16": lambda W=W, A=A, B=B: (W + B @ A).half(),
+                    "A @ B instead of B @ A (B is [out, r], A is [r, in])":
+                        lambda W=W, A=A, B=B: W.half() + (A.T @ B.T).half() if A.shape[0] == B.shape[1] else None,
+                    "the adapter left out (the merged file must hold W + B @ A)": lambda W=W: W.half(),
+                }
+            check_close(got[key], want, name=name, rtol=0, atol=0, mistakes=mistakes, case=f"{case}; tensor {key}",
+                        hint="upstream: state_dict[k] = module.weight.half(); then state_dict[k] += (B.weight @ "
+                             "A.weight).half() for a layer with an adapter.")
+    return "two models, ranks 16 and 4, bit for bit"
 
 
 def check_all(lora_forward: Callable[..., Any], lora_parameter_count: Callable[..., Any],

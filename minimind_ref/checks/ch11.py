@@ -1,6 +1,7 @@
 """Checks for chapter 11 (DPO), in the order the chapter asks for them: the masked sequence
-log-probability (11.1), the shift of a DPO example (11.2), upstream's DPO loss (11.3) and the
-implicit rewards (11.4).
+log-probability (11.1), the shift of a DPO example (11.2), c090b69's DPO loss (11.3: the mean per
+reply token) and the implicit rewards (11.4); then d65ef2c's summed DPO loss (11.5) and the length
+effect of the two reductions, predicted and measured (11.6).
 
 Each check runs the learner's function on inputs it generates (empty masks, unequal lengths,
 several betas) and compares with ``minimind_ref.dpo``; a mismatch names the known mistake it
@@ -142,8 +143,9 @@ solution("11.3", "m = mask.float(); seq = lambda lp: (lp * m).sum(1) / m.sum(1).
 
 @check("Exercise 11.3 dpo_loss")
 def check_dpo_loss(dpo_loss: Callable[..., Any]) -> str:
-    """``dpo_loss(ref_log_probs, policy_log_probs, mask, beta)`` must equal upstream's
-    ``dpo_loss`` (``minimind_ref.dpo.dpo_loss``), value and gradient."""
+    """``dpo_loss(ref_log_probs, policy_log_probs, mask, beta)`` must equal c090b69's ``dpo_loss``
+    (the mean log-probability per reply token: ``minimind_ref.dpo.dpo_loss(..., reduction="mean")``),
+    value and gradient. ``check_summed_dpo_loss`` (11.5) checks d65ef2c's sum."""
     name = "Exercise 11.3 dpo_loss"
     n = 0
     for seed, (pairs, seq, empty, beta) in enumerate([(3, 9, True, 0.1), (2, 12, False, 0.5), (4, 8, False, 2.0),
@@ -152,7 +154,7 @@ def check_dpo_loss(dpo_loss: Callable[..., Any]) -> str:
         case = f"{pairs} pair(s), beta={beta}" + (", one empty mask" if empty else "")
         pol = policy.clone().requires_grad_(True)
         got = call(dpo_loss, ref.clone(), pol, mask.clone(), beta, name=name, case=case, check_inputs=True)
-        expected = ref_dpo.dpo_loss(ref, policy, mask, beta)
+        expected = ref_dpo.dpo_loss(ref, policy, mask, beta, reduction="mean")
         m = mask.float()
         seq_ref = (ref * m).sum(1) / m.sum(1).clamp_min(1e-8)
         seq_pol = (policy * m).sum(1) / m.sum(1).clamp_min(1e-8)
@@ -178,7 +180,8 @@ def check_dpo_loss(dpo_loss: Callable[..., Any]) -> str:
                 lambda: F.logsigmoid(beta * ((seq_pol[:b] - seq_pol[b:]) - (seq_ref[:b] - seq_ref[b:]))).mean(),
             "summed over the pairs instead of averaged":
                 lambda: (-F.logsigmoid(beta * ((seq_pol[:b] - seq_pol[b:]) - (seq_ref[:b] - seq_ref[b:])))).sum(),
-            "the paper's summed sequence log-probabilities (upstream averages over each reply's tokens)":
+            "the paper's summed sequence log-probabilities (d65ef2c's default; this exercise is c090b69's mean per "
+            "reply token)":
                 lambda: ref_dpo.dpo_loss(ref, policy, mask, beta, reduction="sum"),
         }
         if isinstance(got, torch.Tensor) and got.dim() != 0:
@@ -197,7 +200,7 @@ def check_dpo_loss(dpo_loss: Callable[..., Any]) -> str:
                  f"({case}); was the policy detached (.detach(), .item(), torch.tensor(...)) on the way?",
                  "compute the loss from policy_log_probs itself with torch operations, so the gradient reaches it.")
         pol_ref = policy.clone().requires_grad_(True)
-        ref_dpo.dpo_loss(ref, pol_ref, mask, beta).backward()
+        ref_dpo.dpo_loss(ref, pol_ref, mask, beta, reduction="mean").backward()
         check_close(pol.grad, pol_ref.grad, name=name + " (gradient)", rtol=1e-5, atol=1e-7, case=case,
                     hint="the value matches but the gradient does not: is something computed from a detached copy?")
         n += 1
@@ -241,3 +244,116 @@ def check_implicit_rewards(implicit_rewards: Callable[..., Any]) -> str:
                              "reply than the reference does; the first half of the rows are the chosen replies, the "
                              "second half the rejected ones.")
     return "three batches, betas 0.1 to 2"
+
+
+# ---------------------------------------------------------------------- 11.5 d65ef2c's summed loss
+solution("11.5", "m = mask.float(); pol, ref = (policy_log_probs * m).sum(1), (ref_log_probs * m).sum(1); "
+                 "B = pol.shape[0] // 2; logits = (pol[:B] - pol[B:]) - (ref[:B] - ref[B:]); "
+                 "return -F.logsigmoid(beta * logits).mean()")
+
+
+@check("Exercise 11.5 summed dpo_loss")
+def check_summed_dpo_loss(dpo_loss: Callable[..., Any]) -> str:
+    """``dpo_loss(ref_log_probs, policy_log_probs, mask, beta)`` must equal d65ef2c's ``dpo_loss``
+    (the reply's summed log-probabilities, as the DPO paper writes it; ``minimind_ref.dpo.dpo_loss``
+    with its defaults), value and gradient."""
+    name = "Exercise 11.5 summed dpo_loss"
+    n = 0
+    for seed, (pairs, seq, empty, beta) in enumerate([(3, 9, True, 0.15), (2, 12, False, 0.5), (4, 8, False, 2.0),
+                                                      (1, 10, False, 0.1), (2, 7, True, 1.0)]):
+        ref, policy, mask = _log_probs_case(seed + 40, pairs, seq, empty)
+        case = f"{pairs} pair(s), beta={beta}" + (", one empty mask" if empty else "")
+        pol = policy.clone().requires_grad_(True)
+        got = call(dpo_loss, ref.clone(), pol, mask.clone(), beta, name=name, case=case, check_inputs=True)
+        expected = ref_dpo.dpo_loss(ref, policy, mask, beta)
+        m = mask.float()
+        seq_ref, seq_pol = (ref * m).sum(1), (policy * m).sum(1)
+        b = pairs
+
+        def from_logits(logits: torch.Tensor) -> torch.Tensor:
+            return (-F.logsigmoid(beta * logits)).mean()
+
+        mistakes: Dict[str, Any] = {
+            "the mean log-probability per reply token (c090b69's variant; d65ef2c sums the reply's tokens, as the "
+            "DPO paper does)": lambda: ref_dpo.dpo_loss(ref, policy, mask, beta, reduction="mean"),
+            "the margin's sign reversed: either chosen and rejected swapped (the batch holds the chosen replies "
+            "first, then the rejected ones) or the policy and the reference swapped (the policy's margin minus "
+            "the reference's)":
+                lambda: from_logits((seq_pol[b:] - seq_pol[:b]) - (seq_ref[b:] - seq_ref[:b])),
+            "the reference terms left out (ref_c - ref_r is what makes DPO relative to the starting model)":
+                lambda: from_logits(seq_pol[:b] - seq_pol[b:]),
+            "beta outside the log-sigmoid (it must scale the margin inside)":
+                lambda: (-beta * F.logsigmoid((seq_pol[:b] - seq_pol[b:]) - (seq_ref[:b] - seq_ref[b:]))).mean(),
+            "the sums over every position, the mask not applied (prompt and padding counted)":
+                lambda: from_logits((policy.sum(1)[:b] - policy.sum(1)[b:]) - (ref.sum(1)[:b] - ref.sum(1)[b:])),
+        }
+        if isinstance(got, torch.Tensor) and got.dim() != 0:
+            fail(name, f"expected a scalar loss, got shape {tuple(got.shape)} ({case})",
+                 "average the per-pair losses with .mean() at the end.")
+        check_close(got, expected, name=name, rtol=1e-5, atol=1e-6, check_dtype=False, mistakes=mistakes, case=case,
+                    hint="per sequence, the masked SUM of the log-probabilities (the reply's log-probability); then "
+                         "the margin as in 11.3.")
+        if not got.requires_grad:
+            fail(name, f"the loss carries no gradient ({case})",
+                 "compute it with torch operations on policy_log_probs (no .item(), .detach() or numpy).")
+        got.backward()
+        if pol.grad is None:
+            fail(name, f"the loss does not depend on policy_log_probs ({case})",
+                 "compute the loss from policy_log_probs itself with torch operations, so the gradient reaches it.")
+        pol_ref = policy.clone().requires_grad_(True)
+        ref_dpo.dpo_loss(ref, pol_ref, mask, beta).backward()
+        check_close(pol.grad, pol_ref.grad, name=name + " (gradient)", rtol=1e-5, atol=1e-7, case=case,
+                    hint="the value matches but the gradient does not: is something computed from a detached copy?")
+        n += 1
+    return f"value and gradient on {n} batches, betas 0.1 to 2, empty masks included"
+
+
+# ---------------------------------------------------------------------- 11.6 the length effect
+def gradient_ratio_reference(chosen_length: int, rejected_length: int, reduction: str) -> float:
+    """At the start of DPO (policy = reference), ``|d loss / d lp|`` of one chosen token divided by
+    that of one rejected token: 1 under the sum (every token weighs the same), ``rejected_length /
+    chosen_length`` under the mean (each token weighs ``1 / its reply's length``)."""
+    return 1.0 if reduction == "sum" else rejected_length / chosen_length
+
+
+solution("11.6", "return 1.0 if reduction == 'sum' else rejected_length / chosen_length")
+
+
+@check("Exercise 11.6 gradient_ratio")
+def check_gradient_ratio(gradient_ratio: Callable[..., Any]) -> str:
+    """``gradient_ratio(chosen_length, rejected_length, reduction) -> float``: predict, for a pair
+    whose chosen reply has ``chosen_length`` tokens and rejected reply ``rejected_length``, the
+    ratio of the loss's gradient on one chosen token's log-probability to that on one rejected
+    token's, at the start of training (policy = reference). The check measures it with autograd
+    on ``minimind_ref.dpo.dpo_loss`` and compares."""
+    name = "Exercise 11.6 gradient_ratio"
+    cases = [(2, 8, "mean"), (8, 2, "mean"), (5, 5, "mean"), (2, 8, "sum"), (9, 3, "sum"), (1, 12, "mean")]
+    for chosen_length, rejected_length, reduction in cases:
+        case = f"chosen {chosen_length} tokens, rejected {rejected_length}, reduction={reduction!r}"
+        got = call(gradient_ratio, chosen_length, rejected_length, reduction, name=name, case=case)
+        width = max(chosen_length, rejected_length) + 2
+        mask = torch.zeros(2, width)
+        mask[0, 1:1 + chosen_length] = 1
+        mask[1, 1:1 + rejected_length] = 1
+        ref = -torch.rand(2, width, generator=seeded(chosen_length * 31 + rejected_length))
+        policy = ref.clone().requires_grad_(True)
+        ref_dpo.dpo_loss(ref, policy, mask, 0.15, reduction=reduction).backward()
+        measured = float(policy.grad[0, 1].abs() / policy.grad[1, 1].abs())
+        if not isinstance(got, (int, float)) or isinstance(got, bool):
+            fail(name, f"expected a number, got {type(got).__name__} {got!r} ({case})", "return the ratio as a float.")
+        if abs(float(got) - measured) <= 1e-4 * max(1.0, measured):
+            continue
+        mistakes = {
+            "the lengths the wrong way round (under the mean each token weighs 1 / its own reply's length, so the "
+            "shorter reply's tokens get the larger gradient)": chosen_length / rejected_length if reduction == "mean" else None,
+            "a length effect under the sum: summed log-probabilities weigh every token the same": (
+                rejected_length / chosen_length if reduction == "sum" else None),
+            "no length effect under the mean: each token's weight is 1 / its reply's length": (
+                1.0 if reduction == "mean" and chosen_length != rejected_length else None),
+        }
+        seen = [k for k, v in mistakes.items() if v is not None and abs(float(got) - v) <= 1e-4 * max(1.0, v)]
+        fail(name, f"measured {measured:.4g}, you predicted {float(got):.4g} ({case})" +
+             (f"; this looks like {seen[0]}" if seen else ""),
+             "write the sequence log-probability as sum_t w_t * lp_t: w_t = 1 under 'sum', 1 / (the reply's number "
+             "of tokens) under 'mean'; at policy = reference both replies get the same outer factor.")
+    return f"{len(cases)} pairs, predicted and measured with autograd"
