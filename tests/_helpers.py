@@ -1,5 +1,8 @@
 """Small shared builders for the package tests."""
 
+import socket
+
+import pytest
 import torch
 
 import minimind_ref as mm
@@ -64,3 +67,17 @@ def answer_shown(message: str) -> list:
         if label in message:
             problems.append(f"{label!r} in the message")
     return problems
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch):
+    """Any attempt to open a network connection fails the test."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a test tried to use the network")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.delenv("MINIMIND_WEIGHTS", raising=False)
+    monkeypatch.delenv("MINIMIND_DOWNLOAD", raising=False)
+    monkeypatch.delenv("MINIMIND_REAL_WEIGHTS", raising=False)

@@ -14,7 +14,6 @@ the download paths run against a fake ``huggingface_hub``.
 from __future__ import annotations
 
 import json
-import socket
 import sys
 import types
 from pathlib import Path
@@ -27,23 +26,10 @@ from minimind_ref import pretrained as P
 from minimind_ref.sft import render_chat
 
 import _upstream_files as U
+from _helpers import no_network  # noqa: F401 (autouse: no test here may use the network)
 
 EXACT = dict(rtol=0, atol=0)
 TRANSFORMERS_TOL = dict(rtol=1e-5, atol=1e-5)
-
-
-@pytest.fixture(autouse=True)
-def no_network(monkeypatch):
-    """Any attempt to open a network connection fails the test."""
-    def refuse(*args, **kwargs):
-        raise AssertionError("a test tried to use the network")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
-    monkeypatch.setattr(socket, "create_connection", refuse)
-    monkeypatch.delenv("MINIMIND_WEIGHTS", raising=False)
-    monkeypatch.delenv("MINIMIND_DOWNLOAD", raising=False)
-    monkeypatch.delenv("MINIMIND_REAL_WEIGHTS", raising=False)
 
 
 @pytest.fixture(scope="module")
@@ -506,6 +492,8 @@ def test_fetch_without_huggingface_hub(monkeypatch):
 
 def test_real_huggingface_hub_offline_is_one_clear_error(tmp_path, monkeypatch):
     hub = pytest.importorskip("huggingface_hub")
+    import huggingface_hub.constants  # noqa: F401 (a lazy submodule: alone in a process it is not loaded yet)
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(hub.constants, "HF_HUB_OFFLINE", True)  # read at import time, and it may be imported
     with pytest.raises(P.WeightsUnavailable, match="could not download"):

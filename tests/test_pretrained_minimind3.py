@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import sys
 
 import pytest
@@ -28,20 +27,7 @@ import minimind_ref as mm
 from minimind_ref import pretrained as P
 
 import _upstream_files as U
-
-
-@pytest.fixture(autouse=True)
-def no_network(monkeypatch):
-    """Any attempt to open a network connection fails the test."""
-    def refuse(*args, **kwargs):
-        raise AssertionError("a test tried to use the network")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
-    monkeypatch.setattr(socket, "create_connection", refuse)
-    monkeypatch.delenv("MINIMIND_WEIGHTS", raising=False)
-    monkeypatch.delenv("MINIMIND_DOWNLOAD", raising=False)
-    monkeypatch.delenv("MINIMIND_REAL_WEIGHTS", raising=False)
+from _helpers import no_network  # noqa: F401 (autouse: no test here may use the network)
 
 
 # ---------------------------------------------------------------------- the tokenizer
