@@ -85,17 +85,23 @@ def to_hf_llama(model: MiniMindForCausalLM) -> Any:
     tf = _transformers()
     hf_config = to_hf_llama_config(model.config)
     hf_config.torch_dtype = model.lm_head.weight.dtype
+    return _copy_into(tf.LlamaForCausalLM, hf_config, model)
+
+
+def _copy_into(cls: Any, hf_config: Any, model: MiniMindForCausalLM) -> Any:
+    """A transformers ``cls`` built from ``hf_config`` on the meta device, filled with copies of
+    ``model``'s weights (the same names), tied as ``model`` is, in eval mode, same dtype and device."""
     with torch.device("meta"):
-        hf_model = tf.LlamaForCausalLM(hf_config)
+        hf_model = cls(hf_config)
     hf_model = hf_model.to_empty(device=model.device)
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     missing, unexpected = hf_model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.endswith("rotary_emb.inv_freq")]
     if missing or unexpected:
         raise ValueError(f"weight names do not line up: missing {missing}, unexpected {unexpected}")
-    hf_model.tie_weights()
-    # non-persistent RoPE buffer: recompute it on the real device after to_empty()
-    rotary = hf_model.model.rotary_emb
+    if model.config.tie_word_embeddings:
+        hf_model.tie_weights()
+    rotary = hf_model.model.rotary_emb  # non-persistent RoPE buffer: recompute it after to_empty()
     inv_freq, scaling = rotary.rope_init_fn(rotary.config, model.device)
     rotary.inv_freq = inv_freq
     rotary.original_inv_freq = inv_freq
@@ -219,22 +225,7 @@ def to_hf(model: MiniMindForCausalLM) -> Any:
     dtype = model.lm_head.weight.dtype
     hf_config.dtype = dtype  # (transformers 4.57's name; torch_dtype is deprecated there)
     cls = tf.Qwen3MoeForCausalLM if model.config.use_moe else tf.Qwen3ForCausalLM
-    with torch.device("meta"):
-        hf_model = cls(hf_config)
-    hf_model = hf_model.to_empty(device=model.device)
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    missing, unexpected = hf_model.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not k.endswith("rotary_emb.inv_freq")]
-    if missing or unexpected:
-        raise ValueError(f"weight names do not line up: missing {missing}, unexpected {unexpected}")
-    if model.config.tie_word_embeddings:
-        hf_model.tie_weights()
-    rotary = hf_model.model.rotary_emb  # non-persistent RoPE buffer: recompute it after to_empty()
-    inv_freq, scaling = rotary.rope_init_fn(rotary.config, model.device)
-    rotary.inv_freq = inv_freq
-    rotary.original_inv_freq = inv_freq
-    rotary.attention_scaling = scaling
-    return hf_model.to(dtype).eval()
+    return _copy_into(cls, hf_config, model)
 
 
 def qwen3_config_problems(raw: Mapping[str, Any]) -> List[str]:

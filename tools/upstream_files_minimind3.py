@@ -48,6 +48,7 @@ OUT = ROOT / "tests" / "data" / "upstream_minimind3_files"
 sys.path.insert(0, str(ROOT / "tests"))
 
 import _upstream_files as U  # noqa: E402
+from upstream_fixtures import load_module, randomize  # noqa: E402 (tools/, beside this file)
 
 #: name -> (upstream MiniMindConfig keywords, what to convert). The vocabulary is the test tokenizer's.
 _V = U.len_vocab_minimind3()
@@ -68,22 +69,6 @@ FOLDERS = {("dense", "qwen3"): "minimind-3-tiny", ("moe", "qwen3"): "minimind-3-
 #: What the converter copies next to the weights and the fixture leaves out (see the docstring).
 LEFT_OUT = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
             "vocab.json", "merges.txt", "model_minimind.py")
-
-
-def load_module(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def randomize(model: torch.nn.Module, generator: torch.Generator) -> None:
-    """Every parameter random: matrices N(0, 0.2^2), norm gains 1 + N(0, 0.3^2)."""
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=generator)
-            p.copy_(1 + 0.3 * noise if name.endswith("norm.weight") else 0.2 * noise)
 
 
 @contextlib.contextmanager

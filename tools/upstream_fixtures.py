@@ -63,14 +63,18 @@ EXAMPLE_CASES: Dict[str, Dict[str, Any]] = {
 }
 
 
-def load_upstream(checkout: Path):
-    """Upstream's ``model/model_minimind.py`` as a module."""
-    path = checkout / "model" / "model_minimind.py"
-    spec = importlib.util.spec_from_file_location("upstream_model_minimind", path)
+def load_module(path: Path, name: str):
+    """The Python file ``path`` imported as module ``name`` (registered in ``sys.modules``)."""
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def load_upstream(checkout: Path):
+    """Upstream's ``model/model_minimind.py`` as a module."""
+    return load_module(checkout / "model" / "model_minimind.py", "upstream_model_minimind")
 
 
 def randomize(model: torch.nn.Module, generator: torch.Generator) -> None:
