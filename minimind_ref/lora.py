@@ -43,6 +43,7 @@ from torch import nn
 from .checkpoint import PathLike, _atomic_save, _first_nonfinite, _torch_load, check_weights
 
 __all__ = ["LoRA", "apply_lora", "lora_modules", "mark_only_lora_trainable", "save_lora", "load_lora", "merge_lora",
+           "rank_sweep", "load_sweep", "SWEEP_RUNS", "SWEEP_FILE",
            "LORA_CONFIG", "STAGE_SETTINGS", "lora_data", "double_accuracy", "train_lora", "build_stage", "stage_adapter"]
 
 
@@ -384,3 +385,95 @@ def stage_adapter() -> Dict[str, torch.Tensor]:
     from .stages import stage_metadata
 
     return dict(stage_metadata("lora")["adapter"])
+
+
+# ---------------------------------------------------------------------- the rank sweep (chapter 10's record)
+SWEEP_FILE = os.path.join(os.path.dirname(__file__), "checkpoints", "lora_sweep.json")
+SWEEP_COMMAND = "python -m minimind_ref.lora sweep --seeds 0,1,2"
+#: The runs of the record: (name, rank or None for full fine-tuning, replay). All use the `lora`
+#: stage's recipe otherwise (``LORA_CONFIG``, ``STAGE_SETTINGS["n_train"]``), from the shipped ``sft`` stage.
+SWEEP_RUNS: Tuple[Tuple[str, Optional[int], float], ...] = (
+    ("rank 1", 1, 0.5), ("rank 4", 4, 0.5), ("rank 16", 16, 0.5), ("rank 64", 64, 0.5), ("full", None, 0.5),
+    ("rank 16, no replay", 16, 0.0), ("full, no replay", None, 0.0),
+)
+SWEEP_METRICS = ("double_accuracy", "sum_accuracy", "story_accuracy", "identity_accuracy", "refusal_accuracy",
+                 "stop_rate", "preference_margin")
+
+
+def rank_sweep(seeds: Sequence[int] = (0, 1, 2), out: Optional[str] = SWEEP_FILE,
+               log: Any = print) -> Dict[str, Any]:
+    """Chapter 10's rank sweep, too long for the chapter to run: every run of ``SWEEP_RUNS`` (LoRA
+    of ranks 1 to 64 and full fine-tuning, with the recipe's rehearsal and without it) trained from
+    the shipped ``sft`` stage with the ``lora`` stage's recipe, once per seed (the seed draws the
+    data, the adapters' ``A`` and the batch order, as ``build_stage`` does), one torch thread, and
+    evaluated on the stage report's held-out prompts (``stages.evaluate_chat``). Returns, and writes
+    to ``out`` (JSON), ``{"command", "seeds", "settings", "runs": {name: {seed: {"metrics",
+    "trainable", "seconds"}}}}``. About 5 minutes per seed on a 2-core CPU."""
+    import copy
+    import json
+    import time
+
+    from .stages import evaluate_chat, load_stage
+    from .train import TrainConfig
+
+    parent, tokenizer = load_stage("sft")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    record: Dict[str, Any] = {"command": "python -m minimind_ref.lora sweep --seeds " + ",".join(map(str, seeds)),
+                              "seeds": list(seeds), "torch": str(torch.__version__),
+                              "settings": {"config": LORA_CONFIG, "n_train": STAGE_SETTINGS["n_train"],
+                                           "runs": [list(r) for r in SWEEP_RUNS]},
+                              "runs": {name: {} for name, _, _ in SWEEP_RUNS}}
+    try:
+        for seed in seeds:
+            cfg = TrainConfig.from_json(LORA_CONFIG).replace(progress=False, out_dir=None, seed=seed)
+            for name, rank, replay in SWEEP_RUNS:
+                model = copy.deepcopy(parent)
+                start = time.perf_counter()
+                with torch.random.fork_rng():
+                    torch.manual_seed(seed)  # the adapters' A ~ N(0, 0.02), as build_stage draws them
+                    train_lora(model, tokenizer, cfg, rank=rank or 1, replay=replay, n_train=STAGE_SETTINGS["n_train"],
+                               seed=seed, full=rank is None, log=lambda line: None)
+                seconds = time.perf_counter() - start
+                trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+                model.eval()
+                metrics = evaluate_chat(model, tokenizer)
+                record["runs"][name][str(seed)] = {"metrics": {k: metrics[k] for k in SWEEP_METRICS},
+                                                   "trainable": trainable, "seconds": round(seconds, 1)}
+                log(f"seed {seed}, {name}: {seconds:.0f} s, " + ", ".join(f"{k} {metrics[k]:.3f}" for k in SWEEP_METRICS))
+            if out is not None:
+                with open(out, "w", encoding="utf-8") as f:
+                    f.write(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    finally:
+        torch.set_num_threads(threads)
+    return record
+
+
+def load_sweep(path: Optional[str] = None) -> Dict[str, Any]:
+    """The shipped rank-sweep record (``rank_sweep``)."""
+    import json
+
+    path = path or SWEEP_FILE
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no rank-sweep record at {path}: run `{SWEEP_COMMAND}`.")
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m minimind_ref.lora", description="chapter 10's rank-sweep record")
+    sub = p.add_subparsers(dest="command", required=True)
+    sweep = sub.add_parser("sweep", help=f"re-create {os.path.basename(SWEEP_FILE)} (about 5 minutes per seed on a CPU)")
+    sweep.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
+    sweep.add_argument("--out", default=SWEEP_FILE, help="where to write the record")
+    args = p.parse_args(argv)
+    rank_sweep([int(s) for s in args.seeds.split(",")], out=args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
