@@ -141,6 +141,32 @@ solution("11.3", "m = mask.float(); seq = lambda lp: (lp * m).sum(1) / m.sum(1).
                  "logits = (pol[:B] - pol[B:]) - (ref[:B] - ref[B:]); return -F.logsigmoid(beta * logits).mean()")
 
 
+def _check_value_and_gradient(name: str, got: Any, pol: torch.Tensor, expected: torch.Tensor,
+                              reference_loss: Callable[[torch.Tensor], torch.Tensor], policy: torch.Tensor,
+                              mistakes: Dict[str, Any], case: str, hint: str) -> None:
+    """The part 11.3 and 11.5 share: ``got`` (the learner's loss, computed from ``pol``, a
+    gradient-tracking copy of ``policy``) must be a scalar equal to ``expected`` (the planted
+    ``mistakes`` are named when one matches), and its gradient with respect to ``pol`` must equal
+    that of ``reference_loss``."""
+    if isinstance(got, torch.Tensor) and got.dim() != 0:
+        fail(name, f"expected a scalar loss, got shape {tuple(got.shape)} ({case})",
+             "average the per-pair losses with .mean() at the end.")
+    check_close(got, expected, name=name, rtol=1e-5, atol=1e-6, check_dtype=False, mistakes=mistakes, case=case,
+                hint=hint)
+    if not got.requires_grad:
+        fail(name, f"the loss carries no gradient ({case})",
+             "compute it with torch operations on policy_log_probs (no .item(), .detach() or numpy).")
+    got.backward()
+    if pol.grad is None:
+        fail(name, f"the loss does not depend on policy_log_probs: its gradient with respect to them is None "
+             f"({case}); was the policy detached (.detach(), .item(), torch.tensor(...)) on the way?",
+             "compute the loss from policy_log_probs itself with torch operations, so the gradient reaches it.")
+    pol_ref = policy.clone().requires_grad_(True)
+    reference_loss(pol_ref).backward()
+    check_close(pol.grad, pol_ref.grad, name=name + " (gradient)", rtol=1e-5, atol=1e-7, case=case,
+                hint="the value matches but the gradient does not: is something computed from a detached copy?")
+
+
 @check("Exercise 11.3 dpo_loss")
 def check_dpo_loss(dpo_loss: Callable[..., Any]) -> str:
     """``dpo_loss(ref_log_probs, policy_log_probs, mask, beta)`` must equal c090b69's ``dpo_loss``
@@ -184,25 +210,11 @@ def check_dpo_loss(dpo_loss: Callable[..., Any]) -> str:
             "reply token)":
                 lambda: ref_dpo.dpo_loss(ref, policy, mask, beta, reduction="sum"),
         }
-        if isinstance(got, torch.Tensor) and got.dim() != 0:
-            fail(name, f"expected a scalar loss, got shape {tuple(got.shape)} ({case})",
-                 "average the per-pair losses with .mean() at the end.")
-        check_close(got, expected, name=name, rtol=1e-5, atol=1e-6, check_dtype=False, mistakes=mistakes, case=case,
-                    hint="per sequence, the masked mean log-probability (as in 11.1); the first half of the rows "
-                         "are the chosen replies, the second half the rejected ones; the margin asks how much more "
-                         "the policy prefers the chosen reply than the reference does.")
-        if not got.requires_grad:
-            fail(name, f"the loss carries no gradient ({case})",
-                 "compute it with torch operations on policy_log_probs (no .item(), .detach() or numpy).")
-        got.backward()
-        if pol.grad is None:
-            fail(name, f"the loss does not depend on policy_log_probs: its gradient with respect to them is None "
-                 f"({case}); was the policy detached (.detach(), .item(), torch.tensor(...)) on the way?",
-                 "compute the loss from policy_log_probs itself with torch operations, so the gradient reaches it.")
-        pol_ref = policy.clone().requires_grad_(True)
-        ref_dpo.dpo_loss(ref, pol_ref, mask, beta, reduction="mean").backward()
-        check_close(pol.grad, pol_ref.grad, name=name + " (gradient)", rtol=1e-5, atol=1e-7, case=case,
-                    hint="the value matches but the gradient does not: is something computed from a detached copy?")
+        _check_value_and_gradient(name, got, pol, expected, lambda p: ref_dpo.dpo_loss(ref, p, mask, beta, reduction="mean"),
+                                  policy, mistakes, case,
+                                  hint="per sequence, the masked mean log-probability (as in 11.1); the first half of "
+                                       "the rows are the chosen replies, the second half the rejected ones; the margin "
+                                       "asks how much more the policy prefers the chosen reply than the reference does.")
         n += 1
     return f"value and gradient on {n} batches, betas 0.1 to 2, empty masks included"
 
@@ -287,23 +299,10 @@ def check_summed_dpo_loss(dpo_loss: Callable[..., Any]) -> str:
             "the sums over every position, the mask not applied (prompt and padding counted)":
                 lambda: from_logits((policy.sum(1)[:b] - policy.sum(1)[b:]) - (ref.sum(1)[:b] - ref.sum(1)[b:])),
         }
-        if isinstance(got, torch.Tensor) and got.dim() != 0:
-            fail(name, f"expected a scalar loss, got shape {tuple(got.shape)} ({case})",
-                 "average the per-pair losses with .mean() at the end.")
-        check_close(got, expected, name=name, rtol=1e-5, atol=1e-6, check_dtype=False, mistakes=mistakes, case=case,
-                    hint="per sequence, the masked SUM of the log-probabilities (the reply's log-probability); then "
-                         "the margin as in 11.3.")
-        if not got.requires_grad:
-            fail(name, f"the loss carries no gradient ({case})",
-                 "compute it with torch operations on policy_log_probs (no .item(), .detach() or numpy).")
-        got.backward()
-        if pol.grad is None:
-            fail(name, f"the loss does not depend on policy_log_probs ({case})",
-                 "compute the loss from policy_log_probs itself with torch operations, so the gradient reaches it.")
-        pol_ref = policy.clone().requires_grad_(True)
-        ref_dpo.dpo_loss(ref, pol_ref, mask, beta).backward()
-        check_close(pol.grad, pol_ref.grad, name=name + " (gradient)", rtol=1e-5, atol=1e-7, case=case,
-                    hint="the value matches but the gradient does not: is something computed from a detached copy?")
+        _check_value_and_gradient(name, got, pol, expected, lambda p: ref_dpo.dpo_loss(ref, p, mask, beta), policy,
+                                  mistakes, case,
+                                  hint="per sequence, the masked SUM of the log-probabilities (the reply's "
+                                       "log-probability); then the margin as in 11.3.")
         n += 1
     return f"value and gradient on {n} batches, betas 0.1 to 2, empty masks included"
 

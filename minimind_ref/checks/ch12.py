@@ -159,6 +159,19 @@ solution("12.3", "kl = torch.exp(ref - lp) - (ref - lp) - 1; t = -(torch.exp(lp 
                  "- beta * kl); return ((t * mask).sum(1) / mask.sum(1)).mean()")
 
 
+def _gradient_mistakes(forms: Dict[str, Callable[[torch.Tensor], torch.Tensor]], lp: torch.Tensor
+                       ) -> Dict[str, Callable[[], torch.Tensor]]:
+    """For ``check_close``'s ``mistakes``: each planted loss form's gradient with respect to a fresh
+    gradient-tracking copy of ``lp`` (zeros where the form does not depend on it)."""
+    out: Dict[str, Callable[[], torch.Tensor]] = {}
+    for k, f in forms.items():
+        p = lp.clone().requires_grad_(True)
+        loss = f(p)
+        out[k] = (lambda loss=loss, p=p: torch.autograd.grad(loss, p, allow_unused=True)[0]
+                  if loss.requires_grad else torch.zeros_like(lp))
+    return out
+
+
 @check("Exercise 12.3 grpo_loss")
 def check_grpo_loss(grpo_loss: Callable[..., Any]) -> str:
     """``grpo_loss(per_token_logps, ref_per_token_logps, advantages, completion_mask, beta)``:
@@ -216,12 +229,7 @@ def check_grpo_loss(grpo_loss: Callable[..., Any]) -> str:
                  "compute the loss from per_token_logps itself; only the ratio's denominator is detached.")
         p2 = lp.clone().requires_grad_(True)
         (expected_grad,) = torch.autograd.grad(ref_grpo.grpo_loss(p2, p2.detach(), ref, adv, mask, beta, loss_type="grpo"), p2)
-        grad_mistakes = {}
-        for k, f in forms.items():
-            p3 = lp.clone().requires_grad_(True)
-            out = f(p3)
-            grad_mistakes[k] = (lambda out=out, p3=p3: torch.autograd.grad(out, p3, allow_unused=True)[0]
-                                if out.requires_grad else torch.zeros_like(lp))
+        grad_mistakes = _gradient_mistakes(forms, lp)
         check_close(grad, expected_grad, name=name + " (gradient)", rtol=1e-5, atol=1e-6, check_dtype=False,
                     mistakes=grad_mistakes, case=case,
                     hint="the value can be right while the gradient is not: the advantage term's gradient is "
@@ -342,12 +350,7 @@ def _check_policy_loss(fn: Callable[..., Any], name: str, loss_type: str) -> str
         (grad,) = torch.autograd.grad(got, pol)
         p2 = lp.clone().requires_grad_(True)
         (expected_grad,) = torch.autograd.grad(loss(p2), p2)
-        grad_mistakes = {}
-        for k, f in forms.items():
-            p3 = lp.clone().requires_grad_(True)
-            out = f(p3)
-            grad_mistakes[k] = (lambda out=out, p3=p3: torch.autograd.grad(out, p3, allow_unused=True)[0]
-                                if out.requires_grad else torch.zeros_like(lp))
+        grad_mistakes = _gradient_mistakes(forms, lp)
         check_close(grad, expected_grad, name=name + " (gradient)", rtol=1e-5, atol=1e-6, check_dtype=False,
                     mistakes=grad_mistakes, case=case, hint="the value can be right while the gradient is not: "
                     "which factors are detached decides the gradient.")
