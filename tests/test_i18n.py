@@ -262,12 +262,12 @@ def test_addition_problems_are_jiafati_and_sum_is_qiuhe():
 
 def test_preference_replies_are_youxuan_and_liexuan():
     """A pair's chosen and rejected replies are 优选回答 / 劣选回答 in every catalog (the checks'
-    case labels too), never 被选中 / 被拒绝, and never left in English outside code and glosses."""
+    case labels too), never 被选中的 / 被拒绝的, and never left in English outside code and glosses."""
     bad = []
     for name, entry in all_catalog_entries():
         english = re.sub(r"`[^`]*`", "", " ".join(entry.msgid.split()))
         if re.search(r"\bchosen\b", english) and re.search(r"\brejected\b", english):
-            if "被选中" in entry.msgstr or "被拒绝" in entry.msgstr or not ("优选" in entry.msgstr and "劣选" in entry.msgstr):
+            if re.search("被选中的|被拒绝的", entry.msgstr) or not ("优选" in entry.msgstr and "劣选" in entry.msgstr):
                 bad.append(f"{name}: chosen/rejected as 优选/劣选: {entry.msgstr[:90]!r}")
         prose = re.sub(r"`[^`]*`|\$[^$]*\$|\([^)]*\)|（[^）]*）|\{[^}]*\}", "", entry.msgstr)
         if re.search(r"\b(chosen|rejected)\b", prose):
