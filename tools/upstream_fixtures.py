@@ -91,6 +91,18 @@ def randomize(model: torch.nn.Module, generator: torch.Generator) -> None:
             p.copy_(1 + 0.3 * noise if name.endswith("norm.weight") else 0.2 * noise)
 
 
+def cached_decode(model, ids: torch.Tensor, prompt: int):
+    """The logits of ``ids`` from a prompt of ``prompt`` tokens and then one token at a time on the
+    cache (all positions, ``[b, s, vocab]``), and the last cache."""
+    res = model(ids[:, :prompt], use_cache=True)
+    pieces, past = [res.logits], res.past_key_values
+    for t in range(prompt, ids.shape[1]):
+        res = model(ids[:, t:t + 1], past_key_values=past, use_cache=True)
+        pieces.append(res.logits)
+        past = res.past_key_values
+    return torch.cat(pieces, 1), past
+
+
 def run_case(upstream, kwargs: Dict[str, Any], seed: int) -> Dict[str, Any]:
     g = torch.Generator().manual_seed(seed)
     config = upstream.MiniMindConfig(**kwargs)
@@ -111,13 +123,7 @@ def run_case(upstream, kwargs: Dict[str, Any], seed: int) -> Dict[str, Any]:
         out["logits_padded"] = model(ids, attention_mask=mask).logits
         out["logits_keep3"] = model(ids, logits_to_keep=3).logits
         out["logits_keep_positions"] = model(ids, logits_to_keep=torch.tensor([0, 5, 11])).logits
-        res = model(ids[:, :7], use_cache=True)
-        pieces, past = [res.logits], res.past_key_values
-        for t in range(7, ids.shape[1]):
-            res = model(ids[:, t:t + 1], past_key_values=past, use_cache=True)
-            pieces.append(res.logits)
-            past = res.past_key_values
-        out["logits_cached"] = torch.cat(pieces, 1)
+        out["logits_cached"], past = cached_decode(model, ids, 7)
         out["cache_k0"], out["cache_v1"] = past[0][0], past[-1][1]
         res = model(ids[:, :7], attention_mask=mask[:, :7], use_cache=True)
         res = model(ids[:, 7:], attention_mask=mask, past_key_values=res.past_key_values, use_cache=True)
@@ -188,13 +194,8 @@ def minimind2_fixture(upstream, path: Path = MINIMIND2_OUT) -> Dict[str, Any]:
         ids, mask = case["input_ids"], case["attention_mask"]
         with torch.no_grad():
             got = {"logits": model(ids).logits, "logits_padded": model(ids, attention_mask=mask).logits}
-            res = model(ids[:, :7], use_cache=True)
-            pieces, past = [res.logits], res.past_key_values
-            for t in range(7, ids.shape[1]):
-                res = model(ids[:, t:t + 1], past_key_values=past, use_cache=True)
-                pieces.append(res.logits)
-                past = res.past_key_values
-            got["logits_cached"], got["cache_k0"] = torch.cat(pieces, 1), past[0][0]
+            got["logits_cached"], past = cached_decode(model, ids, 7)
+            got["cache_k0"] = past[0][0]
             res = model(ids[:, :7], attention_mask=mask[:, :7], use_cache=True)
             got["logits_padded_chunk"] = model(ids[:, 7:], attention_mask=mask, past_key_values=res.past_key_values,
                                                use_cache=True).logits
