@@ -65,7 +65,7 @@ def qk_logit_bound(q_gain: torch.Tensor, k_gain: torch.Tensor) -> float:
 class Attention(nn.Module):
     """Causal multi-head attention with ``n_kv_heads`` shared key/value heads.
 
-    With ``config.qk_norm`` (minimind-3, d65ef2c ``Attention.forward``) every query and key head is
+    With ``config.qk_norm`` (minimind-3: ``d65ef2c:model/model_minimind.py:117 "self.q_norm(xq), self.k_norm(xk)"``) every query and key head is
     RMS-normalized over its ``head_dim`` right after the projection and before RoPE, by
     ``q_norm`` / ``k_norm`` (one gain of ``head_dim`` values each, shared by all heads): the
     attention logits are then bounded by the gains, whatever the scale of the residual stream.
@@ -75,10 +75,11 @@ class Attention(nn.Module):
 
     * **SDPA** (``F.scaled_dot_product_attention``, fused): when ``config.flash_attn`` is on, more
       than one new token arrives, there is no cache, and the mask is absent or all ones. This is
-      d65ef2c's rule. c090b69's has no "no cache" condition (our deliberate difference from
-      MiniMind2, ``model.UPSTREAM_DIFFERENCES["no_sdpa_with_cache"]``): several new tokens with a
-      cache go through SDPA's ``is_causal=True``, which is only right when queries and keys have
-      the same length.
+      upstream's rule at both commits (``c090b69:model/model_minimind.py:196 "past_key_value is None"``;
+      ``d65ef2c:model/model_minimind.py:125 "not self.is_causal or past_key_value is None"``, with
+      ``is_causal`` always true, ``d65ef2c:model/model_minimind.py:99``): SDPA's
+      ``is_causal=True`` is only right when queries and keys have the same length, so several new
+      tokens on top of a cache (chunked prefill) take the explicit path.
     * **explicit**: ``softmax(q k^T / sqrt(d) + causal + padding) v`` written out, used for every
       decode step, chunked prefill with a cache and padded batches. Padding is additive
       ``(1 - mask) * -1e9`` (so a query that sees only padding gets near-uniform weights, not NaN).
@@ -105,7 +106,7 @@ class Attention(nn.Module):
         self.flash = hasattr(F, "scaled_dot_product_attention") and config.flash_attn
 
     def uses_sdpa(self, seq_len: int, past_key_value: Optional[KVCache], attention_mask: Optional[torch.Tensor]) -> bool:
-        """d65ef2c's rule for taking the fused path (c090b69's plus "no cache"; see the class docstring)."""
+        """Upstream's rule for taking the fused path, the same at c090b69 and d65ef2c (see the class docstring)."""
         return bool(
             self.flash
             and seq_len > 1

@@ -3,8 +3,8 @@
 Upstream (jingyaogong/minimind) has shipped two generations from one ``model/model_minimind.py``:
 
 * **MiniMind2** (commit c090b69, January 2026; the course's main thread), and
-* **minimind-3** (upstream's main since 2026-04-01, pinned at d65ef2c): Qwen3's architecture in
-  miniature.
+* **minimind-3** (pinned at d65ef2c; its models released 2026-04-01 according to upstream's README):
+  Qwen3's architecture in miniature.
 
 Here both are one ``MiniMindConfig``. Every difference is a switch (``qk_norm``, ``head_dim``,
 ``tie_word_embeddings``, the FFN width rule, ``moe_variant``, ...) and ``generation`` only picks

@@ -9,9 +9,10 @@ more the trained model (the *policy*) likes each reply than a frozen copy of the
     loss  = -log sigmoid(r(chosen) - r(rejected))                 averaged over the pairs
 
 Upstream's ``log pi(y | x)`` at d65ef2c is the **sum** of the log-probabilities of the reply's
-tokens (the DPO paper's form, ``--beta`` 0.15). c090b69 (MiniMind2) took the **mean** per
-assistant token instead (the masked sum divided by the number of masked tokens, clamped so an
-empty mask gives 0 instead of NaN; upstream issue #298). Both are here: ``reduction="sum"``
+tokens (the DPO paper's form, ``--beta`` 0.15: ``d65ef2c:trainer/train_dpo.py:34-37``,
+``d65ef2c:trainer/train_dpo.py:152``). c090b69 (MiniMind2) took the **mean** per assistant token
+instead (the masked sum divided by the number of masked tokens, clamped so an empty mask gives 0
+instead of NaN; upstream issue #298: ``c090b69:trainer/train_dpo.py:33-38 "clamp_min(1e-8)"``). Both are here: ``reduction="sum"``
 (default) and ``reduction="mean"`` (c090b69's variant). Under the sum a long reply has a larger
 log-probability gap to move than a short one, so the loss weighs long pairs more; under the mean
 every pair weighs the same whatever its length.

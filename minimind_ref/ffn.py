@@ -29,7 +29,8 @@ class FeedForward(nn.Module):
 
     ``intermediate_size`` defaults to ``config.intermediate_size`` (MoE experts pass
     ``config.expert_intermediate_size``). Dropout on the output only when ``config.ffn_dropout``
-    (MiniMind2, c090b69; minimind-3's FeedForward at d65ef2c has none)."""
+    (MiniMind2: ``c090b69:model/model_minimind.py:228-229``; minimind-3's ``FeedForward`` has none:
+    ``d65ef2c:model/model_minimind.py:145-146``)."""
 
     def __init__(self, config: MiniMindConfig, intermediate_size: Optional[int] = None) -> None:
         super().__init__()

@@ -9,8 +9,9 @@ One GRPO step, for ``B`` prompts and ``G = num_generations`` sampled completions
    ``old_per_token_logps`` (no gradient);
 2. score every completion with a *verifiable* reward (is the sum right?);
 3. ``group_advantages``: each reward relative to its own group, ``(r - mean) / (std + 1e-4)``
-   with the population std, once (d65ef2c; c090b69 used the sample std, clamped to +-10 and
-   normalised a second time over the batch: ``C090B69_ADVANTAGES``);
+   with the population std, once (``d65ef2c:trainer/train_grpo.py:121-124``; c090b69 used the sample
+   std, clamped to +-10 and normalised a second time over the batch,
+   ``c090b69:trainer/train_grpo.py:133-137``: ``C090B69_ADVANTAGES``);
 4. ``per_token_logps`` of the completion tokens under the policy being trained (with gradient)
    and under the frozen reference (without);
 5. ``grpo_loss``, per token, with ``ratio = exp(lp - old)`` and ``k3 = exp(ref - lp) - (ref - lp) - 1``
@@ -27,14 +28,18 @@ One GRPO step, for ``B`` prompts and ``G = num_generations`` sampled completions
    marker), then over rows.
 
 The ratio differs from 1 only when the policy that sampled is not the policy being trained.
-Upstream's default torch rollout engine samples with the policy itself (ratio 1 in value at
-every step); its SGLang engine serves a copy that ``update_policy`` refreshes every
-``save_interval`` steps, so the copy lags and the ratio and the clipping act. ``GRPOObjective``
+Upstream's default torch rollout engine (``d65ef2c:trainer/train_grpo.py:240``) samples with the
+policy itself (``d65ef2c:trainer/rollout_engine.py:75-88``: ratio 1 in value at every step); its
+SGLang engine serves a copy that ``update_policy`` refreshes every ``save_interval`` steps
+(``d65ef2c:trainer/train_grpo.py:193``), so the copy lags and the ratio and the clipping act. ``GRPOObjective``
 does the same with ``sync_every``: the sampling copy is refreshed every ``sync_every`` steps
 (1: it is the policy). c090b69 had no old log-probabilities at all: its ratio was
-``exp(lp - lp.detach())``, which is ``grpo_loss(lp, lp.detach(), ..., loss_type="grpo")``.
-c090b69's reward was a reward model (InternLM2-1.8B-reward) plus length and format terms, as is
-d65ef2c's; the course's reward is verifiable (``sum_reward``), which needs no second model.
+``exp(lp - lp.detach())`` (``c090b69:trainer/train_grpo.py:146``), which is ``grpo_loss(lp,
+lp.detach(), ..., loss_type="grpo")``. c090b69's reward was a reward model (InternLM2-1.8B-reward)
+plus, for reasoning models, format terms (``c090b69:trainer/train_grpo.py:27-92``); d65ef2c's is the
+same reward model plus terms for the reply's length, its thinking block and repeated 3-grams
+(``d65ef2c:trainer/train_grpo.py:31-68``); the course's reward is verifiable (``sum_reward``), which
+needs no second model.
 
 Shapes: rewards and advantages ``[N]``; completion ids, masks and per-token log-probabilities
 ``[N, R]``; the loss a scalar.
@@ -285,8 +290,11 @@ def sample_completions(model: torch.nn.Module, tokenizer: Any, prompt: Sequence[
                        generator: Optional[torch.Generator] = None) -> Dict[str, Any]:
     """``num_generations`` sampled replies to one conversation ``prompt``, drawn from the whole
     temperature-scaled distribution (no top-k, no top-p). Upstream's ``trainer/train_grpo.py`` at
-    c090b69 calls ``generate(do_sample=True, temperature=0.8)``, which under transformers 4.57 also
-    keeps ``GenerationConfig``'s default ``top_k=50``. Returns ``{"input_ids": [G, P + R], "completion_ids":
+    c090b69 calls ``generate(do_sample=True, temperature=0.8)`` (``c090b69:trainer/train_grpo.py:107-109``),
+    the ``generate`` of ``transformers``' ``GenerationMixin`` (MiniMind2 has none of its own), which
+    under transformers 4.57 also keeps ``GenerationConfig``'s default ``top_k=50``; d65ef2c's torch
+    rollout engine calls MiniMind's own ``generate`` at temperature 0.8, whose defaults keep top-k 50
+    and top-p 0.85 (``d65ef2c:model/model_minimind.py:257 "top_p=0.85, top_k=50"``). Returns ``{"input_ids": [G, P + R], "completion_ids":
     [G, R], "texts": [G] (decoded up to the end marker), "prompt_length": P}``; rows that stop
     early are padded with the end marker."""
     from .generation import generate

@@ -8,7 +8,8 @@ embeddings, and a minimind-3 model *is* a Qwen3 (dense) or Qwen3-MoE model.
 
 Needs the optional extra ``pip install minimind-ref[hf]`` (``transformers``). The state-dict
 keys are identical (upstream kept transformers' names: d65ef2c's ``scripts/convert_model.py``
-loads its ``.pth`` into ``Qwen3ForCausalLM`` with ``strict=True``), so conversion is a config
+loads its ``.pth`` into ``Qwen3ForCausalLM`` with ``strict=True``,
+``d65ef2c:scripts/convert_model.py:81``), so conversion is a config
 translation plus ``load_state_dict``. Not convertible: MiniMind2's MoE (Llama has no experts,
 Qwen3-MoE no shared expert and another router), YaRN-scaled RoPE (transformers' YaRN computes
 different frequencies and attention factor than MiniMind's), and QK-norm without Qwen3.

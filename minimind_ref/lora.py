@@ -5,8 +5,9 @@ A square ``nn.Linear`` with weight ``W [out, in]`` gets a side path of rank ``r`
     y = W x + B(A(x))        A: Linear(in, r)  [r, in],  N(0, 0.02)
                              B: Linear(r, out) [out, r], zeros  ->  a fresh adapter changes nothing
 
-As upstream (d65ef2c; c090b69 is the same but for the default rank, 8): adapters of rank 16 go on
-**every** ``nn.Linear`` whose weight is square. In MiniMind2 (8 query heads, 2 key/value heads)
+As upstream (``d65ef2c:model/model_lora.py:21-32``; c090b69's rule is the same with a default rank
+of 8, ``c090b69:model/model_lora.py:21-32``): adapters of rank 16 go on **every** ``nn.Linear``
+whose weight is square. In MiniMind2 (8 query heads, 2 key/value heads)
 and minimind-3 (8 : 4) those are ``self_attn.q_proj`` and ``self_attn.o_proj`` of every layer:
 ``k_proj``/``v_proj`` are narrower, the MLP and ``lm_head`` are rectangular, and the MoE gate is a
 bare parameter. There is no scaling factor (scale 1) and no dropout. The course keeps PEFT's
@@ -18,14 +19,16 @@ are ``<module path>.lora.A.weight`` and ``<module path>.lora.B.weight`` (e.g.
 ``model.layers.0.self_attn.q_proj.lora.A.weight``); ``save_lora`` writes exactly those and nothing
 else, ``load_lora`` reads them (a leading ``module.`` from a DDP run is stripped, as upstream does).
 
-``save_lora`` writes exactly those keys and nothing else, in fp16 (upstream: ``v.cpu().half()``).
+``save_lora`` writes exactly those keys and nothing else, in fp16 (upstream at d65ef2c:
+``d65ef2c:model/model_lora.py:51 "v.cpu().half()"``; c090b69 saved the tensors as they were,
+``c090b69:model/model_lora.py:51``, and had no merge).
 
 ``apply_lora`` does **not** freeze anything (upstream's trainer, ``train_lora.py``, freezes every
 parameter whose name lacks ``lora``): whoever trains calls ``mark_only_lora_trainable(model)``.
 
 ``merge_lora(model)`` folds ``B.weight @ A.weight`` into ``W`` and removes the adapters, leaving a
 plain ``MiniMindForCausalLM`` (in fp32 when the model is). ``merge_lora(model, lora_path,
-save_path)`` is upstream's d65ef2c function: load the adapter file into the model's adapters and
+save_path)`` is upstream's d65ef2c function (``d65ef2c:model/model_lora.py:56-65``): load the adapter file into the model's adapters and
 write the merged weights as an fp16 state dict (``W.half() + (B @ A).half()``, the adapters'
 keys left out) to ``save_path``, leaving the model as it was.
 """

@@ -29,12 +29,6 @@ from .rope import precompute_freqs_cis
 #: matches upstream to float rounding (tests/test_upstream_parity.py, tests/test_upstream_parity_minimind3.py);
 #: each entry is tested there too.
 UPSTREAM_DIFFERENCES = {
-    "no_sdpa_with_cache": (
-        "several new tokens with a cache (chunked prefill) take the explicit path; MiniMind2's rule "
-        "(c090b69) takes the fused path there, whose is_causal=True aligns the mask to the top-left corner when "
-        "the queries are fewer than the keys, so a chunk sees too little of the cache. minimind-3 (d65ef2c) "
-        "has the same rule as ours."
-    ),
     "loss_without_targets": (
         "a batch without any supervised position (every shifted label is -100) has loss 0 with zero "
         "gradients; upstream's mean cross-entropy divides by zero and gives NaN."

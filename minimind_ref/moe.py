@@ -57,7 +57,7 @@ def global_aux_loss(scores: torch.Tensor, topk_idx: torch.Tensor, n_experts: int
 
 
 def router_aux_loss(scores: torch.Tensor, topk_idx: torch.Tensor, n_experts: int, coef: float) -> torch.Tensor:
-    """minimind-3's load-balancing loss (d65ef2c ``MOEFeedForward.forward``; Qwen3-MoE's form):
+    """minimind-3's load-balancing loss (``d65ef2c:model/model_minimind.py:171-173``; Qwen3-MoE's form):
     ``coef * n_experts * sum_i load_i * P_i``, where ``load_i`` is the fraction of tokens that chose
     expert ``i`` in any of their ``k`` slots (the loads sum to ``k``) and ``P_i`` the mean router
     probability. It is ``coef * k`` when perfectly balanced; for ``k = 1`` it equals
@@ -152,7 +152,7 @@ class MOEFeedForward(nn.Module):
         return y
 
     def dispatch(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """minimind-3's router and dispatch (d65ef2c ``MOEFeedForward.forward``), in training and
+        """minimind-3's router and dispatch (``d65ef2c:model/model_minimind.py:156-176``), in training and
         eval alike. ``x`` ``[b, s, hidden]`` -> ``(y [b, s, hidden], aux_loss [])``.
 
         Each expert runs once on the tokens that chose it and its weighted output is added to their

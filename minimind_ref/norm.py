@@ -18,10 +18,12 @@ class RMSNorm(nn.Module):
     difference between the generations:
 
     * MiniMind2 (c090b69, ``cast_after_weight=False``): the normalized value is cast back to the
-      input dtype *before* the gain is applied, ``weight * norm(x.float()).type_as(x)``; so a bf16
+      input dtype *before* the gain is applied, ``weight * norm(x.float()).type_as(x)``
+      (``c090b69:model/model_minimind.py:105-106``); so a bf16
       input with an fp32 weight returns fp32 (a module converted to bf16 returns bf16).
     * minimind-3 (d65ef2c, ``cast_after_weight=True``): the gain is applied in fp32 and the product
-      is cast, ``(weight * norm(x.float())).type_as(x)``; the output always has the input's dtype.
+      is cast, ``(weight * norm(x.float())).type_as(x)`` (``d65ef2c:model/model_minimind.py:59-60``); the
+      output always has the input's dtype.
 
     In fp32 the two are identical.
     """

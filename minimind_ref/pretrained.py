@@ -33,7 +33,8 @@ available, and it never looks anywhere under pytest/nbval or with ``MINIMIND_REA
 What is verified and what is inferred (details in the book's ``minimind_ref`` page):
 
 * Names, fp16 storage and the tied keys of the ``.pth`` files come from upstream's trainers at
-  c090b69 (``f'{save_dir}/{save_weight}_{hidden_size}{_moe}.pth'``, ``v.half()``) and match the
+  c090b69 (``f'{save_dir}/{save_weight}_{hidden_size}{_moe}.pth'``, ``v.half()``:
+  ``c090b69:trainer/train_full_sft.py:60-65``) and match the
   hub listing of ``jingyaogong/MiniMind2-Pytorch`` (``full_sft_512.pth`` 58.2 MB, HalfStorage, =
   2 bytes x 29.1M tensor entries: both tied keys stored). The head count is not in the shapes:
   8 query heads (2 KV heads) are taken from the published configs (``config.json`` of
@@ -45,22 +46,25 @@ What is verified and what is inferred (details in the book's ``minimind_ref`` pa
   inferred from ``convert_model.py`` + ``MiniMindConfig`` (no published copy was found).
 * minimind-3 (d65ef2c) is told from MiniMind2 by its keys and shapes, never by the file name:
   its ``full_sft_768.pth`` has the very name of MiniMind2's 104M file (both trainers write
-  ``f'{save_weight}_{hidden_size}{moe_suffix}.pth'``: ``trainer/train_full_sft.py`` at c090b69 and
-  at d65ef2c; ``v.half()`` in both). Only minimind-3's attention has ``q_norm``/``k_norm``
-  (``model/model_minimind.py`` at d65ef2c, ``Attention.__init__``), so a state dict with
+  ``f'{save_weight}_{hidden_size}{moe_suffix}.pth'``: ``c090b69:trainer/train_full_sft.py:60-65`` and
+  ``d65ef2c:trainer/train_full_sft.py:63-68``; ``v.half()`` in both). Only minimind-3's attention has
+  ``q_norm``/``k_norm`` (``d65ef2c:model/model_minimind.py:104-105``), so a state dict with
   ``self_attn.q_norm.weight`` is minimind-3's, and its shapes then hold the head layout too:
   ``head_dim`` = length of ``q_norm``, query heads = ``q_proj`` rows / ``head_dim``, KV heads =
   ``k_proj`` rows / ``head_dim``; experts come without shared ones; an ``lm_head.weight`` unequal to
   the embedding is an untied head (``tie_word_embeddings`` is a field at d65ef2c). What no shape
-  holds is the MoE top-k: 1 for minimind-3-moe, from upstream's README at d65ef2c ("4 experts /
-  top-1 routing", its model table) and ``MiniMindConfig``'s default ``num_experts_per_tok=1`` at
-  d65ef2c. ``rms_norm_eps`` (1e-6) and ``rope_theta`` (1e6) are d65ef2c's defaults too.
-* minimind-3's Hub names are upstream's README at d65ef2c: ``jingyaogong/minimind-3`` (the
-  transformers folder: ``git clone https://huggingface.co/jingyaogong/minimind-3``),
-  ``jingyaogong/minimind-3-pytorch`` (the ``.pth`` files: its ``lora_exam_768.pth`` link);
-  ``jingyaogong/minimind-3-moe`` is the folder name ``scripts/convert_model.py``'s ``__main__``
-  writes for the MoE (``transformers_path = '../minimind-3-moe'``) in the same collection.
-* upstream's ``convert_torch2transformers`` (d65ef2c) writes ``Qwen3Config`` /
+  holds is the MoE top-k: 1 for minimind-3-moe, from upstream's README ("4 experts / top-1",
+  its model table: ``d65ef2c:README_en.md:577``) and ``MiniMindConfig``'s default
+  ``num_experts_per_tok=1`` (``d65ef2c:model/model_minimind.py:42``). ``rms_norm_eps`` (1e-6) and
+  ``rope_theta`` (1e6) are d65ef2c's defaults too (``d65ef2c:model/model_minimind.py:28-29``).
+* minimind-3's Hub names are upstream's README's: ``jingyaogong/minimind-3`` (the transformers
+  folder, ``d65ef2c:README_en.md:243 "huggingface.co/jingyaogong/minimind-3"``),
+  ``jingyaogong/minimind-3-pytorch`` (the ``.pth`` files, ``d65ef2c:README_en.md:1282``).
+  ``jingyaogong/minimind-3-moe`` is inferred from the model's name in the README's table
+  (``d65ef2c:README_en.md:577``): the README links no repository of that name, and d65ef2c's
+  ``scripts/convert_model.py`` writes its folder as ``../minimind-3`` whatever the model
+  (``d65ef2c:scripts/convert_model.py:133``).
+* upstream's ``convert_torch2transformers`` (``d65ef2c:scripts/convert_model.py:40-96``) writes ``Qwen3Config`` /
   ``Qwen3MoeConfig`` with ``head_dim = hidden_size // num_attention_heads``,
   ``tie_word_embeddings=True``, no sliding window, and for the MoE ``num_experts``,
   ``num_experts_per_tok``, ``moe_intermediate_size``, ``norm_topk_prob``; everything else is

@@ -18,11 +18,12 @@ Every builder makes a file in one of upstream's formats from random weights, so 
   upstream's ``tokenizer_config.json`` with its chat template (``tests/data/upstream_chat_template.jinja``),
   or the template in ``chat_template.jinja`` as recent transformers save it.
 * ``write_tokenizer_minimind3``: minimind-3's tokenizer folder (d65ef2c): a small byte-level BPE
-  trained like ``trainer/train_tokenizer.py`` at 101d7df (36 added tokens at ids 0-35, the 21 of
-  ``special_tokens_list`` special, ``<tool_call>`` .. ``</think>`` and ``<|buffer1..9|>`` not) saved
-  as ``tokenizer.json`` plus upstream's ``model/tokenizer_config.json`` (101d7df, unchanged at
-  d65ef2c) with its chat template (``tests/data/upstream_chat_template_minimind3.jinja``: tools,
-  tool calls, ``reasoning_content`` as ``<think>`` blocks, the ``open_thinking`` switch).
+  trained like ``trainer/train_tokenizer.py`` (``d65ef2c:trainer/train_tokenizer.py:28-42``: 36 added
+  tokens at ids 0-35, the 21 of ``special_tokens_list`` special, ``<tool_call>`` .. ``</think>`` and
+  ``<|buffer1..9|>`` not) saved as ``tokenizer.json`` plus upstream's ``model/tokenizer_config.json``
+  at d65ef2c, written byte for byte as that file, with its chat template
+  (``tests/data/upstream_chat_template_minimind3.jinja``, ``d65ef2c:model/tokenizer_config.json:333``:
+  tools, tool calls, ``reasoning_content`` as ``<think>`` blocks, the ``open_thinking`` switch).
 """
 
 from __future__ import annotations
@@ -65,7 +66,10 @@ TEXTS = [
 
 
 def tokenizer_config(chat_template: Optional[str] = CHAT_TEMPLATE) -> dict:
-    """Upstream's model/tokenizer_config.json (c090b69): three specials at 0/1/2, no BOS/EOS added."""
+    """Upstream's model/tokenizer_config.json at c090b69 (three specials at 0/1/2, no BOS/EOS added:
+    ``c090b69:model/tokenizer_config.json:2-30``), plus ``extra_special_tokens: {}``, which that file
+    does not have (upstream adds it for transformers 5 when it converts a model,
+    ``d65ef2c:scripts/convert_model.py:30-32 "extra_special_tokens"``)."""
     special = {"lstrip": False, "normalized": False, "rstrip": False, "single_word": False, "special": True}
     config = {
         "add_bos_token": False,
@@ -116,7 +120,7 @@ def write_tokenizer(folder: Path, template_file: bool = False, chat_template: st
 # ---------------------------------------------------------------------- minimind-3's tokenizer (d65ef2c)
 CHAT_TEMPLATE_MINIMIND3 = (DATA / "upstream_chat_template_minimind3.jinja").read_text(encoding="utf-8")
 
-#: trainer/train_tokenizer.py (101d7df): ``special_tokens_list`` (ids 0-20, special), then
+#: ``d65ef2c:trainer/train_tokenizer.py:28-42``: ``special_tokens_list`` (ids 0-20, special), then
 #: ``additional_tokens_list`` (21-26) and ``num_buffer = 36 - 27 = 9`` buffer tokens (27-35), not special.
 SPECIALS_MINIMIND3 = (
     "<|endoftext|>", "<|im_start|>", "<|im_end|>",
@@ -139,7 +143,8 @@ TEXTS_MINIMIND3 = TEXTS + [
 
 
 def tokenizer_config_minimind3(chat_template: Optional[str] = CHAT_TEMPLATE_MINIMIND3) -> dict:
-    """Upstream's model/tokenizer_config.json at 101d7df (= d65ef2c), key for key and in its order."""
+    """Upstream's model/tokenizer_config.json at d65ef2c, key for key and in its order (``json.dumps(...,
+    indent=4, ensure_ascii=False)`` of it is the file, byte for byte)."""
     added = {str(i): {"content": tok, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
                       "special": tok in SPECIALS_MINIMIND3} for i, tok in enumerate(ADDED_MINIMIND3)}
     config = {
@@ -172,7 +177,7 @@ def tokenizer_config_minimind3(chat_template: Optional[str] = CHAT_TEMPLATE_MINI
 
 
 def train_tokenizer_minimind3(vocab_size: int = 400):
-    """A byte-level BPE trained as trainer/train_tokenizer.py (101d7df) trains minimind-3's 6,400-token
+    """A byte-level BPE trained as trainer/train_tokenizer.py (d65ef2c) trains minimind-3's 6,400-token
     one: BPE + ByteLevel(add_prefix_space=False), BpeTrainer with the 36 added tokens and the byte
     alphabet (default min_frequency), a ByteLevel decoder, ``add_special_tokens(special_tokens_list)``,
     and ``special`` set to false in tokenizer.json for every added token outside that list."""

@@ -27,7 +27,7 @@ from minimind_ref.params import active_parameters, count_parameters
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = (ROOT / "book" / "minimind2_to_minimind3.md").read_text(encoding="utf-8")
 
-#: The sizes upstream's README (101d7df, "Released Model List") publishes for each model.
+#: The sizes upstream's README publishes for each model (its model table, `d65ef2c:README_en.md:574-580`).
 PUBLISHED = {"MiniMind2-Small": "26M", "MiniMind2": "104M", "MiniMind2-MoE": "145M",
              "minimind-3": "64M", "minimind-3-moe": "198M / A64M"}
 BYTES_PER_VALUE = 2  # the page states the cache in fp16 / bf16

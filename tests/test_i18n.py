@@ -228,14 +228,101 @@ def test_retired_wordings_are_gone_from_every_catalog():
 
 
 def test_prompt_is_tishici_and_clip_is_caijian():
-    """'prompt' is 提示词 (提示 alone is the hint); 'clip' and 'clamp' are 裁剪 (截断 is truncation)."""
+    """'prompt' is 提示词 and 提示 alone is the hint: a translation holds no more 提示 (not followed
+    by 词 or 模) than its English has hints, before a colon or anywhere else; 'clip' and 'clamp' are
+    裁剪 (截断 is truncation)."""
     bad = []
     for name, entry in all_catalog_entries():
-        if re.search(r"\bprompts?\b", entry.msgid) and re.search(r"提示(?![词：模])", entry.msgstr):
-            bad.append(f"{name}: prompt as 提示: {entry.msgstr[:80]!r}")
+        hints = len(re.findall(r"\bhint", entry.msgid, re.I))
+        if len(re.findall(r"提示(?![词模])", entry.msgstr)) > hints:
+            bad.append(f"{name}: 提示 without a hint in the English (a prompt is 提示词): {entry.msgstr[:80]!r}")
         if re.search(r"\b(clip|clipp|clamp)\w*", entry.msgid) and "截断" in entry.msgstr:
             bad.append(f"{name}: clip as 截断: {entry.msgstr[:80]!r}")
     assert not bad, "\n".join(bad)
+
+
+#: English that means the addition problems the model solves (not DPO's summed log-probabilities).
+ADDITION_PROBLEMS = re.compile(
+    r"held-out sums|sums right|knows sums|lose the sums|fewer (held-out )?sums|\(sums,|(refusals|identity),? "
+    r"(and )?sums|skills?: (held-out )?sums|09: sums|sums, (identity|stories|\"who)|sums and (reply|identity|the)")
+
+
+def test_addition_problems_are_jiafati_and_sum_is_qiuhe():
+    """The addition problems the model solves are 加法题 (加法); 求和 is the summation (DPO's summed
+    log-probabilities, a sum over tokens), so 求和题 / 求和问题 / 留出求和 never appear."""
+    bad = []
+    for name, entry in all_catalog_entries():
+        if ADDITION_PROBLEMS.search(" ".join(entry.msgid.split())) and "加法" not in entry.msgstr:
+            bad.append(f"{name}: the sums the model answers are 加法题: {entry.msgstr[:90]!r}")
+        for m in re.finditer(r"求和(题|问题)|留出的?求和|(拒答|身份|故事)[、和与]求和|求和[、和与](身份|故事|拒答)|"
+                             r"会求和|答对的求和|保留的求和|求和正确|丢掉了求和|对求和已断言", entry.msgstr):
+            bad.append(f"{name}: {m.group(0)!r} (addition problems are 加法题)")
+    assert not bad, "\n".join(bad)
+
+
+def test_preference_replies_are_youxuan_and_liexuan():
+    """A pair's chosen and rejected replies are 优选回答 / 劣选回答 in every catalog (the checks'
+    case labels too), never 被选中的 / 被拒绝的, and never left in English outside code and glosses."""
+    bad = []
+    for name, entry in all_catalog_entries():
+        english = re.sub(r"`[^`]*`", "", " ".join(entry.msgid.split()))
+        if re.search(r"\bchosen\b", english) and re.search(r"\brejected\b", english):
+            if re.search("被选中的|被拒绝的", entry.msgstr) or not ("优选" in entry.msgstr and "劣选" in entry.msgstr):
+                bad.append(f"{name}: chosen/rejected as 优选/劣选: {entry.msgstr[:90]!r}")
+        prose = re.sub(r"`[^`]*`|\$[^$]*\$|\([^)]*\)|（[^）]*）|\{[^}]*\}", "", entry.msgstr)
+        if re.search(r"\b(chosen|rejected)\b", prose):
+            bad.append(f"{name}: chosen/rejected left in English: {entry.msgstr[:90]!r}")
+    assert not bad, "\n".join(bad)
+
+
+def test_one_direction_word_per_push():
+    """"Push the chosen reply up and the rejected one down" says each direction once (not 压低…往下压)."""
+    doubled = re.compile(r"压低[^，。；：]{0,12}往下压|往下压[^，。；：]{0,12}压低|抬高[^，。；：]{0,12}往上(抬|推)|"
+                         r"往上(抬|推)[^，。；：]{0,12}抬高|降低[^，。；：]{0,12}往下降|提高[^，。；：]{0,12}往上提")
+    bad = [f"{name}: {m.group(0)!r}" for name, entry in all_catalog_entries() for m in doubled.finditer(entry.msgstr)]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_drill_line_has_one_name_and_it_is_not_lianxi():
+    """练习 is the exercise (练习 N.M); the addition drills of chapters 08 to 12 are 算式 (a drill line
+    is 一行算式 / 算式行), in every catalog."""
+    bad = []
+    for name, entry in all_catalog_entries():
+        if re.search(r"\bdrill", entry.msgid):
+            if "算式" not in entry.msgstr or re.search(r"练习(?! ?\d)", entry.msgstr):
+                bad.append(f"{name}: a drill is 算式 (练习 is the exercise): {entry.msgstr[:90]!r}")
+    assert not bad, "\n".join(bad)
+
+
+def test_in_place_only_where_the_english_says_so():
+    """就地 (in place) only translates "in place" / "in-place": a hint that asks for a new dict must
+    not say 就地."""
+    bad = [f"{name}: {entry.msgid[:60]!r} -> {entry.msgstr[:60]!r}" for name, entry in all_catalog_entries()
+           if "就地" in entry.msgstr and not re.search(r"in[- ]place", entry.msgid, re.I)]
+    assert not bad, "\n".join(bad)
+
+
+def test_to_half_split_messages_read_as_chinese():
+    """The to_half_split check (Exercise 2.5), failing in Chinese: its case names the head layout in a
+    sentence (8 个查询头共享 4 个 KV 头, not a bare ratio) and its hint asks for a new dict."""
+    import torch
+
+    from minimind_ref import i18n as mi18n
+    from minimind_ref.checks import ch02
+    from minimind_ref.checks.core import ExerciseError
+
+    def drops_a_key(weights, head_dim):
+        return {k: v.clone() for k, v in weights.items() if k != "o_proj.weight"}
+
+    mi18n.set_language("zh_CN")
+    try:
+        with pytest.raises(ExerciseError) as err:
+            ch02.check_to_half_split(drops_a_key)
+    finally:
+        mi18n.set_language(None)
+    message = str(err.value)
+    assert "个查询头共享" in message and "新字典" in message and "就地" not in message, message
+    assert " : " not in message and "query" not in message, message
 
 
 def test_one_word_for_shipped():

@@ -84,6 +84,23 @@ def test_outputs_hold_figures_and_no_errors(nb):
     assert not errors, f"stored error outputs (cell index, exception): {errors}"
 
 
+#: What a stored output must not show: the machine it ran on (absolute paths of a home, a worktree,
+#: a temporary or installation folder), which a warning or a traceback prints with its file name.
+MACHINE_PATH = re.compile(r"(?<![\w.])(/(?:home|Users|root|work|tmp|private|var/folders|opt|usr|mnt)/[\w.-]+"
+                          r"|[A-Za-z]:\\[\w.-]+|site-packages|dist-packages)")
+
+
+def test_stored_outputs_show_no_machine_paths(nb):
+    """Published outputs show no path of the machine that executed them (issue 34: a warning printed
+    the full path of a worktree). Print a warning's message, not its location."""
+    found = []
+    for index, cell in enumerate(nb.cells):
+        for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            texts = [str(out.get("text", ""))] + [str(v) for k, v in out.get("data", {}).items() if k.startswith("text/")]
+            found += [f"cell {index}: {m.group(0)!r}" for text in texts for m in MACHINE_PATH.finditer(text)]
+    assert not found, "stored outputs show machine paths: " + "; ".join(found[:5])
+
+
 def test_first_code_cell_is_the_colab_cell(nb):
     first = code_cells(nb)[0].source.strip()
     assert first == colab_cell(), (

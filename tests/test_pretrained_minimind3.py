@@ -6,7 +6,7 @@ trainers save weights, converted by its ``scripts/convert_model.py``), with upst
 stored beside them; loading must give those logits within ``rtol = atol = 1e-5`` (fp32).
 
 The tokenizer folder is ``tests/_upstream_files.write_tokenizer_minimind3``: a small byte-level BPE
-trained as upstream's ``trainer/train_tokenizer.py`` (101d7df) trains minimind-3's, with its 36
+trained as upstream's ``trainer/train_tokenizer.py`` (d65ef2c) trains minimind-3's, with its 36
 added tokens, saved with upstream's ``model/tokenizer_config.json`` and its chat template. Our
 loader must encode, decode and render that template exactly as ``transformers.AutoTokenizer``
 does (string and id equality, no tolerance).
@@ -83,7 +83,7 @@ def m3_tokenizer_dir(tmp_path_factory):
 
 
 def test_files_are_upstreams_format(m3_tokenizer_dir):
-    """tokenizer.json as upstream's trainer leaves it; tokenizer_config.json is upstream's file (101d7df)."""
+    """tokenizer.json as upstream's trainer leaves it; tokenizer_config.json is upstream's file (d65ef2c)."""
     data = json.loads((m3_tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8"))
     assert [(t["id"], t["content"], t["special"]) for t in data["added_tokens"]] == [
         (i, tok, i < 21) for i, tok in enumerate(U.ADDED_MINIMIND3)]

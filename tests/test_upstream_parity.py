@@ -1,10 +1,12 @@
 """Parity with upstream MiniMind2.
 
-``tests/data/upstream_reference.pt`` holds weights, inputs and outputs produced by upstream's
-``model/model_minimind.py`` (MiniMind2 era; run with transformers 4.57.6 and torch 2.13.0 on CPU,
-fp32) for five tiny configurations: dense GQA, dense MHA without SDPA, YaRN, MoE (top-2,
+``tests/data/upstream_reference.pt`` holds weights, inputs and outputs of upstream's
+``model/model_minimind.py`` (MiniMind2; transformers 4.57.6 and torch 2.13.0 on CPU, fp32) for five
+tiny configurations: dense GQA, dense MHA without SDPA, YaRN, MoE (top-2,
 sequence-level aux loss) and MoE (top-1, global aux loss). We load the same weights with
-``strict=True`` and compare every output at 1e-5.
+``strict=True`` and compare every output at 1e-5. The outputs were made with a reconstruction of
+the file and then re-run with c090b69's own file (``tools/upstream_fixtures.py --minimind2``: every
+output within 1e-6), which also added ``logits_chunk``, a chunk of several tokens on a cache.
 """
 
 from pathlib import Path
@@ -43,6 +45,9 @@ def test_eval_outputs_match_upstream(name):
         out = m(ids[:, :7], attention_mask=mask[:, :7], use_cache=True)
         out = m(ids[:, 7:], attention_mask=mask, past_key_values=out.past_key_values, use_cache=True)
         torch.testing.assert_close(out.logits, case["logits_padded_chunk"], **TOL)
+        out = m(ids[:, :7], use_cache=True)  # a chunk of 5 on a cache of 7, no mask: c090b69's explicit path
+        out = m(ids[:, 7:], past_key_values=out.past_key_values, use_cache=True)
+        torch.testing.assert_close(out.logits, case["logits_chunk"], **TOL)
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -88,27 +93,39 @@ def test_named_difference_loss_without_targets(name):
     assert all(p.grad is None or not p.grad.any() for p in m.parameters())
 
 
-def test_named_difference_no_sdpa_with_cache():
-    """``UPSTREAM_DIFFERENCES["no_sdpa_with_cache"]``: a chunk of 3 tokens after a cache of 4 gives
-    the full forward's logits (1e-5) on our rule; upstream's rule (fused path despite the cache)
-    does not, because ``is_causal=True`` aligns the mask to the top-left when queries < keys."""
-    assert "no_sdpa_with_cache" in mm.model.UPSTREAM_DIFFERENCES
-    torch.manual_seed(0)
+def c090b69_takes_the_fused_path(flash, seq_len, past_key_value, attention_mask):
+    """c090b69's condition for ``F.scaled_dot_product_attention``, transcribed from
+    ``c090b69:model/model_minimind.py:196 "(seq_len > 1) and (past_key_value is None)"``."""
+    return bool(flash and (seq_len > 1) and (past_key_value is None)
+                and (attention_mask is None or torch.all(attention_mask == 1)))
+
+
+def test_fused_path_rule_is_c090b69s():
+    """``Attention.uses_sdpa`` is c090b69's condition in every case (fused attention on or off, one or
+    several new tokens, with or without a cache, no mask, a mask of ones, a padded mask); chunked
+    prefill on a cache takes the explicit path in both and gives the full forward's logits (1e-5)."""
     cfg = mm.MiniMindConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                            vocab_size=64, max_position_embeddings=32, flash_attn=True)
+                            vocab_size=64, max_position_embeddings=32)
+    attn = mm.attention.Attention(cfg)
+    cache = (torch.zeros(2, 3, 2, cfg.head_dim), torch.zeros(2, 3, 2, cfg.head_dim))
+    padded = torch.ones(2, 5)
+    padded[0, 0] = 0
+    checked = 0
+    for flash in (True, False):
+        attn.flash = flash
+        for seq_len in (1, 5):
+            for past in (None, cache):
+                for mask in (None, torch.ones(2, 5), padded):
+                    assert attn.uses_sdpa(seq_len, past, mask) == c090b69_takes_the_fused_path(flash, seq_len, past, mask), \
+                        (flash, seq_len, past is not None, mask)
+                    checked += 1
+    assert checked == 24
+    torch.manual_seed(0)
     m = mm.MiniMindForCausalLM(cfg).eval()
     ids = torch.randint(0, 64, (1, 7), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         full = m(ids).logits[:, 4:]
         past = m(ids[:, :4], use_cache=True).past_key_values
-        ours = m(ids[:, 4:], past_key_values=past, use_cache=True).logits
-        torch.testing.assert_close(ours, full, **TOL)
-        upstream_rule = lambda self, n, cache, mask: bool(self.flash and n > 1 and (mask is None or torch.all(mask == 1)))
-        original = mm.attention.Attention.uses_sdpa
-        try:
-            mm.attention.Attention.uses_sdpa = upstream_rule
-            past = m(ids[:, :4], use_cache=True).past_key_values
-            theirs = m(ids[:, 4:], past_key_values=past, use_cache=True).logits
-        finally:
-            mm.attention.Attention.uses_sdpa = original
-    assert (theirs - full).abs().max() > 1e-3, "upstream's rule should see too little of the cache here"
+        assert not c090b69_takes_the_fused_path(True, 3, past[0], None)
+        chunk = m(ids[:, 4:], past_key_values=past, use_cache=True).logits
+    torch.testing.assert_close(chunk, full, **TOL)

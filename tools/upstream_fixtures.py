@@ -1,9 +1,15 @@
-"""Make the minimind-3 parity fixture from upstream's own model code (run by hand, never by the tests).
+"""Make the parity fixtures from upstream's own model code (run by hand, never by the tests).
 
     python tools/upstream_fixtures.py --upstream /path/to/minimind   # a checkout of jingyaogong/minimind at d65ef2c
     # writes tests/data/upstream_reference_minimind3.pt
     python tools/upstream_fixtures.py --upstream /path/to/minimind --example
     # writes minimind_ref/reference_outputs/upstream_minimind3.pt (package data, chapter 05)
+    python tools/upstream_fixtures.py --upstream /path/to/minimind-at-c090b69 --minimind2
+    # re-runs tests/data/upstream_reference.pt (MiniMind2) with c090b69's file and extends it
+
+A checkout at a commit, outside the repository: ``git clone https://github.com/jingyaogong/minimind``
+then ``git -C minimind checkout d65ef2c`` (or ``c090b69``); or, from a bare mirror,
+``mkdir -p m/model && git -C mirror show c090b69:model/model_minimind.py > m/model/model_minimind.py``.
 
 It imports upstream's ``model/model_minimind.py`` from the checkout (it needs ``transformers``:
 the project's ``.venv`` has 4.57.6), builds small models of upstream's own ``MiniMindForCausalLM``
@@ -85,6 +91,18 @@ def randomize(model: torch.nn.Module, generator: torch.Generator) -> None:
             p.copy_(1 + 0.3 * noise if name.endswith("norm.weight") else 0.2 * noise)
 
 
+def cached_decode(model, ids: torch.Tensor, prompt: int):
+    """The logits of ``ids`` from a prompt of ``prompt`` tokens and then one token at a time on the
+    cache (all positions, ``[b, s, vocab]``), and the last cache."""
+    res = model(ids[:, :prompt], use_cache=True)
+    pieces, past = [res.logits], res.past_key_values
+    for t in range(prompt, ids.shape[1]):
+        res = model(ids[:, t:t + 1], past_key_values=past, use_cache=True)
+        pieces.append(res.logits)
+        past = res.past_key_values
+    return torch.cat(pieces, 1), past
+
+
 def run_case(upstream, kwargs: Dict[str, Any], seed: int) -> Dict[str, Any]:
     g = torch.Generator().manual_seed(seed)
     config = upstream.MiniMindConfig(**kwargs)
@@ -105,13 +123,7 @@ def run_case(upstream, kwargs: Dict[str, Any], seed: int) -> Dict[str, Any]:
         out["logits_padded"] = model(ids, attention_mask=mask).logits
         out["logits_keep3"] = model(ids, logits_to_keep=3).logits
         out["logits_keep_positions"] = model(ids, logits_to_keep=torch.tensor([0, 5, 11])).logits
-        res = model(ids[:, :7], use_cache=True)
-        pieces, past = [res.logits], res.past_key_values
-        for t in range(7, ids.shape[1]):
-            res = model(ids[:, t:t + 1], past_key_values=past, use_cache=True)
-            pieces.append(res.logits)
-            past = res.past_key_values
-        out["logits_cached"] = torch.cat(pieces, 1)
+        out["logits_cached"], past = cached_decode(model, ids, 7)
         out["cache_k0"], out["cache_v1"] = past[0][0], past[-1][1]
         res = model(ids[:, :7], attention_mask=mask[:, :7], use_cache=True)
         res = model(ids[:, 7:], attention_mask=mask, past_key_values=res.past_key_values, use_cache=True)
@@ -163,14 +175,71 @@ def published_counts(upstream) -> Dict[str, int]:
     return counts
 
 
+MINIMIND2_OUT = ROOT / "tests" / "data" / "upstream_reference.pt"
+
+
+def minimind2_fixture(upstream, path: Path = MINIMIND2_OUT) -> Dict[str, Any]:
+    """The MiniMind2 fixture re-run with c090b69's ``model/model_minimind.py``.
+
+    The fixture's weights, inputs and outputs were first made with a reconstruction of that file;
+    this runs every stored case again with c090b69's own file, fails if any stored output differs
+    by more than 1e-5, and adds ``logits_chunk``: the logits of the last 5 tokens fed as one chunk
+    after a cache of the first 7, without a mask (c090b69 takes its explicit path there, line 196)."""
+    fixture = torch.load(path, weights_only=True)
+    worst = 0.0
+    for name, case in fixture["cases"].items():
+        model = upstream.MiniMindForCausalLM(upstream.MiniMindConfig(**case["config"]))
+        model.load_state_dict(case["state_dict"], strict=True)
+        model.eval()
+        ids, mask = case["input_ids"], case["attention_mask"]
+        with torch.no_grad():
+            got = {"logits": model(ids).logits, "logits_padded": model(ids, attention_mask=mask).logits}
+            got["logits_cached"], past = cached_decode(model, ids, 7)
+            got["cache_k0"] = past[0][0]
+            res = model(ids[:, :7], attention_mask=mask[:, :7], use_cache=True)
+            got["logits_padded_chunk"] = model(ids[:, 7:], attention_mask=mask, past_key_values=res.past_key_values,
+                                               use_cache=True).logits
+            res = model(ids[:, :7], use_cache=True)
+            chunk = model(ids[:, 7:], past_key_values=res.past_key_values, use_cache=True).logits
+        model.train()
+        res = model(ids, labels=ids)
+        got.update({"train_logits": res.logits, "loss": res.loss, "aux_loss": res.aux_loss})
+        (res.loss + res.aux_loss).backward()
+        grads = dict(model.named_parameters())
+        for key, value in got.items():
+            gap = float((value.detach().reshape(case[key].shape) - case[key]).abs().max())
+            assert gap <= 1e-5, f"{name}: {key} differs from c090b69's by {gap:.2e}"
+            worst = max(worst, gap)
+        for key, value in case["grads"].items():
+            worst = max(worst, float((grads[key].grad - value).abs().max()))
+            assert worst <= 1e-5, f"{name}: the gradient of {key} differs from c090b69's"
+        case["logits_chunk"] = chunk
+    import transformers
+
+    fixture["note"] = (f"Outputs of upstream MiniMind2 (model/model_minimind.py); made with a reconstruction of "
+                       f"that file, then re-run with c090b69's own file by tools/upstream_fixtures.py --minimind2 "
+                       f"(transformers {transformers.__version__}, torch {torch.__version__}, CPU, fp32): every "
+                       f"stored output within {worst:.1e} of c090b69's; logits_chunk added from c090b69's file.")
+    return fixture
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--upstream", required=True, type=Path, help="a checkout of jingyaogong/minimind at d65ef2c")
     p.add_argument("--out", type=Path, default=None, help=f"default {OUT} ({EXAMPLE_OUT} with --example)")
     p.add_argument("--example", action="store_true", help="write the package example (chapter 05) instead")
+    p.add_argument("--minimind2", action="store_true",
+                   help=f"--upstream is a checkout at c090b69: re-run and extend {MINIMIND2_OUT.relative_to(ROOT)}")
     args = p.parse_args(argv)
     upstream = load_upstream(args.upstream)
     import transformers
+
+    if args.minimind2:
+        out = args.out or MINIMIND2_OUT
+        fixture = minimind2_fixture(upstream)
+        torch.save(fixture, out)
+        print(f"wrote {out}: {fixture['note']}")
+        return 0
 
     if args.example:
         out = args.out or EXAMPLE_OUT

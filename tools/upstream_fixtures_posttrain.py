@@ -1,18 +1,33 @@
 """Make the post-training parity fixture from upstream's own code (run by hand, never by the tests).
 
-    python tools/upstream_fixtures_posttrain.py --upstream /path/to/minimind   # upstream's files at d65ef2c
+    python tools/upstream_fixtures_posttrain.py --from-git /path/to/minimind --upstream /tmp/upstream_posttrain
+    # writes the folder --upstream from the clone's git history (d65ef2c, and c090b69 for the variant)
+    python tools/upstream_fixtures_posttrain.py --upstream /tmp/upstream_posttrain
     # writes tests/data/upstream_posttrain_d65ef2c.pt
 
-The folder given as ``--upstream`` holds upstream's files (jingyaogong/minimind, minimind-3):
-``dataset/lm_dataset.py`` (``SFTDataset``, ``pre_processing_chat``, ``post_processing_chat``),
-``trainer/train_dpo.py`` (``logits_to_log_probs``, ``dpo_loss``), ``trainer/train_grpo.py`` (the
-advantage, completion-mask and loss lines of ``grpo_train_epoch``, which are not a function
-upstream: they are run here as a function holding exactly those lines, ``grpo_step_loss``) and
-``model/model_lora.py``. The files used were transcribed from the stored versions named in each
-file's header (lm_dataset.py and model_lora.py at 101d7df, train_grpo.py at 0074dcf, train_dpo.py at
-00da959; the model code of all three equals d65ef2c's), plus c090b69's mean-reduced ``dpo_loss``
-(``trainer/train_dpo_mean_c090b69.py``) for the variant. It needs ``transformers`` (the project's
-``.venv`` has 4.57.6): upstream's ``SFTDataset`` tokenizes with ``AutoTokenizer``.
+The folder given as ``--upstream`` (outside the repository) holds upstream's code, which
+``--from-git`` takes from a clone of jingyaogong/minimind with its history (``git show COMMIT:PATH``,
+nothing from a working tree), line ranges checked by their first line:
+
+* ``dataset/lm_dataset.py`` and ``model/model_lora.py``: the files at d65ef2c, whole
+  (``SFTDataset``, ``pre_processing_chat``, ``post_processing_chat``; ``apply_lora``, ``save_lora``,
+  ``load_lora``, ``merge_lora``);
+* ``trainer/train_dpo_functions.py``: ``logits_to_log_probs`` and ``dpo_loss``,
+  `d65ef2c:trainer/train_dpo.py:25-50`;
+* ``trainer/train_dpo_mean_c090b69.py``: c090b69's mean-reduced ``dpo_loss`` for the variant,
+  `c090b69:trainer/train_dpo.py:24-51`;
+* ``trainer/train_grpo_loss.py``: the advantage, completion-mask, k3 and loss lines of
+  ``grpo_train_epoch``, which are not a function upstream: they are run as the body of a function,
+  ``grpo_step_loss``, holding exactly `d65ef2c:trainer/train_grpo.py:121-144`.
+
+(The stored fixture was first made from hand transcriptions of other stored versions: 101d7df's
+``lm_dataset.py`` and ``model_lora.py``, and two commits outside upstream's history for the GRPO
+and DPO lines. ``model_lora.py`` differs between 101d7df and d65ef2c: ``apply_lora`` tests
+``module.in_features == module.out_features`` at d65ef2c instead of comparing the weight's two
+dimensions, the same layers for a ``nn.Linear``. Re-made with ``--from-git`` at d65ef2c, every
+tensor and label of the fixture came out equal to the stored one, so the file was kept.) It needs
+``transformers`` (the project's ``.venv`` has 4.57.6): upstream's ``SFTDataset`` tokenizes with
+``AutoTokenizer``.
 
 What it stores (weights, inputs and upstream's outputs; upstream's code is not part of this repository):
 
@@ -53,6 +68,26 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "data" / "upstream_posttrain_d65ef2c.pt"
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
+
+
+def load_lm_dataset(checkout: Path) -> types.ModuleType:
+    """Upstream's ``dataset/lm_dataset.py``. It imports Hugging Face ``datasets`` to read a jsonl
+    file; this tool hands ``SFTDataset`` its records as a list instead, so while the file is imported
+    a stand-in whose ``load_dataset`` returns ``data_files`` as it is takes the place of ``datasets``."""
+    import transformers  # noqa: F401  (imported first: it probes for the real datasets)
+
+    stand_in = types.ModuleType("datasets")
+    stand_in.load_dataset = lambda kind, data_files=None, split=None, **kwargs: data_files
+    stand_in.Features = stand_in.Sequence = stand_in.Value = lambda *args, **kwargs: None
+    real = sys.modules.get("datasets")
+    sys.modules["datasets"] = stand_in
+    try:
+        return load(checkout, "dataset/lm_dataset.py", "upstream_lm_dataset")
+    finally:
+        if real is None:
+            del sys.modules["datasets"]
+        else:
+            sys.modules["datasets"] = real
 
 
 def load(checkout: Path, relative: str, name: str) -> types.ModuleType:
@@ -223,14 +258,57 @@ def lora_fixture(model_lora: types.ModuleType) -> List[Dict[str, Any]]:
     return cases
 
 
+# ---------------------------------------------------------------------- upstream's code, from git
+#: (file written, commit, upstream path, first line, last line or None for the whole file, the first
+#: line's start, code put before it).
+FROM_GIT = [
+    ("dataset/lm_dataset.py", "d65ef2c", "dataset/lm_dataset.py", 1, None, "from torch.utils.data import Dataset", ""),
+    ("model/model_lora.py", "d65ef2c", "model/model_lora.py", 1, None, "import torch", ""),
+    ("trainer/train_dpo_functions.py", "d65ef2c", "trainer/train_dpo.py", 25, 50, "def logits_to_log_probs",
+     "import torch\nimport torch.nn.functional as F\n\n\n"),
+    ("trainer/train_dpo_mean_c090b69.py", "c090b69", "trainer/train_dpo.py", 24, 51, "def logits_to_log_probs",
+     "import torch\nimport torch.nn.functional as F\n\n\n"),
+    ("trainer/train_grpo_loss.py", "d65ef2c", "trainer/train_grpo.py", 121, 144, "grouped_rewards = rewards.view",
+     "import types\n\nimport torch\n\n\n"
+     "def grpo_step_loss(args, tokenizer, rewards, completion_ids, completion_pad_mask, per_token_logps,\n"
+     "                   old_per_token_logps, ref_per_token_logps, aux_loss):\n"
+     "    rollout_result = types.SimpleNamespace(completion_mask=completion_pad_mask)\n"),
+]
+GRPO_RETURN = "        return advantages, completion_mask, per_token_kl, policy_loss, loss\n"
+
+
+def from_git(clone: Path, folder: Path) -> None:
+    """Write the ``--upstream`` folder from the clone's history (``FROM_GIT``)."""
+    import subprocess
+
+    for name, commit, path, first, last, starts, head in FROM_GIT:
+        text = subprocess.run(["git", "-C", str(clone), "show", f"{commit}:{path}"], check=True,
+                              capture_output=True, text=True).stdout
+        lines = text.splitlines(keepends=True)
+        body = lines[first - 1:last] if last else lines
+        if not body[0].strip().startswith(starts):
+            raise SystemExit(f"{commit}:{path}:{first} should start with {starts!r}, found {body[0].strip()[:60]!r}")
+        if name.endswith("grpo_loss.py"):  # the loop body's lines, one level less indented, as a function body
+            body = [line[4:] if line.startswith("        ") else line for line in body] + [GRPO_RETURN[4:]]
+        out = folder / name
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(head + "".join(body), encoding="utf-8")
+        print(f"{out}: {commit}:{path}" + (f":{first}-{last}" if last else ""))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--upstream", required=True, type=Path, help="a folder with upstream's files (see the docstring)")
+    p.add_argument("--from-git", type=Path, default=None,
+                   help="a clone of jingyaogong/minimind with its history: write the --upstream folder from it and stop")
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
+    if args.from_git is not None:
+        from_git(args.from_git, args.upstream)
+        return 0
     import _upstream_files as uf
 
-    up_ds = load(args.upstream, "dataset/lm_dataset.py", "upstream_lm_dataset")
+    up_ds = load_lm_dataset(args.upstream)
     up_dpo = load(args.upstream, "trainer/train_dpo_functions.py", "upstream_train_dpo")
     up_dpo_mean = load(args.upstream, "trainer/train_dpo_mean_c090b69.py", "upstream_train_dpo_c090b69")
     up_grpo = load(args.upstream, "trainer/train_grpo_loss.py", "upstream_train_grpo")

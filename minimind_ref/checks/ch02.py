@@ -411,7 +411,7 @@ def check_to_half_split(fn: Callable[..., Any]) -> str:
             weights["k_norm.weight"] = torch.rand(head_dim, generator=g) * 1.5 + 0.25
         x = torch.randn(2, 7, cfg.hidden_size, generator=g)
         kind = (f"a minimind-3 layer with QK-norm, head_dim {head_dim}" if qk_norm
-                else f"a MiniMind2 layer, head_dim {head_dim}") + f", {cfg.num_attention_heads} query : " \
+                else f"a MiniMind2 layer, head_dim {head_dim}") + f", {cfg.num_attention_heads} query heads sharing " \
             f"{cfg.num_key_value_heads} KV heads"
         got = call(fn, weights, head_dim, name=name, case=kind, check_inputs=True,
                    hint="weights maps state-dict keys ('q_proj.weight', ...) to tensors; return a new dict.")
@@ -420,7 +420,7 @@ def check_to_half_split(fn: Callable[..., Any]) -> str:
         if set(got) != set(weights) or any(tuple(got[k].shape) != tuple(weights[k].shape) for k in weights):
             fail(name, f"the converted dict must have the same keys and shapes as the input (on {kind}); got keys "
                  f"{sorted(got)} with shapes {[tuple(got[k].shape) for k in sorted(got)]}"[:400],
-                 "convert tensors in place of themselves: same key, same shape.")
+                 "return a new dict with every key of the input, each tensor converted to its own shape.")
         with torch.no_grad():
             expected = _interleaved_attention(weights, cfg, x)
         try:
