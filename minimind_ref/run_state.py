@@ -245,6 +245,7 @@ class DivergenceGuard:
 
     @contextlib.contextmanager
     def watching(self, step: int) -> Iterator[None]:
+        """Around step ``step``'s update: its ``FloatingPointError`` becomes ``stopped(err, step)``."""
         try:
             yield
         except FloatingPointError as err:
@@ -272,6 +273,7 @@ class DivergenceGuard:
         return FloatingPointError(f"{what} at step {step}; the weights were NOT updated. {where}")
 
     def check_loss(self, loss: float, step: int, log: Callable[[str], None]) -> None:
+        """Warn (once) when step ``step``'s loss is above the ceiling."""
         if self.ceiling is not None and loss > self.ceiling:
             log(f"warning: the loss at step {step + 1} is {loss:.4g}, more than twice ln(vocab_size) = {self.ceiling / 2:.2f} "
                 "(the loss of guessing uniformly): the run is diverging. Lower the learning rate (a run resumes with "

@@ -523,9 +523,9 @@ class TrainResult:
 
 
 def train(cfg: TrainConfig, model: Optional[MiniMindForCausalLM] = None, data: Optional[RunData] = None,
-          stop_at: Optional[int] = None, log: Optional[Callable[[str], None]] = None, objective: Optional[Objective] = None,
-          evaluate: Optional[Evaluate] = None, lr_schedule: Optional[Schedule] = None, step_fn: Optional[StepFn] = None,
-          ) -> TrainResult:
+          stop_at: Optional[int] = None, log: Optional[Callable[[str], None]] = None,
+          objective: Optional[Objective] = None, evaluate: Optional[Evaluate] = None,
+          lr_schedule: Optional[Schedule] = None, step_fn: Optional[StepFn] = None) -> TrainResult:
     """Train (or resume) according to ``cfg``; returns the model and its history. One loop for every
     stage of the course (pretraining, SFT, LoRA, DPO, GRPO); what differs is passed in:
 

@@ -37,7 +37,7 @@ import nbformat
 
 if str(Path(__file__).parent) not in sys.path:  # the tools folder: its modules import each other by name
     sys.path.insert(0, str(Path(__file__).parent))
-from solution_markers import BEGIN, END, has_solution, marker_texts  # noqa: E402,F401  (other tools use these names here)
+from solution_markers import BEGIN, END, has_solution  # noqa: E402  (has_solution: also what other tools call here)
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
