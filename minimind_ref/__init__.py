@@ -21,6 +21,8 @@ module             what                                        chapter
 ``data``           generated corpus, packed datasets           08
 ``tokenizer``      BPE from scratch and with ``tokenizers``    08
 ``train``          training loop (``python -m``, torchrun)     08
+``distributed``    the loop's processes and device (torchrun)  08
+``run_state``      resume, kept checkpoints, divergence        08
 ``hf``             to/from transformers: Llama (MiniMind2),    perf.
                    Qwen3(-MoE) (minimind-3); extra ``hf``
 ``pretrained``     upstream's published files, both            03-09

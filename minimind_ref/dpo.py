@@ -43,7 +43,8 @@ import torch
 import torch.nn.functional as F
 
 from .sft import (_check_max_length, assistant_loss_mask, encode_chat, has_reply, marker_ids, merged_newline_ids,
-                  truncation_kind, truncation_note)
+                  truncation_kind)
+from .truncation import truncation_note
 
 if TYPE_CHECKING:  # pragma: no cover
     from .train import RunData, TrainConfig, TrainResult

@@ -50,6 +50,8 @@ from typing import TYPE_CHECKING, Any, Dict, FrozenSet, List, Mapping, Optional,
 
 import torch
 
+from .truncation import truncation_note
+
 if TYPE_CHECKING:  # pragma: no cover
     from .train import RunData
 
@@ -447,19 +449,6 @@ def truncation_kind(ids: Sequence[int], max_length: int, bos_ids: Sequence[int],
         if reply and end not in reply:
             return "cut_answer"
     return None
-
-
-def truncation_note(counts: Dict[str, int], what: str, max_length: Any, dropped: bool) -> str:
-    """One sentence about ``counts`` (``{"examples": n, "no_answer": a, "cut_answer": b}``)."""
-    parts = []
-    if counts.get("no_answer"):
-        parts.append(f"{counts['no_answer']} lost their whole answer (the prompt alone fills max_length={max_length})")
-    if counts.get("cut_answer"):
-        parts.append(f"{counts['cut_answer']} lost the end of an answer with its <|im_end|> at max_length={max_length} "
-                     "(trained so, a model learns not to stop)")
-    fix = ("they were left out (drop_truncated=True)" if dropped else
-           "raise max_length, shorten them, or pass drop_truncated=True to leave them out")
-    return f"of {counts.get('examples', 0)} {what}, {' and '.join(parts)}; {fix}."
 
 
 # ---------------------------------------------------------------------- dataset

@@ -16,9 +16,13 @@ optimizer stay fp32). Under ``torchrun`` every process trains a slice of the glo
 ``DistributedDataParallel`` (``nccl`` on GPUs, ``gloo`` on CPUs), which averages the gradients,
 so N processes with batch B/N follow the same trajectory as one process with batch B.
 
-Checkpoints are ``save_checkpoint`` files (``minimind_ref.load_checkpoint`` reads them) whose
-``extra`` holds the step, the optimizer state, the loss history and the RNG state, so a resumed
-run continues the same loss curve. Needs the optional dependencies ``tokenizers`` and ``tqdm``.
+``train`` is the loop: prepare (processes, resume state, data, model, optimizer), then for each
+step batch -> objective -> update -> log, evaluate, checkpoint, then finish. What it delegates
+lives with the concept: ``distributed`` (processes and device under torchrun) and ``run_state``
+(what a run resumes from, which checkpoint is kept, what a diverging run is told). Checkpoints are
+``save_checkpoint`` files (``minimind_ref.load_checkpoint`` reads them) whose ``extra`` holds the
+step, the optimizer state, the loss history and the RNG state, so a resumed run continues the same
+loss curve. Needs the optional dependencies ``tokenizers`` and ``tqdm``.
 
 Fine-tuning stages reuse the same loop through hooks (``train(cfg, objective=..., data=...)``): an
 *objective* maps ``(model, batch)`` to ``{"loss": ..., metrics}``; ``minimind_ref.sft``,
@@ -37,28 +41,24 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 
 from . import data as data_mod
-from .checkpoint import _torch_load, check_metadata, check_weights, load_state_dict_strict, save_checkpoint
 from .config import MiniMindConfig
-from .files import DIGEST_KEY, remove_stale_temporaries
+from .distributed import Processes, dist_info, resolve_device, setup_processes  # noqa: F401  (also train's names)
 from .model import MiniMindForCausalLM
+from .run_state import (CHECKPOINT_NAME, RESUMABLE_CHANGES, TOKENIZER_NAME, CheckpointPolicy,  # noqa: F401
+                        DivergenceGuard, ResumeState, check_finite, next_token_ceiling, prepare_run_folder,
+                        training_state)
+from .run_state import load_resume_blob as _load_resume_blob  # noqa: F401  (tests/test_bad_input.py)
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID, load_tokenizer, save_tokenizer, train_bpe_tokenizer
-
-CHECKPOINT_NAME = "ckpt.pt"
-TOKENIZER_NAME = "tokenizer.json"
-
+from .truncation import truncation_note
 
 # ---------------------------------------------------------------------- configuration
 CONFIG_DIR = Path(__file__).with_name("configs")
-# Options a resumed run may change; any other difference from the checkpoint's run is an error.
-# lr, min_lr and grad_clip may change: resuming with a lower learning rate is the way out of a divergence.
-RESUMABLE_CHANGES = frozenset({"eval_every", "eval_batches", "eval_problems", "log_every", "save_every", "out_dir",
-                               "resume", "device", "dtype", "progress", "deterministic", "lr", "min_lr", "grad_clip"})
 
 
 def _is_int(v: Any) -> bool:
@@ -245,6 +245,9 @@ def causal_lm_loss(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask
 # is 0 the step is skipped (no update, counted in history["skipped"]) instead of stepping on a
 # loss that has no data behind it.
 Objective = Callable[[torch.nn.Module, Any], Dict[str, torch.Tensor]]
+Evaluate = Callable[[torch.nn.Module, int], Dict[str, float]]  # (model, step) -> {name: value}
+Schedule = Callable[[int, int, int, float, float], float]  # lr_at's signature
+StepFn = Callable[..., Any]  # (model, optimizer, batch, max_grad_norm) -> loss, or {"loss": ..., metrics}
 
 
 def lm_objective(model: torch.nn.Module, batch: Tuple[torch.Tensor, torch.Tensor]) -> Dict[str, torch.Tensor]:
@@ -256,12 +259,6 @@ def lm_objective(model: torch.nn.Module, batch: Tuple[torch.Tensor, torch.Tensor
     out = model(input_ids, labels=labels)
     return {"loss": out.loss + out.aux_loss, "aux_loss": out.aux_loss.detach(),
             "tokens": (labels[:, 1:] != -100).sum()}
-
-
-def _check_finite(name: str, value: torch.Tensor, what: str) -> None:
-    if not bool(torch.isfinite(value).all()):
-        raise FloatingPointError(f"{name} is {float(value)} {what}; the weights were NOT updated. Lower the learning "
-                                 "rate (or check the data and the model's inputs) and resume from the last checkpoint.")
 
 
 def objective_step(
@@ -296,7 +293,7 @@ def objective_step(
         out = {k: v.detach() for k, v in metrics.items()}
         out.update(grad_norm=torch.tensor(0.0), skipped=torch.tensor(1.0))
         return out
-    _check_finite("the loss", loss.detach(), "before the update")
+    check_finite("the loss", loss.detach(), "before the update")
     if not loss.requires_grad:
         raise ValueError("the objective's loss carries no gradient (computed under torch.no_grad() or detached?), so "
                          "the optimizer could not learn from it; return the loss as computed from the model's outputs.")
@@ -305,7 +302,7 @@ def objective_step(
     grad_norm = torch.nn.utils.clip_grad_norm_(params, math.inf if max_grad_norm is None else max_grad_norm)
     if not bool(torch.isfinite(grad_norm)):
         optimizer.zero_grad(set_to_none=True)
-        _check_finite("the gradient norm", grad_norm, "before the update")
+        check_finite("the gradient norm", grad_norm, "before the update")
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     out = {k: v.detach() for k, v in metrics.items()}
@@ -495,33 +492,7 @@ def build_model(cfg: TrainConfig, vocab_size: int) -> MiniMindForCausalLM:
     return MiniMindForCausalLM(MiniMindConfig(**{**cfg.model, "vocab_size": vocab_size}))
 
 
-# ---------------------------------------------------------------------- distributed helpers
-def dist_info() -> Tuple[int, int, int]:
-    """``(rank, world_size, local_rank)`` from torchrun's environment (``(0, 1, 0)`` without it)."""
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
-
-
-def _init_distributed(device: torch.device) -> None:
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-
-
-def resolve_device(cfg: TrainConfig, local_rank: int = 0, world_size: int = 1) -> torch.device:
-    if cfg.device != "auto":
-        dev = torch.device(cfg.device)
-    elif torch.cuda.is_available():
-        dev = torch.device("cuda")
-    elif getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available() and world_size == 1:
-        dev = torch.device("mps")
-    else:
-        dev = torch.device("cpu")
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", local_rank if world_size > 1 else torch.cuda.current_device())
-    return dev
-
-
+# ---------------------------------------------------------------------- precision
 def autocast_for(cfg: TrainConfig, device: torch.device) -> Optional[Callable[[], Any]]:
     """A zero-argument autocast context factory, or None for plain fp32."""
     if cfg.dtype == "float32":
@@ -551,79 +522,145 @@ class TrainResult:
     data: Optional[RunData] = None
 
 
+def train(cfg: TrainConfig, model: Optional[MiniMindForCausalLM] = None, data: Optional[RunData] = None,
+          stop_at: Optional[int] = None, log: Optional[Callable[[str], None]] = None,
+          objective: Optional[Objective] = None, evaluate: Optional[Evaluate] = None,
+          lr_schedule: Optional[Schedule] = None, step_fn: Optional[StepFn] = None) -> TrainResult:
+    """Train (or resume) according to ``cfg``; returns the model and its history. One loop for every
+    stage of the course (pretraining, SFT, LoRA, DPO, GRPO); what differs is passed in:
+
+    * ``model`` / ``data``: used instead of building them from ``cfg``;
+    * ``objective(model, batch) -> {"loss": ..., other metrics}`` (default ``lm_objective``);
+    * ``evaluate(model, step) -> {name: float}`` every ``cfg.eval_every`` steps, into ``history["eval_<name>"]``
+      (default: the objective's loss on ``data.val`` and, for generated data, held-out addition accuracy);
+    * ``lr_schedule(step, max_steps, warmup_steps, max_lr, min_lr)`` (default ``lr_at``);
+    * ``step_fn(model, optimizer, batch, max_grad_norm) -> loss`` (or ``{"loss": ...}``): your own step
+      instead of ``objective_step``, under the run's autocast (chapter 08's ``training_step``).
+
+    ``stop_at``: stop after this step (the schedule still plans ``cfg.max_steps``); ``log``: where lines go
+    (default: ``print`` on the first process). Processes: ``distributed``; resume, checkpoints: ``run_state``."""
+    cfg = _checked_config(cfg, stop_at)
+    procs = setup_processes(cfg)  # rank, world size, device (and the process group under torchrun)
+    log = log if log is not None else (print if procs.is_main else _silent)
+    _seed_run(cfg)
+    objective, lr_schedule = objective or lm_objective, lr_schedule or lr_at
+    resume = ResumeState.find(cfg)  # read and checked; nothing is written yet
+    data = data if data is not None else _run_data(cfg, resume, procs)
+    fingerprint = _check_train_data(data, resume)
+    model = _model_for_run(model, cfg, data.tokenizer, procs.device)
+    optimizer = make_optimizer(model, cfg)
+    start_step, history = resume.restore(model, optimizer, procs.device, log, stop_at) or (0, _new_history())
+    if cfg.out_dir and procs.is_main:  # every check passed: now the run folder may be written
+        prepare_run_folder(cfg, data.tokenizer, resume)
+    raw_model, model = model, procs.wrap(model)
+    autocast = autocast_for(cfg, procs.device)
+    evaluate = evaluate or _lm_eval(cfg, data, objective, procs.device, autocast)
+    end_step = cfg.max_steps if stop_at is None else min(stop_at, cfg.max_steps)
+    checkpoints = CheckpointPolicy(cfg.out_dir, procs.is_main, raw_model, lambda step: training_state(
+        step, optimizer, history, cfg, procs.device, fingerprint), resume, start_step)
+    guard = DivergenceGuard(checkpoints, _loss_ceiling(raw_model, objective, step_fn, procs))
+    progress = _Progress(cfg, procs, log, start_step, end_step)
+    _note_truncation(data, progress.log, procs.is_main)
+    if start_step == 0 and cfg.eval_every and not history["eval_step"] and procs.is_main:
+        _evaluate(evaluate, raw_model, 0, history, progress.log)
+    for step in range(start_step, end_step):
+        lr = _set_lr(optimizer, lr_schedule, cfg, step)
+        batch = _batch(data.train, cfg, step, procs)
+        with progress.timing(batch):  # the step's seconds and tokens: the run's throughput
+            with guard.watching(step):  # a non-finite loss or gradient: stop before the update
+                metrics = _update(model, optimizer, batch, objective, step_fn, cfg, autocast, procs, step)
+            if not float(metrics.get("skipped", 0.0)):
+                checkpoints.promote()  # this step's loss was computed on the pending checkpoint's weights
+            logged = _record_step(history, step, lr, metrics, procs)  # synchronizes the device
+        guard.check_loss(logged["loss"], step, progress.log)
+        progress.step_done(step, logged["loss"], lr)
+        if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.max_steps) and procs.is_main:
+            _evaluate(evaluate, raw_model, step + 1, history, progress.log)
+        if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < end_step:
+            checkpoints.save(step + 1, pending=True)  # kept once the next step's loss is finite
+    progress.close()
+    _check_skipped(history, start_step, end_step, checkpoints, progress.log, procs.is_main)
+    path = checkpoints.save(end_step) if end_step > start_step else None
+    return TrainResult(raw_model, data.tokenizer, history, end_step, progress.tokens_per_s, progress.seconds(), path, data)
+
+
+# ---------------------------------------------------------------------- the loop's pieces, in the order it uses them
+def _checked_config(cfg: TrainConfig, stop_at: Optional[int]) -> TrainConfig:
+    """``cfg`` with ``~`` in ``out_dir`` and ``resume`` meaning the home folder, as in a shell; a bad
+    ``stop_at`` or an ``out_dir`` that is a file is a ``ValueError``."""
+    if stop_at is not None and (isinstance(stop_at, bool) or not isinstance(stop_at, int) or stop_at < 1):
+        raise ValueError(f"stop_at={stop_at!r} is invalid: expected a whole number >= 1 (the step to stop after), or None.")
+    expanded = {k: os.path.expanduser(v) for k, v in (("out_dir", cfg.out_dir), ("resume", cfg.resume))
+                if v not in (None, "auto") and v != os.path.expanduser(v)}
+    if expanded:
+        cfg = cfg.replace(**expanded)
+    if cfg.out_dir and os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
+        raise ValueError(f"out_dir={cfg.out_dir!r} is a file, not a folder: the run writes ckpt.pt, tokenizer.json and "
+                         "train_config.json into out_dir. Give a folder (it is created if needed).")
+    return cfg
+
+
+def _silent(line: str) -> None:
+    """The log of every process but the first."""
+
+
+def _seed_run(cfg: TrainConfig) -> None:
+    if cfg.deterministic:
+        torch.use_deterministic_algorithms(True)
+    torch.manual_seed(cfg.seed)
+
+
+def _run_data(cfg: TrainConfig, resume: ResumeState, procs: Processes) -> RunData:
+    """``build_data`` for a run: a resumed run reuses its own tokenizer file; a new distributed run
+    trains the tokenizer once, on the first process, and shares it through ``out_dir``."""
+    tokenizer = None
+    run_tokenizer = os.path.join(cfg.out_dir, TOKENIZER_NAME) if cfg.out_dir else None
+    if resume.path and not cfg.tokenizer and run_tokenizer and os.path.exists(run_tokenizer):
+        tokenizer = load_tokenizer(run_tokenizer)
+    if tokenizer is not None or procs.world <= 1 or cfg.tokenizer:
+        return build_data(cfg, tokenizer)
+    if cfg.out_dir is None:
+        raise ValueError("distributed runs need out_dir (or a tokenizer file) to share the tokenizer.")
+    if procs.is_main:
+        data = build_data(cfg)
+        os.makedirs(cfg.out_dir, exist_ok=True)
+        save_tokenizer(data.tokenizer, run_tokenizer)
+    procs.barrier()
+    return data if procs.is_main else build_data(cfg, tokenizer=load_tokenizer(run_tokenizer))
+
+
+def _check_train_data(data: RunData, resume: ResumeState) -> Optional[str]:
+    """The training set's fingerprint, after checking that there is something to train on and that
+    a resumed run gets its own data."""
+    if not len(data.train):
+        raise ValueError("the training dataset is empty (0 examples): nothing to train on. Check the data you built "
+                         "(n_train, the records, drop_truncated).")
+    fingerprint = data_fingerprint(data.train)
+    resume.check_data(fingerprint)
+    return fingerprint
+
+
+def _model_for_run(model: Optional[torch.nn.Module], cfg: TrainConfig, tokenizer: Any, device: torch.device) -> Any:
+    """The given model, or a new one drawn with ``cfg.seed``; on ``device``, in training mode."""
+    if model is None:
+        torch.manual_seed(cfg.seed)
+        model = build_model(cfg, tokenizer.get_vocab_size())
+    model.to(device).train()
+    return model
+
+
+def _loss_ceiling(model: torch.nn.Module, objective: Objective, step_fn: Optional[StepFn], procs: Processes) -> Optional[float]:
+    """The loss above which the first process warns that the run diverges: 2 ln(vocab_size) for the
+    plain next-token loss, None (no warning) for any other objective or step."""
+    return next_token_ceiling(model) if objective is lm_objective and step_fn is None and procs.is_main else None
+
+
 def _new_history() -> Dict[str, List[float]]:
     return {k: [] for k in ("step", "loss", "aux_loss", "lr", "grad_norm", "skipped", "eval_step", "eval_loss", "eval_acc")}
 
 
-def _rng_state(device: torch.device) -> Dict[str, Any]:
-    state = {"torch": torch.get_rng_state()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def _write_json_atomic(path: str, obj: Any) -> None:
-    from .files import write_json
-
-    write_json(path, obj)
-
-
-def _truncation_line(counts: Dict[str, int]) -> str:
-    from .sft import truncation_note
-
-    return truncation_note(counts, "examples", counts.get("max_length", "?"), bool(counts.get("dropped")))
-
-
-def _resume_path(cfg: TrainConfig) -> Optional[str]:
-    if cfg.resume is None:
-        return None
-    if cfg.resume == "auto":
-        if not cfg.out_dir:
-            raise ValueError("resume='auto' looks for ckpt.pt in out_dir, but out_dir is not set; set out_dir to the "
-                             "run's folder, or give resume the path of a checkpoint.")
-        candidate = os.path.join(cfg.out_dir, CHECKPOINT_NAME)
-        if os.path.exists(candidate):
-            return candidate
-        # a run killed after its first periodic save, before the next step could vouch for it
-        return candidate + ".pending" if os.path.exists(candidate + ".pending") else None
-    if os.path.isdir(cfg.resume):
-        raise IsADirectoryError(f"resume={cfg.resume!r} is a folder: give the checkpoint file in it (e.g. "
-                                f"{os.path.join(cfg.resume, CHECKPOINT_NAME)}), or resume='auto' with out_dir set to it.")
-    if not os.path.isfile(cfg.resume):
-        raise FileNotFoundError(f"resume={cfg.resume!r}: no such checkpoint file.")
-    return cfg.resume
-
-
-def _load_resume_blob(path: str) -> Dict[str, Any]:
-    try:  # weights only, with checkpoint.py's messages (a pickle that would build objects is refused)
-        blob = _torch_load(path, map_location="cpu")
-    except ValueError as err:
-        raise ValueError(f"cannot resume: {err}") from None
-    if not (isinstance(blob, dict) and isinstance(blob.get("extra"), dict) and "optimizer" in blob["extra"]
-            and isinstance(blob.get("state_dict"), dict)):
-        raise ValueError(f"cannot resume from {path}: it holds weights but no training state (optimizer, step); "
-                         "load it with load_checkpoint and start a new run instead.")
-    try:  # the digests save_checkpoint recorded, and finite weights (the checks of every loader)
-        check_weights(blob["state_dict"], path, digest=blob.get(DIGEST_KEY))
-        check_metadata(blob, path)
-    except ValueError as err:
-        raise ValueError(f"cannot resume: {err}") from None
-    return blob
-
-
-def _check_resumable(cfg: TrainConfig, previous: Dict[str, Any], path: str) -> None:
-    """The new config may differ from the checkpoint's run only in RESUMABLE_CHANGES."""
-    now = cfg.to_dict()
-    before = TrainConfig.from_dict(previous).to_dict() if previous else now
-    different = [k for k in now if k not in RESUMABLE_CHANGES and now[k] != before.get(k)]
-    if different:
-        detail = "; ".join(f"{k}: checkpoint {before.get(k)!r}, now {now[k]!r}" for k in different)
-        raise ValueError(f"cannot resume from {path}: the run was made with other settings ({detail}). Use the "
-                         "checkpoint's settings (its train_config.json), or start a new run in another out_dir.")
-
-
 def _lm_eval(cfg: TrainConfig, data: RunData, objective: Objective, device: torch.device,
-             autocast: Optional[Callable[[], Any]]) -> Callable[[torch.nn.Module, int], Dict[str, float]]:
+             autocast: Optional[Callable[[], Any]]) -> Evaluate:
     """The default evaluation: the objective's mean loss on ``data.val`` and, for generated
     data, the greedy accuracy on the held-out additions."""
 
@@ -639,313 +676,128 @@ def _lm_eval(cfg: TrainConfig, data: RunData, objective: Objective, device: torc
     return evaluate
 
 
-def train(
-    cfg: TrainConfig,
-    model: Optional[MiniMindForCausalLM] = None,
-    data: Optional[RunData] = None,
-    stop_at: Optional[int] = None,
-    log: Optional[Callable[[str], None]] = None,
-    objective: Optional[Objective] = None,
-    evaluate: Optional[Callable[[torch.nn.Module, int], Dict[str, float]]] = None,
-    lr_schedule: Optional[Callable[[int, int, int, float, float], float]] = None,
-    step_fn: Optional[Callable[..., Any]] = None,
-) -> TrainResult:
-    """Train (or resume) according to ``cfg`` and return the model and its history.
+class _Progress:
+    """The run's log lines, its tqdm bar (first process, ``cfg.progress``) and its throughput (tokens
+    per second of training steps; the clock starts when the object is made)."""
 
-    One loop for every stage of the course (pretraining, SFT, LoRA, DPO, GRPO); what differs is
-    passed in:
+    def __init__(self, cfg: TrainConfig, procs: Processes, log: Callable[[str], None], start_step: int, end_step: int):
+        self.cfg, self.world, self.bar, self.log = cfg, procs.world, None, log
+        if cfg.progress and procs.is_main:
+            from tqdm.auto import tqdm
 
-    * ``model`` / ``data``: use these instead of building them from ``cfg`` (an ablated model,
-      data already built, a fine-tuning dataset);
-    * ``objective(model, batch) -> {"loss": ..., other metrics}`` (default ``lm_objective``);
-    * ``evaluate(model, step) -> {name: float}``, run every ``cfg.eval_every`` steps and logged
-      as ``history["eval_<name>"]`` (default: the objective's loss on ``data.val`` and, for
-      generated data, held-out addition accuracy);
-    * ``lr_schedule(step, max_steps, warmup_steps, max_lr, min_lr)`` (default ``lr_at``);
-    * ``step_fn(model, optimizer, batch, max_grad_norm) -> loss`` (a float, or a dict with
-      ``"loss"``): your own optimizer step instead of ``objective_step`` (chapter 08 trains with
-      the learner's ``training_step``); it runs under the run's autocast.
+            self.bar = tqdm(total=end_step, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
+            self.log = self.bar.write if log is print else log
+        self.train_seconds, self.tokens_seen, self.tokens_per_s, self.t0 = 0.0, 0, 0.0, time.perf_counter()
 
-    ``stop_at``: stop after this many steps although the schedule is planned for
-    ``cfg.max_steps`` (to simulate an interruption). ``log``: where progress lines go (default:
-    ``print`` on the first process). Under torchrun (``WORLD_SIZE`` > 1) the process group is
-    created here if needed.
-
-    Safety: resuming checks the checkpoint's settings, tokenizer, data fingerprint and weight
-    digest *before* anything in ``out_dir`` is written (``lr``, ``min_lr`` and ``grad_clip`` may
-    change: resuming with a lower learning rate is the way out of a divergence). A non-finite loss
-    or gradient raises ``FloatingPointError`` before the update, naming the checkpoint kept. A
-    periodic checkpoint (``save_every``) goes to ``ckpt.pt.pending`` and replaces ``ckpt.pt`` only
-    once the next step's loss, computed on its weights, is finite, so a diverging update never
-    reaches ``ckpt.pt``; a next-token loss above 2 ln(vocab_size) is logged as a divergence
-    warning. The data's truncation counts and the number of skipped steps are logged when not 0,
-    and a run whose every step was skipped is a ``ValueError``. Every file is written atomically.
-    """
-    if stop_at is not None and (isinstance(stop_at, bool) or not isinstance(stop_at, int) or stop_at < 1):
-        raise ValueError(f"stop_at={stop_at!r} is invalid: expected a whole number >= 1 (the step to stop after), or None.")
-    expanded = {k: os.path.expanduser(v) for k, v in (("out_dir", cfg.out_dir), ("resume", cfg.resume))
-                if v not in (None, "auto") and v != os.path.expanduser(v)}
-    if expanded:  # '~' means the home folder, as in a shell
-        cfg = cfg.replace(**expanded)
-    if cfg.out_dir and os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
-        raise ValueError(f"out_dir={cfg.out_dir!r} is a file, not a folder: the run writes ckpt.pt, tokenizer.json and "
-                         "train_config.json into out_dir. Give a folder (it is created if needed).")
-    rank, world, local_rank = dist_info()
-    device = resolve_device(cfg, local_rank, world)
-    if world > 1:
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        _init_distributed(device)
-    is_main = rank == 0
-    if log is None:
-        log = print if is_main else (lambda s: None)
-    if cfg.deterministic:
-        torch.use_deterministic_algorithms(True)
-    torch.manual_seed(cfg.seed)
-    objective = objective or lm_objective
-    lr_schedule = lr_schedule or lr_at
-
-    # ---- what are we resuming? (read only: nothing is written before every check has passed)
-    resume = _resume_path(cfg)
-    blob = None
-    if resume:
-        blob = _load_resume_blob(resume)
-        _check_resumable(cfg, blob["extra"].get("train_config", {}), resume)
-
-    # ---- data and tokenizer (a resumed run reuses its own tokenizer file; a new one trains it
-    # once, on the first process, and shares it through the file)
-    if data is None:
-        tokenizer = None
-        run_tokenizer = os.path.join(cfg.out_dir, TOKENIZER_NAME) if cfg.out_dir else None
-        if resume and not cfg.tokenizer and run_tokenizer and os.path.exists(run_tokenizer):
-            tokenizer = load_tokenizer(run_tokenizer)
-        if tokenizer is None and world > 1 and not cfg.tokenizer:
-            import torch.distributed as dist
-
-            if cfg.out_dir is None:
-                raise ValueError("distributed runs need out_dir (or a tokenizer file) to share the tokenizer.")
-            if is_main:
-                data = build_data(cfg)
-                os.makedirs(cfg.out_dir, exist_ok=True)
-                save_tokenizer(data.tokenizer, run_tokenizer)
-            dist.barrier()
-            if not is_main:
-                data = build_data(cfg, tokenizer=load_tokenizer(run_tokenizer))
-        else:
-            data = build_data(cfg, tokenizer)
-    tokenizer = data.tokenizer
-    if not len(data.train):
-        raise ValueError("the training dataset is empty (0 examples): nothing to train on. Check the data you built "
-                         "(n_train, the records, drop_truncated).")
-    fingerprint = data_fingerprint(data.train)
-    if blob is not None:
-        saved = blob["extra"].get("data_fingerprint")
-        if saved is not None and fingerprint is not None and saved != fingerprint:
-            raise ValueError(f"cannot resume from {resume}: the training data differ from the data of that run "
-                             "(another corpus, tokenizer or seq_len). Resume with the run's own data and tokenizer "
-                             "(out_dir/tokenizer.json), or start a new run in another out_dir.")
-
-    # ---- model, optimizer, resume
-    if model is None:
-        torch.manual_seed(cfg.seed)
-        model = build_model(cfg, tokenizer.get_vocab_size())
-    model.to(device).train()
-    optimizer = make_optimizer(model, cfg)
-    history = _new_history()
-    start_step = 0
-    if blob is not None:
-        state = {k: v for k, v in blob["state_dict"].items() if not k.endswith(("freqs_cos", "freqs_sin"))}
-        load_state_dict_strict(model, state)
-        extra = blob["extra"]
-        optimizer.load_state_dict(extra["optimizer"])
-        start_step = int(extra["step"])
-        history = {k: list(v) for k, v in extra["history"].items()}
-        torch.set_rng_state(extra["rng"]["torch"])
-        if device.type == "cuda" and "cuda" in extra["rng"]:
-            torch.cuda.set_rng_state(extra["rng"]["cuda"], device)
-        log(f"resumed from {resume} at step {start_step}")
-        if stop_at is not None and stop_at <= start_step:
-            raise ValueError(f"stop_at={stop_at} is not after step {start_step}, where {resume} resumes the run: give a "
-                             "later step (or None to run to max_steps).")
-
-    # ---- every check passed: now the run folder may be written
-    if cfg.out_dir and is_main:
-        os.makedirs(cfg.out_dir, exist_ok=True)
-        tok_path = os.path.join(cfg.out_dir, TOKENIZER_NAME)
-        if hasattr(tokenizer, "save") and not (resume and os.path.exists(tok_path)):
-            save_tokenizer(tokenizer, tok_path)  # atomic
-        _write_json_atomic(os.path.join(cfg.out_dir, "train_config.json"), cfg.to_dict())
-        stale = os.path.join(cfg.out_dir, CHECKPOINT_NAME + ".pending")
-        if os.path.exists(stale) and not (resume and os.path.abspath(resume) == os.path.abspath(stale)):
-            os.remove(stale)  # left by a run killed before the next step could vouch for it
-        remove_stale_temporaries(cfg.out_dir, CHECKPOINT_NAME + ".pending")  # ... or while writing it
-
-    raw_model = model
-    if world > 1:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    autocast = autocast_for(cfg, device)
-    evaluate = evaluate or _lm_eval(cfg, data, objective, device, autocast)
-    end_step = cfg.max_steps if stop_at is None else min(stop_at, cfg.max_steps)
-    n_train = len(data.train)
-
-    ckpt_file = os.path.join(cfg.out_dir, CHECKPOINT_NAME) if cfg.out_dir else None
-    pending_file = ckpt_file + ".pending" if ckpt_file else None
-    kept_step = start_step if blob is not None else None  # the step ckpt.pt holds (None: no checkpoint yet)
-    pending_step: Optional[int] = None  # the step ckpt.pt.pending holds
-    if resume and pending_file and os.path.abspath(resume) == os.path.abspath(pending_file):
-        kept_step, pending_step = None, start_step  # resumed from an unvouched save: kept once a step's loss is finite
-
-    def checkpoint(step: int, pending: bool = False) -> Optional[str]:
-        """Save the run at ``step`` (atomically). ``pending``: to ckpt.pt.pending, which becomes ckpt.pt
-        only after the next step's loss, computed on these weights, is finite (``promote``)."""
-        nonlocal kept_step, pending_step
-        if not (cfg.out_dir and is_main):
-            return None
-        extra = {"step": step, "optimizer": optimizer.state_dict(), "history": history,
-                 "train_config": cfg.to_dict(), "rng": _rng_state(device), "data_fingerprint": fingerprint}
-        for name, tensor in raw_model.state_dict().items():
-            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-                raise FloatingPointError(f"not saving step {step}: weight {name} is not finite; the previous "
-                                         f"checkpoint in {cfg.out_dir} is kept.")
-        # a LoRA run resumes with its adapters (allow_lora)
-        save_checkpoint(raw_model, pending_file if pending else ckpt_file, extra=extra, allow_lora=True)
-        if pending:
-            pending_step = step
-            return None
-        kept_step, pending_step = step, None
-        if os.path.exists(pending_file):
-            os.remove(pending_file)
-        return ckpt_file
-
-    def promote() -> Optional[str]:
-        """The pending checkpoint's weights gave a finite loss: it becomes ckpt.pt."""
-        nonlocal kept_step, pending_step
-        if pending_step is None:
-            return ckpt_path
-        os.replace(pending_file, ckpt_file)
-        kept_step, pending_step = pending_step, None
-        return ckpt_file
-
-    def diverged(err: FloatingPointError, step: int) -> FloatingPointError:
-        """The loop's message for a non-finite loss or gradient: what was kept, and how to go on."""
-        if pending_step is not None:
-            os.remove(pending_file)  # its weights are the ones that just gave the non-finite value
-        what = str(err).split(";")[0].replace(f" at step {step}", "")
-        if kept_step is not None and kept_step == step:
-            where = (f"The last checkpoint, {ckpt_file} (step {kept_step}), holds the weights that give this value (the "
-                     "run that saved it ended on a diverging update): start again from an earlier copy, or from "
-                     "scratch, with a lower learning rate.")
-        elif kept_step is not None:
-            where = (f"The last checkpoint, {ckpt_file}, holds step {kept_step}, whose weights still gave a finite loss "
-                     "(later saves were not kept). Resume it with a lower learning rate: train(cfg.replace(lr=..., "
-                     "resume='auto')), or --set resume=auto lr=... on the command line (lr, min_lr and grad_clip may "
-                     "change on resume).")
-        elif cfg.out_dir:
-            where = ("No checkpoint of this run is kept: the first one saved would already hold weights that give this "
-                     "value. Start the run again with a lower learning rate (or a smaller grad_clip).")
-        else:
-            where = "Start the run again with a lower learning rate (or a smaller grad_clip); set out_dir to keep checkpoints."
-        return FloatingPointError(f"{what} at step {step}; the weights were NOT updated. {where}")
-
-    def run_eval(step: int) -> None:
-        metrics = evaluate(raw_model, step)
-        history["eval_step"].append(step)
-        for k in set(metrics) | {"loss", "acc"}:
-            history.setdefault(f"eval_{k}", []).append(float(metrics.get(k, float("nan"))))
-        parts = [f"{k} {v:.4f}" if k != "acc" else f"held-out accuracy {v:.1%}" for k, v in metrics.items()
-                 if not (isinstance(v, float) and math.isnan(v))]
-        log(f"eval step {step}: " + ", ".join(parts))
-
-    bar = None
-    if cfg.progress and is_main:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=end_step, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
-        log = bar.write if log is print else log
-
-    for what, dataset in (("training", data.train), ("validation", data.val)):
-        counts = getattr(dataset, "truncation", None)  # SFTDataset / DPODataset: what max_length cut away
-        if is_main and isinstance(counts, dict) and (counts.get("no_answer") or counts.get("cut_answer")):
-            log(f"note: {what} data: " + _truncation_line(counts))
-    train_seconds, t0 = 0.0, time.perf_counter()
-    tokens_seen = 0
-    tokens_per_s = 0.0
-    ckpt_path = None
-    # next-token losses above 2 ln(vocab) (twice the loss of guessing uniformly) mean a diverging run
-    vocab = getattr(getattr(raw_model, "config", None), "vocab_size", None)
-    blowup = 2 * math.log(vocab) if objective is lm_objective and step_fn is None and isinstance(vocab, int) else None
-    if start_step == 0 and cfg.eval_every and not history["eval_step"] and is_main:
-        run_eval(0)
-    for step in range(start_step, end_step):
-        lr = lr_schedule(step, cfg.max_steps, cfg.warmup_steps, cfg.lr, cfg.min_lr)
-        if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr >= 0):
-            raise ValueError(f"the learning-rate schedule returned {lr!r} at step {step}; it must be a finite number >= 0.")
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        idx = data_mod.shard(data_mod.global_batch_indices(n_train, cfg.batch_size, step, cfg.seed), rank, world)
-        batch = move_to(data.train.batch(idx), device)
+    @contextlib.contextmanager
+    def timing(self, batch: Any) -> Iterator[None]:
+        """Count the time the block takes as training time on ``batch`` (this process's slice of the
+        global batch)."""
         tic = time.perf_counter()
-        try:
-            if step_fn is not None:
-                with (autocast() if autocast is not None else contextlib.nullcontext()):
-                    got = step_fn(model, optimizer, batch, cfg.grad_clip)
-                metrics = dict(got) if isinstance(got, dict) else {"loss": got}
-                metrics = {k: torch.as_tensor(float(v)) for k, v in metrics.items()}
-                metrics.setdefault("grad_norm", torch.tensor(float("nan")))
-                _check_finite("the loss", metrics["loss"], f"at step {step}")
-            else:
-                metrics = objective_step(model, optimizer, batch, objective, cfg.grad_clip, autocast)
-                if world > 1 and float(metrics.get("skipped", 0.0)):
-                    raise RuntimeError("a distributed step had no supervised token on one process.")
-        except FloatingPointError as err:
-            raise diverged(err, step) from None
-        if not float(metrics.get("skipped", 0.0)):
-            ckpt_path = promote()  # this step's loss was computed on the pending checkpoint's weights
-        names = sorted(k for k in metrics if k not in ("grad_norm", "skipped"))
-        values = torch.stack([metrics[k].float().to(device) for k in names])
-        if world > 1:  # the global mean, as one process with the whole batch would log it
-            import torch.distributed as dist
-
-            dist.all_reduce(values)
-            values = values / world
-        values = values.tolist()  # synchronizes the device, so the timing below is honest
-        train_seconds += time.perf_counter() - tic
+        yield
+        self.train_seconds += time.perf_counter() - tic
         first = batch[0] if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor) else None
-        tokens_seen += (first.numel() * world) if first is not None else cfg.batch_size * cfg.seq_len
-        tokens_per_s = tokens_seen / max(train_seconds, 1e-9)
-        logged = dict(zip(names, values))
-        history["step"].append(step)
-        history["lr"].append(lr)
-        history["grad_norm"].append(float(metrics["grad_norm"]))
-        history["skipped"].append(float(metrics.get("skipped", 0.0)))
-        for k in set(history) - {"step", "lr", "grad_norm", "skipped"} - {h for h in history if h.startswith("eval_")}:
-            if k not in logged:
-                history[k].append(0.0 if k == "aux_loss" else float("nan"))
-        for k, v in logged.items():
-            history.setdefault(k, [float("nan")] * (len(history["step"]) - 1)).append(v)
-        loss_f = logged["loss"]
-        if blowup is not None and loss_f > blowup and is_main:
-            log(f"warning: the loss at step {step + 1} is {loss_f:.4g}, more than twice ln(vocab_size) = {blowup / 2:.2f} "
-                "(the loss of guessing uniformly): the run is diverging. Lower the learning rate (a run resumes with "
-                "another lr).")
-            blowup = None  # said once
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss_f:.3f}", tok_s=f"{tokens_per_s:,.0f}")
-        if cfg.log_every and (step + 1) % cfg.log_every == 0:
-            log(f"step {step + 1}/{cfg.max_steps} | loss {loss_f:.4f} | lr {lr:.2e} | {tokens_per_s:,.0f} tok/s")
-        if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.max_steps) and is_main:
-            run_eval(step + 1)
-        if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < end_step:
-            checkpoint(step + 1, pending=True)  # kept once the next step's loss is finite
-    if bar is not None:
-        bar.close()
+        self.tokens_seen += (first.numel() * self.world) if first is not None else self.cfg.batch_size * self.cfg.seq_len
+        self.tokens_per_s = self.tokens_seen / max(self.train_seconds, 1e-9)
+
+    def step_done(self, step: int, loss: float, lr: float) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{self.tokens_per_s:,.0f}")
+        if self.cfg.log_every and (step + 1) % self.cfg.log_every == 0:
+            self.log(f"step {step + 1}/{self.cfg.max_steps} | loss {loss:.4f} | lr {lr:.2e} | {self.tokens_per_s:,.0f} tok/s")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def seconds(self) -> float:
+        return time.perf_counter() - self.t0
+
+
+def _note_truncation(data: RunData, log: Callable[[str], None], is_main: bool) -> None:
+    """Say what ``max_length`` cut away from the data (``SFTDataset`` / ``DPODataset`` count it)."""
+    for what, dataset in (("training", data.train), ("validation", data.val)):
+        counts = getattr(dataset, "truncation", None)
+        if is_main and isinstance(counts, dict) and (counts.get("no_answer") or counts.get("cut_answer")):
+            note = truncation_note(counts, "examples", counts.get("max_length", "?"), bool(counts.get("dropped")))
+            log(f"note: {what} data: " + note)
+
+
+def _evaluate(evaluate: Evaluate, model: torch.nn.Module, step: int,
+              history: Dict[str, List[float]], log: Callable[[str], None]) -> None:
+    """Run ``evaluate`` at ``step``, record it as ``history["eval_<name>"]`` and log it."""
+    metrics = evaluate(model, step)
+    history["eval_step"].append(step)
+    for k in set(metrics) | {"loss", "acc"}:
+        history.setdefault(f"eval_{k}", []).append(float(metrics.get(k, float("nan"))))
+    parts = [f"{k} {v:.4f}" if k != "acc" else f"held-out accuracy {v:.1%}" for k, v in metrics.items()
+             if not (isinstance(v, float) and math.isnan(v))]
+    log(f"eval step {step}: " + ", ".join(parts))
+
+
+def _set_lr(optimizer: torch.optim.Optimizer, lr_schedule: Schedule, cfg: TrainConfig, step: int) -> float:
+    """Set the learning rate of ``step`` from the schedule (which must give a finite number >= 0)."""
+    lr = lr_schedule(step, cfg.max_steps, cfg.warmup_steps, cfg.lr, cfg.min_lr)
+    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr >= 0):
+        raise ValueError(f"the learning-rate schedule returned {lr!r} at step {step}; it must be a finite number >= 0.")
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return lr
+
+
+def _batch(dataset: Any, cfg: TrainConfig, step: int, procs: Processes) -> Any:
+    """This process's slice of step ``step``'s global batch (a function of the step alone, so a
+    resumed run sees the same batches), on the run's device."""
+    idx = data_mod.shard(data_mod.global_batch_indices(len(dataset), cfg.batch_size, step, cfg.seed), procs.rank, procs.world)
+    return move_to(dataset.batch(idx), procs.device)
+
+
+def _update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Any, objective: Objective,
+            step_fn: Optional[StepFn], cfg: TrainConfig, autocast: Optional[Callable[[], Any]],
+            procs: Processes, step: int) -> Dict[str, torch.Tensor]:
+    """One optimizer step on ``batch``: ``objective_step``, or the caller's ``step_fn`` (its loss
+    checked to be finite); the metrics as tensors."""
+    if step_fn is None:
+        metrics = objective_step(model, optimizer, batch, objective, cfg.grad_clip, autocast)
+        if procs.world > 1 and float(metrics.get("skipped", 0.0)):
+            raise RuntimeError("a distributed step had no supervised token on one process.")
+        return metrics
+    with (autocast() if autocast is not None else contextlib.nullcontext()):
+        got = step_fn(model, optimizer, batch, cfg.grad_clip)
+    metrics = dict(got) if isinstance(got, dict) else {"loss": got}
+    metrics = {k: torch.as_tensor(float(v)) for k, v in metrics.items()}
+    metrics.setdefault("grad_norm", torch.tensor(float("nan")))
+    check_finite("the loss", metrics["loss"], f"at step {step}")
+    return metrics
+
+
+def _record_step(history: Dict[str, List[float]], step: int, lr: float, metrics: Dict[str, torch.Tensor],
+                 procs: Processes) -> Dict[str, float]:
+    """Append the step to ``history`` (its metrics averaged over the processes; a metric this step
+    lacks is nan, ``aux_loss`` 0) and return the logged metrics."""
+    names = sorted(k for k in metrics if k not in ("grad_norm", "skipped"))
+    values = procs.mean(torch.stack([metrics[k].float().to(procs.device) for k in names]))
+    logged = dict(zip(names, values.tolist()))  # .tolist() synchronizes the device
+    history["step"].append(step)
+    history["lr"].append(lr)
+    history["grad_norm"].append(float(metrics["grad_norm"]))
+    history["skipped"].append(float(metrics.get("skipped", 0.0)))
+    for k in set(history) - {"step", "lr", "grad_norm", "skipped"} - {h for h in history if h.startswith("eval_")}:
+        if k not in logged:
+            history[k].append(0.0 if k == "aux_loss" else float("nan"))
+    for k, v in logged.items():
+        history.setdefault(k, [float("nan")] * (len(history["step"]) - 1)).append(v)
+    return logged
+
+
+def _check_skipped(history: Dict[str, List[float]], start_step: int, end_step: int, checkpoints: CheckpointPolicy,
+                   log: Callable[[str], None], is_main: bool) -> None:
+    """A run whose every step was skipped (no supervised token) is a ``ValueError``; some skipped
+    steps are logged."""
     skipped = int(sum(history["skipped"][len(history["skipped"]) - (end_step - start_step):])) if end_step > start_step else 0
     if end_step > start_step and skipped == end_step - start_step:
-        if pending_step is not None:
-            os.remove(pending_file)
+        checkpoints.discard_pending()
         raise ValueError(
             f"every one of the {skipped} steps was skipped: no batch held a supervised token (every label was -100), "
             "so the weights did not change. For chat data the prompts probably fill max_length (see the dataset's "
@@ -954,9 +806,6 @@ def train(
     if skipped and is_main:
         log(f"note: {skipped} of {end_step - start_step} steps were skipped: their batches held no supervised token "
             "(every label -100), so they changed nothing.")
-    if cfg.out_dir and end_step > start_step:
-        ckpt_path = checkpoint(end_step)
-    return TrainResult(raw_model, tokenizer, history, end_step, tokens_per_s, time.perf_counter() - t0, ckpt_path, data)
 
 
 # ---------------------------------------------------------------------- command line

@@ -245,12 +245,12 @@ def site_messages() -> List[Tuple[str, str]]:
 def source_messages(path: Path) -> List[Tuple[str, str]]:
     """(message, where) in the order they appear: a notebook's markdown messages, and the texts of
     its ``# BEGIN SOLUTION: <text>`` markers, which the student editions' stubs show
-    (``tools/make_student.py``)."""
+    (``tools/make_student.py``; the marker syntax is ``tools/solution_markers.py``'s)."""
     out: List[Tuple[str, str]] = []
     if path.suffix == ".ipynb":
         if str(Path(__file__).parent) not in sys.path:
             sys.path.insert(0, str(Path(__file__).parent))
-        import make_student  # tools/make_student.py: what a solution marker is
+        import solution_markers  # tools/solution_markers.py: what a solution marker is
 
         nb = json.loads(path.read_text())
         for index, cell in enumerate(nb["cells"]):
@@ -258,7 +258,7 @@ def source_messages(path: Path) -> List[Tuple[str, str]]:
             if cell["cell_type"] == "markdown":
                 out += [(m, f"{path.name}:{index}") for m in messages(source)]  # file:cell
             elif cell["cell_type"] == "code":
-                out += [(m, f"{path.name}:{index}") for m in make_student.marker_texts(source)]
+                out += [(m, f"{path.name}:{index}") for m in solution_markers.marker_texts(source)]
     else:
         out += [(m, f"book/{path.name}") for m in messages(path.read_text())]
     return out

@@ -35,12 +35,14 @@ from typing import Callable, Dict, List, Optional
 
 import nbformat
 
+if str(Path(__file__).parent) not in sys.path:  # the tools folder: its modules import each other by name
+    sys.path.insert(0, str(Path(__file__).parent))
+from solution_markers import BEGIN, END, has_solution  # noqa: E402  (has_solution: also what other tools call here)
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 STUDENT = ROOT / "student"
 
-BEGIN = re.compile(r"^(?P<indent>[ \t]*)#\s*BEGIN SOLUTION\b[ \t]*:?[ \t]*(?P<text>.*?)\s*$")
-END = re.compile(r"^[ \t]*#\s*END SOLUTION\b")
 EXERCISE_HEADING = re.compile(r"^#{2,4}\s*(?P<word>Exercise|练习)\s+(?P<number>\d+\.\d+)\s*(?:[—:.-]+\s*(?P<title>.*?))?\s*$", re.M)
 CHAPTER_NUMBER = re.compile(r"^(\d+)_")
 
@@ -50,15 +52,6 @@ RUN_METADATA = ("widgets", "execution")
 
 class StudentEditionError(ValueError):
     """A solution notebook whose markers cannot be turned into stubs."""
-
-
-def has_solution(source: str) -> bool:
-    return any(BEGIN.match(line) for line in source.splitlines())
-
-
-def marker_texts(source: str) -> List[str]:
-    """The texts of the ``# BEGIN SOLUTION: <text>`` markers of ``source`` (the stubs' messages)."""
-    return [m.group("text") for m in map(BEGIN.match, source.splitlines()) if m and m.group("text")]
 
 
 def stub_source(source: str, label: str, default_text: str, where: str = "cell",
@@ -136,8 +129,6 @@ def render(path: Path, lang: Optional[str] = None) -> str:
     """The exact text of ``student/<name>`` (``student/<lang>/<name>`` for a translation) for the
     solution notebook at ``path``."""
     if lang:
-        if str(Path(__file__).parent) not in sys.path:
-            sys.path.insert(0, str(Path(__file__).parent))
         import i18n  # tools/i18n.py: the notebook with its markdown from the catalog
 
         nb = i18n.translated_notebook(path, lang)
