@@ -26,7 +26,9 @@ def test_render_chat_rejects_stub():
 
 @pytest.mark.parametrize("description", list(ch09.RENDER_MISTAKES))
 def test_render_chat_names_each_mistake(description):
-    check_fails(ch09.check_render_chat, ch09.RENDER_MISTAKES[description], "this looks like " + description)
+    message = check_fails(ch09.check_render_chat, ch09.RENDER_MISTAKES[description], "this looks like " + description,
+                          "differs from the template's at character")
+    assert "expected '" not in message  # the learner's own text is shown, never the template's
 
 
 def test_render_chat_rejects_input_edits_and_non_strings():
@@ -51,6 +53,13 @@ def test_assistant_loss_mask_rejects_stub():
 @pytest.mark.parametrize("description", list(ch09.MASK_MISTAKES))
 def test_assistant_loss_mask_names_each_mistake(description):
     check_fails(ch09.check_assistant_loss_mask, ch09.MASK_MISTAKES[description], "this looks like " + description)
+
+
+def test_assistant_loss_mask_failures_show_a_position_not_the_mask():
+    message = check_fails(ch09.check_assistant_loss_mask, ch09._mask_truncated_dropped, "position 18 (in an assistant reply)",
+                          "should count but does not")
+    assert "expected [" not in message
+    check_fails(ch09.check_assistant_loss_mask, lambda ids, b, e, m: [0] * (len(ids) - 1), "one per token")
 
 
 def test_assistant_loss_mask_accepts_a_tensor_and_rejects_in_place_edits(capsys):

@@ -1,11 +1,13 @@
-"""Checks for chapter 09 (supervised fine-tuning): MiniMind's chat templates (c090b69's and
-minimind-3's), the assistant-only loss mask, the masked next-token loss, and the newline edge case
-(finding the replies upstream's markers miss, and the mask that keeps them).
+"""Checks for chapter 09 (supervised fine-tuning): c090b69's chat template (9.1), d65ef2c's loss
+mask (9.2), the masked next-token loss (9.3), replies that begin with whitespace (9.4: which
+conversations d65ef2c's rule leaves without a label; 9.5: the course's mask, which keeps every reply
+whole) and minimind-3's assistant turn inferred from examples (9.6).
 
 Each check runs the learner's function on conversations / ids / logits it makes itself and
-compares with ``minimind_ref.sft`` (upstream's ``tokenizer_config.json`` templates and
-``dataset/lm_dataset.py`` ``generate_labels``); a mismatch names the known mistake it matches
-when it can.
+compares with ``minimind_ref.sft`` (upstream's templates and ``generate_labels``, whose parity with
+upstream's own code the tests prove). A failure names the known mistake it matches when it can and
+says where the output goes wrong (the case, the position, the part of the string) without showing
+the expected output; the worked solution only through ``show_solution``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import sft as ref_sft
-from .core import call, check, check_close, check_equal, fail, seeded, solution
+from .core import _on, call, check, check_close, fail, seeded, solution
 
 S, E = ref_sft.IM_START, ref_sft.IM_END
 
@@ -63,15 +65,39 @@ def _render_gen_prompt_no_newline(messages, add_generation_prompt=False):
 
 
 RENDER_MISTAKES = {
-    "no default system prompt (with no system message the template adds "
-    f"'{S}system\\n{ref_sft.DEFAULT_SYSTEM_PROMPT}{E}\\n')": _render_no_default,
-    f"a missing newline after {E} (every turn ends with '{E}\\n')": _render_no_newline,
-    f"a period after the default system prompt (upstream's is exactly '{ref_sft.DEFAULT_SYSTEM_PROMPT}')": _render_period,
+    "no default system prompt (c090b69's template adds one when the conversation has no system message)":
+        _render_no_default,
+    f"a missing newline after {E} (every turn ends with one)": _render_no_newline,
+    "a period after the default system prompt (upstream's has none)": _render_period,
     "the first system message rendered twice (it replaces the default header; it is not a turn of its own)":
         _render_system_twice,
-    f"add_generation_prompt ignored (it appends '{S}assistant\\n')": _render_no_gen_prompt,
-    f"the generation prompt without its newline ('{S}assistant\\n')": _render_gen_prompt_no_newline,
+    "add_generation_prompt ignored": _render_no_gen_prompt,
+    "the generation prompt without its newline": _render_gen_prompt_no_newline,
 }
+
+
+def _render_region(text: str, k: int) -> str:
+    """Which turn of a rendered conversation ``text`` position ``k`` falls in."""
+    starts = [j for j in range(len(text)) if text.startswith(S, j)]
+    before = [j for j in starts if j <= k]
+    if not before:
+        return "the start of the string"
+    opened = before[-1]
+    role = text[opened + len(S):].split("\n", 1)[0]
+    turn = len(before)
+    if text.find(E, opened) == -1 or k > text.find(E, opened) + len(E):
+        return f"after turn {turn} ({role})" if text.find(E, opened) != -1 else f"turn {turn} ({role}, the generation prompt)"
+    return f"turn {turn} ({role})"
+
+
+def _string_failure(name: str, got: str, expected: str, seen: Any, region: str, case: str, hint: str) -> None:
+    """Fail with where ``got`` first differs from ``expected`` and the learner's own text there
+    (never the expected text)."""
+    k = next((j for j in range(min(len(got), len(expected))) if got[j] != expected[j]), min(len(got), len(expected)))
+    yours = got[max(0, k - 12):k + 12]
+    fail(name, (f"this looks like {seen}: " if seen else "")
+         + f"your string differs from the template's at character {k}, in {region(expected, k)} "
+         f"(yours there: {yours!r}){_on(case)}", hint)
 
 RENDER_CASES: List[Dict[str, Any]] = [
     {"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": True},
@@ -100,20 +126,20 @@ solution("9.1", f"start with '{S}system\\n' + (messages[0]['content'] if it is a
 def check_render_chat(render_chat: Callable[..., Any]) -> str:
     """``render_chat(messages, add_generation_prompt)`` must return exactly the string of
     ``minimind_ref.sft.render_chat(..., template="minimind2")`` (c090b69's template, no tools) and
-    leave ``messages`` as it was. ``check_render_chat_minimind3`` checks d65ef2c's."""
+    leave ``messages`` as it was (``check_render_assistant_turn``: d65ef2c's assistant turn)."""
     name = "Exercise 9.1 render_chat"
     for n, c in enumerate(RENDER_CASES):
         messages, gen = c["messages"], c["add_generation_prompt"]
         case = f"case {n}: {[m['role'] for m in messages]}, add_generation_prompt={gen}"
         got = call(render_chat, [dict(m) for m in messages], gen, name=name, case=case, check_inputs=True,
-                   hint="build the string piece by piece: the system header first, then one block per message.")
+                   hint="look at the case named above.")
         if not isinstance(got, str):
             fail(name, f"expected a str, got {type(got).__name__}: {got!r:.80} ({case})", "return the rendered string.")
         expected = _m2(messages, gen)
-        check_equal(got, expected, name=name, case=case,
-                    mistakes={d: (lambda f=f: f(messages, gen)) for d, f in RENDER_MISTAKES.items()},
-                    hint=f"every turn is '{S}' + role + '\\n' + content + '{E}' + '\\n'; a first system message "
-                         "replaces the default system prompt; the generation prompt opens an assistant turn.")
+        if got != expected:
+            seen = next((d for d, f in RENDER_MISTAKES.items() if f(messages, gen) == got), None)
+            _string_failure(name, got, expected, seen, _render_region, case,
+                            "compare that turn with the template of section 2, character by character.")
     return f"{len(RENDER_CASES)} conversations (default and custom system prompt, multi-turn, generation prompt)"
 
 
@@ -178,6 +204,22 @@ def _mask_truncated_dropped(ids, bos, eos, max_length):  # a reply without its e
     return mask
 
 
+def _mask_position(ids: Sequence[int], bos: Sequence[int], eos: Sequence[int], k: int, max_length: int) -> str:
+    """What position ``k`` of a 9.2 case is, in words."""
+    bos, eos = list(bos), list(eos)
+    if k >= max_length:
+        return "at or past max_length"
+    for j in range(len(ids)):
+        if list(ids[j:j + len(bos)]) == bos and j <= k < j + len(bos):
+            return "inside the assistant header"
+        if list(ids[j:j + len(eos)]) == eos and j <= k < j + len(eos):
+            return "in an end marker"
+    opened = max((j for j in range(k + 1) if ids[j] == bos[0]), default=None)
+    if opened is not None and list(ids[opened:opened + len(bos)]) == bos:
+        return "in an assistant reply"
+    return "in a system or user turn"
+
+
 MASK_MISTAKES = {
     "the '<|im_start|>assistant\\n' header counted (counting starts at the first token AFTER the header)": _mask_from_header,
     "the end marker left out (the reply's <|im_end|> and the newline after it count: the model must learn to stop)":
@@ -223,26 +265,31 @@ solution("9.2", "start = i + len(bos); end = start; while end < len(ids) and ids
 @check("Exercise 9.2 assistant_loss_mask")
 def check_assistant_loss_mask(assistant_loss_mask: Callable[..., Any]) -> str:
     """``assistant_loss_mask(input_ids, bos_ids, eos_ids, max_length)`` must equal
-    ``minimind_ref.sft.assistant_loss_mask`` (upstream's ``generate_labels`` positions) as a list of
-    0/1 ints, one per token, and leave its inputs unchanged."""
+    ``minimind_ref.sft.upstream_loss_mask(..., "d65ef2c")`` (d65ef2c's ``generate_labels`` positions)
+    as a list of 0/1 ints, one per token, and leave its inputs unchanged."""
     name = "Exercise 9.2 assistant_loss_mask"
     cases = _mask_cases()
     for c in cases:
         ids, bos, eos, max_length = c["ids"], c["bos"], c["eos"], c["max_length"]
         case = f"{c['case']}: ids={ids}, max_length={max_length}"
         got = call(assistant_loss_mask, list(ids), list(bos), list(eos), max_length, name=name, case=case,
-                   check_inputs=True, hint="scan with an index i; when ids[i:i+len(bos)] == bos, find the next eos.")
+                   check_inputs=True, hint="look at the case named above.")
         if isinstance(got, torch.Tensor):
             got = got.tolist()
         if not isinstance(got, (list, tuple)):
             fail(name, f"expected a list of 0/1, got {type(got).__name__}: {got!r:.80} ({case})", "return the mask list.")
         got = [int(v) for v in got]
-        expected = ref_sft.assistant_loss_mask(ids, bos, eos, max_length)
-        check_equal(got, expected, name=name, case=case,
-                    mistakes={d: (lambda f=f: list(f(ids, bos, eos, max_length))) for d, f in MASK_MISTAKES.items()},
-                    hint="counting starts right after the assistant header and runs through the whole end marker "
-                         "(the reply, <|im_end|> and the newline); a reply without an end marker counts to the end; "
-                         "never at or past max_length.")
+        expected = ref_sft.upstream_loss_mask(ids, bos, eos, max_length, "d65ef2c")
+        if len(got) != len(expected):
+            fail(name, f"expected a list of 0/1, one per token ({len(ids)}), got {len(got)} values{_on(case)}",
+                 "return one value per token.")
+        if got != expected:
+            seen = next((d for d, f in MASK_MISTAKES.items() if list(f(ids, bos, eos, max_length)) == got), None)
+            k = next(j for j in range(len(ids)) if got[j] != expected[j])
+            should = "should count but does not" if expected[k] else "counts but should not"
+            fail(name, (f"this looks like {seen}: " if seen else "")
+                 + f"position {k} ({_mask_position(ids, bos, eos, k, max_length)}) {should}{_on(case)}",
+                 "look at the turn around that position and at section 4's rule.")
     return f"{len(cases)} sequences (multi-turn, multi-token markers, cut-off reply, max_length)"
 
 
@@ -297,13 +344,11 @@ def check_sft_loss(sft_loss: Callable[..., Any]) -> str:
         logits, labels, case = c["logits"], c["labels"], c["case"]
         x = logits.clone().requires_grad_(True)
         got = call(sft_loss, x, labels.clone(), name=name, case=case, check_inputs=True,
-                   hint="F.cross_entropy wants logits [N, vocab] and targets [N]; mind which position predicts "
-                        "which label.")
+                   hint="look at the shapes F.cross_entropy expects, and at which position predicts which label.")
         v = logits.shape[-1]
         expected = F.cross_entropy(logits[:, :-1].reshape(-1, v), labels[:, 1:].reshape(-1), ignore_index=-100)
         check_close(got, expected, name=name, case=case, rtol=1e-5, atol=1e-5, mistakes=_loss_mistakes(logits, labels),
-                    hint="the labels are the token ids, -100 where the loss does not count; the model predicts the "
-                         "NEXT token, so compare position t's logits with the label at t + 1.")
+                    hint="look at which position's logits predict which label, and at which labels count.")
         if not got.requires_grad:
             fail(name, f"the loss has no gradient ({case})", "compute it from the logits with torch operations "
                  "(no .item(), no .detach(), no torch.no_grad()).")
@@ -527,7 +572,7 @@ def check_keep_whole_mask(keep_whole_mask: Callable[..., Any]) -> str:
         k = next(j for j in range(len(ids)) if got[j] != expected[j])
         should = "should count but does not" if expected[k] else "counts but should not"
         fail(name, (f"this looks like {seen}: " if seen else "")
-             + f"position {k} ({_position(ids, k, max_length)}) {should} ({case})", hint)
+             + f"position {k} ({_position(ids, k, max_length)}) {should}{_on(case)}", hint)
     return f"{len(cases)} sequences (merged and ordinary replies, headers at the very end, cut-off, max_length)"
 
 
@@ -630,12 +675,7 @@ def check_render_assistant_turn(render_assistant_turn: Callable[..., Any]) -> st
         if got == expected:
             continue
         seen = next((d for d, f in TURN_MISTAKES.items() if f(message) == got), None)
-        k = next((j for j in range(min(len(got), len(expected))) if got[j] != expected[j]), min(len(got), len(expected)))
-        where = _region(expected, k)
-        yours = got[max(0, k - 12):k + 12]
-        fail(name, (f"this looks like {seen}: " if seen else "")
-             + f"your string differs from the template's at character {k}, in {where} (yours there: {yours!r}; {case})",
-             hint)
+        _string_failure(name, got, expected, seen, _region, case, hint)
     return f"{len(cases)} assistant messages (reasoning with spaces and newlines at both ends, tool calls, leading whitespace)"
 
 
