@@ -16,9 +16,10 @@ from minimind_ref import chat_data
 from minimind_ref.data import make_corpus
 from minimind_ref.pretrained import render_chat_template
 from minimind_ref.sft import (DEFAULT_SYSTEM_PROMPT, EMPTY_THINK, SFTDataset, assistant_labels, assistant_loss_mask,
-                              backend_tokenizer, encode_chat, encode_rendered, marker_ids, merged_newline_ids,
-                              post_processing_chat, pre_processing_chat, render_chat, start_plus_one_mask,
-                              unsupervised_replies)
+                              backend_tokenizer, encode_chat, encode_rendered, generate_labels, marker_ids,
+                              merged_newline_ids, post_processing_chat, pre_processing_chat, render_chat,
+                              reply_losses, reply_runs, rule_mask, truncation_kind, unsupervised_replies,
+                              upstream_loss_mask)
 from minimind_ref.tokenizer import train_bpe_tokenizer
 
 DATA = Path(__file__).parent / "data"
@@ -110,26 +111,6 @@ def tok():
     return train_bpe_tokenizer(make_corpus(300, seed=0), vocab_size=300)
 
 
-def upstream_generate_labels(input_ids, bos_id, eos_id, max_length):
-    """Upstream's SFTDataset.generate_labels at d65ef2c (dataset/lm_dataset.py), transcribed."""
-    labels = [-100] * len(input_ids)
-    i = 0
-    while i < len(input_ids):
-        if input_ids[i:i + len(bos_id)] == bos_id:
-            start = i + len(bos_id)
-            end = start
-            while end < len(input_ids):
-                if input_ids[end:end + len(eos_id)] == eos_id:
-                    break
-                end += 1
-            for j in range(start, min(end + len(eos_id), max_length)):
-                labels[j] = input_ids[j]
-            i = end + len(eos_id) if end < len(input_ids) else len(input_ids)
-        else:
-            i += 1
-    return labels
-
-
 @pytest.mark.parametrize("template", list(TEMPLATES))
 def test_encode_chat_equals_encoding_the_rendered_template(tok, template):
     for record in chat_data.sft_conversations(150, seed=1):
@@ -179,7 +160,7 @@ def test_mask_equals_upstream_labels(tok, name, max_length, drop):
     bos, eos = marker_ids(tok)
     assert len(bos) > 1 and len(eos) == 2  # multi-token markers: <|im_start|> + "assistant" pieces + "\n"
     ids = encode_chat(tok, CASES[name], drop_empty_think=drop)[:max_length]
-    expected = upstream_generate_labels(ids, bos, eos, max_length)
+    expected = generate_labels(ids, bos, eos, max_length)  # d65ef2c's (tests/test_upstream_parity_sft.py)
     assert assistant_labels(ids, bos, eos, max_length) == expected
     assert assistant_labels(ids, bos, eos, max_length, merged_newline_ids(tok)) == expected
     mask = assistant_loss_mask(ids, bos, eos, max_length)
@@ -223,26 +204,56 @@ def test_merged_newline_ids(tok, merging_tok):
     assert merged and all(merging_tok.decode([i]).startswith("\n") and merging_tok.decode([i]) != "\n" for i in merged)
 
 
-def test_whitespace_replies_lose_supervision_under_upstreams_rule_and_keep_it_under_the_courses(merging_tok):
+def test_whitespace_replies_under_each_rule(merging_tok):
+    """Encoded as one string, an indented reply swallows its header's newline: d65ef2c's rule drops
+    the reply, c090b69's drops its first token, the course's keeps it whole (merged_starts or not)."""
     conv = [{"role": "user", "content": "Show me."}, {"role": "assistant", "content": "    return x"},
             {"role": "user", "content": "Again."}, {"role": "assistant", "content": "ok"}]
     bos, eos = marker_ids(merging_tok)
     ids = encode_rendered(merging_tok, render_chat(conv, drop_empty_think=True))
-    upstream = assistant_labels(ids, bos, eos, len(ids))
-    assert upstream == upstream_generate_labels(ids, bos, eos, len(ids))
-    ours = assistant_labels(ids, bos, eos, len(ids), merged_newline_ids(merging_tok))
-    assert all(u == -100 or u == o for u, o in zip(upstream, ours))  # equal wherever upstream's marker matches
-    text = lambda labels: merging_tok.decode([t for t in labels if t != -100])
-    assert "return x" not in text(upstream) and "ok" in text(upstream)
-    assert "    return x" in text(ours) and "ok" in text(ours)
-    assert unsupervised_replies(merging_tok, [conv]) == [0] and unsupervised_replies(merging_tok, [conv], merged=True) == []
-    # the older MiniMind2 rule (markers without the newline, start + 1) keeps the reply too
-    bos2 = bos[:-1]
-    old = start_plus_one_mask(ids, bos2, eos[:1], len(ids))
-    assert "return x" in merging_tok.decode([t for t, m in zip(ids, old) if m])
+    text = lambda mask: merging_tok.decode([t for t, m in zip(ids, mask) if m], skip_special_tokens=False)
+    d65 = upstream_loss_mask(ids, bos, eos, len(ids), "d65ef2c")
+    c09 = upstream_loss_mask(ids, *marker_ids(merging_tok, newline=False), len(ids), "c090b69")
+    ours = assistant_loss_mask(ids, bos, eos, len(ids))
+    assert ours == assistant_loss_mask(ids, bos, eos, len(ids), merged_newline_ids(merging_tok))
+    assert text(d65) == "ok<|im_end|>\n"
+    assert text(c09) == " return x<|im_end|>\nok<|im_end|>\n"  # "\n   " lost with the merged token
+    assert text(ours) == "\n    return x<|im_end|>\nok<|im_end|>\n"
+    assert all(o >= u for o, u in zip(ours, d65)) and all(o >= u for o, u in zip(ours, c09))
+    header, newline, im_end = bos[:-1], bos[-1], eos[0]
+    for rule, mask in (("d65ef2c", d65), ("c090b69", c09), ("course", ours)):
+        assert rule_mask(ids, header, newline, im_end, len(ids), rule) == mask
+    assert [len(lost) for lost in reply_losses(ours, d65)] == [reply_runs(ours)[0][1] - reply_runs(ours)[0][0], 0]
+    assert [len(lost) for lost in reply_losses(ours, c09)] == [1, 0]
+    assert unsupervised_replies(merging_tok, [conv]) == [0]
+    assert unsupervised_replies(merging_tok, [conv], rule="c090b69") == unsupervised_replies(merging_tok, [conv], rule="course") == []
+    assert unsupervised_replies(merging_tok, [conv], drop_empty_think=False) == []  # the block keeps the newline apart
     # encoding the pieces never merges, so the reply keeps its labels under either rule
     pieces = encode_chat(merging_tok, conv, drop_empty_think=True)
-    assert "    return x" in text(assistant_labels(pieces, bos, eos, len(pieces)))
+    assert "    return x" in merging_tok.decode([t for t in generate_labels(pieces, bos, eos, len(pieces)) if t != -100])
+
+
+def test_the_courses_mask_boundaries_and_bad_markers():
+    bos, eos = [1, 7, 8], [2, 8]
+    assert assistant_loss_mask([5, 1, 7], bos, eos, 10) == [0, 0, 0]  # a header that ends the sequence
+    assert assistant_loss_mask([5, 1, 7, 8], bos, eos, 10) == [0, 0, 0, 0]  # ... with its newline
+    assert assistant_loss_mask([5, 1, 7, 30], bos, eos, 10) == [0, 0, 0, 1]  # cut right after a merged token
+    assert assistant_loss_mask([1, 7, 30, 40, 2, 8], bos, eos, 10, merged_starts=[31]) == [0] * 6
+    assert assistant_loss_mask([1, 7, 30, 40, 2, 8], bos, eos, 4) == [0, 0, 1, 1, 0, 0]
+    assert upstream_loss_mask([1, 7, 8, 40, 2, 8], bos, eos, 10, "d65ef2c") == [0, 0, 0, 1, 1, 1]
+    assert upstream_loss_mask([1, 7, 8, 40, 2, 8], bos[:-1], eos[:1], 10, "c090b69") == [0, 0, 0, 1, 1, 1]
+    assert upstream_loss_mask([1, 7, 8, 40, 2], bos[:-1], eos[:1], 10, "c090b69") == [0, 0, 0, 1, 1]  # stops at the end
+    with pytest.raises(ValueError, match="too short"):
+        assistant_loss_mask([1, 2], [1], eos, 4)
+    with pytest.raises(ValueError, match="must not be empty"):
+        upstream_loss_mask([1, 2], [], eos, 4)
+    with pytest.raises(ValueError, match="commits the course pins"):
+        upstream_loss_mask([1, 2], bos, eos, 4, "master")
+    with pytest.raises(ValueError, match="rule must be one of"):
+        rule_mask([1, 2], bos[:-1], 8, 2, 4, "upstream")
+    with pytest.raises(ValueError, match="one entry per token"):
+        reply_losses([1, 0], [1])
+    assert truncation_kind([1, 7, 30, 40, 41, 2, 8], 4, bos, eos) == "cut_answer"  # a merged reply cut too
 
 
 def test_course_data_has_no_reply_that_loses_its_header_newline(tok):

@@ -9,7 +9,8 @@ advantage, completion-mask, k3 and loss lines of ``grpo_train_epoch``) and ``mod
 run with torch 2.13.0 on CPU in fp32. The fixture holds the inputs, upstream's outputs and, for
 the losses, the gradients; for the SFT labels it also holds the two tokenizer folders it used
 (minimind-3's format, and MiniMind2's, whose vocabulary merges a newline with the spaces after
-it). Nothing of upstream's code is in the repository.
+it). Nothing of upstream's code is in the repository. The SFT labels of both pinned commits on
+their real tokenizers: ``tests/test_upstream_parity_sft.py``.
 """
 
 from pathlib import Path
@@ -56,7 +57,7 @@ def test_upstream_rule_gives_upstreams_labels(tokenizer_case):
     _, tok, fx = tokenizer_case
     bos, eos = sft.marker_ids(tok)
     for r in fx["records"]:
-        assert sft.assistant_labels(r["input_ids"], bos, eos, r["max_length"]) == r["labels"], r["prompt"]
+        assert sft.generate_labels(r["input_ids"], bos, eos, r["max_length"], "d65ef2c") == r["labels"], r["prompt"]
 
 
 def test_minimind3_labels_and_ids_equal_upstreams_with_the_course_rule_too():
@@ -77,6 +78,7 @@ def test_minimind3_labels_and_ids_equal_upstreams_with_the_course_rule_too():
         ids = sft.encode_chat(tok, conv, tools=_tools(conv), drop_empty_think=r["dropped_empty_think"])
         assert ids[: r["max_length"]] == r["input_ids"][: r["n_real"]]
         assert sft.assistant_labels(r["input_ids"], bos, eos, r["max_length"], merged) == r["labels"]
+        assert sft.assistant_labels(r["input_ids"], bos, eos, r["max_length"]) == r["labels"]
 
 
 def test_minimind2_tokenizer_whitespace_replies_stay_supervised(tokenizer_case):
@@ -91,7 +93,8 @@ def test_minimind2_tokenizer_whitespace_replies_stay_supervised(tokenizer_case):
     lost_upstream = lost_ours = 0
     for r in fx["records"]:
         ids, ml = r["input_ids"], r["max_length"]
-        ours = sft.assistant_labels(ids, bos, eos, ml, merged)
+        ours = sft.assistant_labels(ids, bos, eos, ml)
+        assert ours == sft.assistant_labels(ids, bos, eos, ml, merged)
         for mine, theirs in zip(ours, r["labels"]):
             assert theirs == -100 or mine == theirs  # wherever upstream supervises, the same label
         replies = sum(m["role"] == "assistant" for m in r["conversation"])

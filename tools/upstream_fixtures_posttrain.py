@@ -38,7 +38,8 @@ What it stores (weights, inputs and upstream's outputs; upstream's code is not p
   ``random.seed(k)`` (``pre_processing_chat``, ``create_chat_prompt``, ``post_processing_chat``,
   ``tokenizer(prompt).input_ids`` cut and padded to ``max_length``, ``generate_labels``): the
   processed conversation, whether the empty thinking block was dropped, the prompt string, the
-  ids and upstream's labels.
+  ids and upstream's labels. (The labels of both pinned commits' own ``generate_labels`` on ids of
+  their real tokenizers: ``tools/upstream_sft_tokens.py``.)
 * ``dpo``: random logits, labels and masks; upstream's ``logits_to_log_probs`` and ``dpo_loss``
   (the sum, beta 0.15 and others) and c090b69's mean, with the gradients with respect to the policy logits.
 * ``grpo``: random rewards, completions (with end markers, padding and rows without a marker) and

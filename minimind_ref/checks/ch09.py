@@ -1,22 +1,25 @@
-"""Checks for chapter 09 (supervised fine-tuning): MiniMind's chat templates (c090b69's and
-minimind-3's), the assistant-only loss mask, the masked next-token loss, and the newline edge case
-(finding the replies upstream's markers miss, and the mask that keeps them).
+"""Checks for chapter 09 (supervised fine-tuning): c090b69's chat template (9.1), d65ef2c's loss
+mask (9.2), the masked next-token loss (9.3), replies that begin with whitespace (9.4: which
+conversations d65ef2c's rule leaves without a label; 9.5: the course's mask, which keeps every reply
+whole) and minimind-3's assistant turn inferred from examples (9.6).
 
 Each check runs the learner's function on conversations / ids / logits it makes itself and
-compares with ``minimind_ref.sft`` (upstream's ``tokenizer_config.json`` templates and
-``dataset/lm_dataset.py`` ``generate_labels``); a mismatch names the known mistake it matches
-when it can.
+compares with ``minimind_ref.sft`` (upstream's templates and ``generate_labels``, whose parity with
+upstream's own code the tests prove). A failure names the known mistake it matches when it can and
+says where the output goes wrong (the case, the position, the part of the string) without showing
+the expected output; the worked solution only through ``show_solution``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Sequence
+import json
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 
 from .. import sft as ref_sft
-from .core import call, check, check_close, check_equal, fail, seeded, solution
+from .core import _on, call, check, check_close, fail, seeded, solution
 
 S, E = ref_sft.IM_START, ref_sft.IM_END
 
@@ -62,15 +65,39 @@ def _render_gen_prompt_no_newline(messages, add_generation_prompt=False):
 
 
 RENDER_MISTAKES = {
-    "no default system prompt (with no system message the template adds "
-    f"'{S}system\\n{ref_sft.DEFAULT_SYSTEM_PROMPT}{E}\\n')": _render_no_default,
-    f"a missing newline after {E} (every turn ends with '{E}\\n')": _render_no_newline,
-    f"a period after the default system prompt (upstream's is exactly '{ref_sft.DEFAULT_SYSTEM_PROMPT}')": _render_period,
+    "no default system prompt (c090b69's template adds one when the conversation has no system message)":
+        _render_no_default,
+    f"a missing newline after {E} (every turn ends with one)": _render_no_newline,
+    "a period after the default system prompt (upstream's has none)": _render_period,
     "the first system message rendered twice (it replaces the default header; it is not a turn of its own)":
         _render_system_twice,
-    f"add_generation_prompt ignored (it appends '{S}assistant\\n')": _render_no_gen_prompt,
-    f"the generation prompt without its newline ('{S}assistant\\n')": _render_gen_prompt_no_newline,
+    "add_generation_prompt ignored": _render_no_gen_prompt,
+    "the generation prompt without its newline": _render_gen_prompt_no_newline,
 }
+
+
+def _render_region(text: str, k: int) -> str:
+    """Which turn of a rendered conversation ``text`` position ``k`` falls in."""
+    starts = [j for j in range(len(text)) if text.startswith(S, j)]
+    before = [j for j in starts if j <= k]
+    if not before:
+        return "the start of the string"
+    opened = before[-1]
+    role = text[opened + len(S):].split("\n", 1)[0]
+    turn = len(before)
+    if text.find(E, opened) == -1 or k > text.find(E, opened) + len(E):
+        return f"after turn {turn} ({role})" if text.find(E, opened) != -1 else f"turn {turn} ({role}, the generation prompt)"
+    return f"turn {turn} ({role})"
+
+
+def _string_failure(name: str, got: str, expected: str, seen: Any, region: str, case: str, hint: str) -> None:
+    """Fail with where ``got`` first differs from ``expected`` and the learner's own text there
+    (never the expected text)."""
+    k = next((j for j in range(min(len(got), len(expected))) if got[j] != expected[j]), min(len(got), len(expected)))
+    yours = got[max(0, k - 12):k + 12]
+    fail(name, (f"this looks like {seen}: " if seen else "")
+         + f"your string differs from the template's at character {k}, in {region(expected, k)} "
+         f"(yours there: {yours!r}){_on(case)}", hint)
 
 RENDER_CASES: List[Dict[str, Any]] = [
     {"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": True},
@@ -99,20 +126,20 @@ solution("9.1", f"start with '{S}system\\n' + (messages[0]['content'] if it is a
 def check_render_chat(render_chat: Callable[..., Any]) -> str:
     """``render_chat(messages, add_generation_prompt)`` must return exactly the string of
     ``minimind_ref.sft.render_chat(..., template="minimind2")`` (c090b69's template, no tools) and
-    leave ``messages`` as it was. ``check_render_chat_minimind3`` checks d65ef2c's."""
+    leave ``messages`` as it was (``check_render_assistant_turn``: d65ef2c's assistant turn)."""
     name = "Exercise 9.1 render_chat"
     for n, c in enumerate(RENDER_CASES):
         messages, gen = c["messages"], c["add_generation_prompt"]
         case = f"case {n}: {[m['role'] for m in messages]}, add_generation_prompt={gen}"
         got = call(render_chat, [dict(m) for m in messages], gen, name=name, case=case, check_inputs=True,
-                   hint="build the string piece by piece: the system header first, then one block per message.")
+                   hint="look at the case named above.")
         if not isinstance(got, str):
             fail(name, f"expected a str, got {type(got).__name__}: {got!r:.80} ({case})", "return the rendered string.")
         expected = _m2(messages, gen)
-        check_equal(got, expected, name=name, case=case,
-                    mistakes={d: (lambda f=f: f(messages, gen)) for d, f in RENDER_MISTAKES.items()},
-                    hint=f"every turn is '{S}' + role + '\\n' + content + '{E}' + '\\n'; a first system message "
-                         "replaces the default system prompt; the generation prompt opens an assistant turn.")
+        if got != expected:
+            seen = next((d for d, f in RENDER_MISTAKES.items() if f(messages, gen) == got), None)
+            _string_failure(name, got, expected, seen, _render_region, case,
+                            "compare that turn with the template of section 2, character by character.")
     return f"{len(RENDER_CASES)} conversations (default and custom system prompt, multi-turn, generation prompt)"
 
 
@@ -177,6 +204,22 @@ def _mask_truncated_dropped(ids, bos, eos, max_length):  # a reply without its e
     return mask
 
 
+def _mask_position(ids: Sequence[int], bos: Sequence[int], eos: Sequence[int], k: int, max_length: int) -> str:
+    """What position ``k`` of a 9.2 case is, in words."""
+    bos, eos = list(bos), list(eos)
+    if k >= max_length:
+        return "at or past max_length"
+    for j in range(len(ids)):
+        if list(ids[j:j + len(bos)]) == bos and j <= k < j + len(bos):
+            return "inside the assistant header"
+        if list(ids[j:j + len(eos)]) == eos and j <= k < j + len(eos):
+            return "in an end marker"
+    opened = max((j for j in range(k + 1) if ids[j] == bos[0]), default=None)
+    if opened is not None and list(ids[opened:opened + len(bos)]) == bos:
+        return "in an assistant reply"
+    return "in a system or user turn"
+
+
 MASK_MISTAKES = {
     "the '<|im_start|>assistant\\n' header counted (counting starts at the first token AFTER the header)": _mask_from_header,
     "the end marker left out (the reply's <|im_end|> and the newline after it count: the model must learn to stop)":
@@ -222,26 +265,31 @@ solution("9.2", "start = i + len(bos); end = start; while end < len(ids) and ids
 @check("Exercise 9.2 assistant_loss_mask")
 def check_assistant_loss_mask(assistant_loss_mask: Callable[..., Any]) -> str:
     """``assistant_loss_mask(input_ids, bos_ids, eos_ids, max_length)`` must equal
-    ``minimind_ref.sft.assistant_loss_mask`` (upstream's ``generate_labels`` positions) as a list of
-    0/1 ints, one per token, and leave its inputs unchanged."""
+    ``minimind_ref.sft.upstream_loss_mask(..., "d65ef2c")`` (d65ef2c's ``generate_labels`` positions)
+    as a list of 0/1 ints, one per token, and leave its inputs unchanged."""
     name = "Exercise 9.2 assistant_loss_mask"
     cases = _mask_cases()
     for c in cases:
         ids, bos, eos, max_length = c["ids"], c["bos"], c["eos"], c["max_length"]
         case = f"{c['case']}: ids={ids}, max_length={max_length}"
         got = call(assistant_loss_mask, list(ids), list(bos), list(eos), max_length, name=name, case=case,
-                   check_inputs=True, hint="scan with an index i; when ids[i:i+len(bos)] == bos, find the next eos.")
+                   check_inputs=True, hint="look at the case named above.")
         if isinstance(got, torch.Tensor):
             got = got.tolist()
         if not isinstance(got, (list, tuple)):
             fail(name, f"expected a list of 0/1, got {type(got).__name__}: {got!r:.80} ({case})", "return the mask list.")
         got = [int(v) for v in got]
-        expected = ref_sft.assistant_loss_mask(ids, bos, eos, max_length)
-        check_equal(got, expected, name=name, case=case,
-                    mistakes={d: (lambda f=f: list(f(ids, bos, eos, max_length))) for d, f in MASK_MISTAKES.items()},
-                    hint="counting starts right after the assistant header and runs through the whole end marker "
-                         "(the reply, <|im_end|> and the newline); a reply without an end marker counts to the end; "
-                         "never at or past max_length.")
+        expected = ref_sft.upstream_loss_mask(ids, bos, eos, max_length, "d65ef2c")
+        if len(got) != len(expected):
+            fail(name, f"expected a list of 0/1, one per token ({len(ids)}), got {len(got)} values{_on(case)}",
+                 "return one value per token.")
+        if got != expected:
+            seen = next((d for d, f in MASK_MISTAKES.items() if list(f(ids, bos, eos, max_length)) == got), None)
+            k = next(j for j in range(len(ids)) if got[j] != expected[j])
+            should = "should count but does not" if expected[k] else "counts but should not"
+            fail(name, (f"this looks like {seen}: " if seen else "")
+                 + f"position {k} ({_mask_position(ids, bos, eos, k, max_length)}) {should}{_on(case)}",
+                 "look at the turn around that position and at section 4's rule.")
     return f"{len(cases)} sequences (multi-turn, multi-token markers, cut-off reply, max_length)"
 
 
@@ -296,231 +344,339 @@ def check_sft_loss(sft_loss: Callable[..., Any]) -> str:
         logits, labels, case = c["logits"], c["labels"], c["case"]
         x = logits.clone().requires_grad_(True)
         got = call(sft_loss, x, labels.clone(), name=name, case=case, check_inputs=True,
-                   hint="F.cross_entropy wants logits [N, vocab] and targets [N]; mind which position predicts "
-                        "which label.")
+                   hint="look at the shapes F.cross_entropy expects, and at which position predicts which label.")
         v = logits.shape[-1]
         expected = F.cross_entropy(logits[:, :-1].reshape(-1, v), labels[:, 1:].reshape(-1), ignore_index=-100)
         check_close(got, expected, name=name, case=case, rtol=1e-5, atol=1e-5, mistakes=_loss_mistakes(logits, labels),
-                    hint="the labels are the token ids, -100 where the loss does not count; the model predicts the "
-                         "NEXT token, so compare position t's logits with the label at t + 1.")
+                    hint="look at which position's logits predict which label, and at which labels count.")
         if not got.requires_grad:
             fail(name, f"the loss has no gradient ({case})", "compute it from the logits with torch operations "
                  "(no .item(), no .detach(), no torch.no_grad()).")
     return f"{len(cases)} batches, replies of unequal length, rtol = atol = 1e-5, gradient kept"
 
 
-# ---------------------------------------------------------------------- 9.4 / 9.5 the newline edge case
-# Synthetic ids: bos = [1, 7, 8] ("<|im_start|>assistant\n": 8 is the newline), eos = [2, 8]
-# ("<|im_end|>\n"); 30 and 31 are tokens that begin with a newline ("\n  ", "\n\n"): a reply that
-# begins with whitespace swallowed the header's newline into them.
-_BOS, _EOS, _MERGED = [1, 7, 8], [2, 8], [30, 31]
+# ---------------------------------------------------------------------- 9.4 / 9.5 replies that begin with whitespace
+# Synthetic ids: bos = [1, 7, 8] ("<|im_start|>assistant\n": 7 stands for "assistant", 8 is the newline),
+# eos = [2, 8] ("<|im_end|>\n"); 30, 31 and 44 stand for tokens that swallowed the header's newline with
+# the reply's leading whitespace ("\n   ", "\n\t", ...): the learner is not told which ids they are.
+_BOS, _EOS = [1, 7, 8], [2, 8]
 _SYSTEM, _USER = [1, 5, 8, 40, 41, 2, 8], [1, 6, 8, 50, 51, 52, 2, 8]
+_OK, _MERGED_REPLY, _MERGED_REPLY2 = _BOS + [60, 61] + _EOS, [1, 7, 30, 62, 63] + _EOS, [1, 7, 31, 64] + _EOS
 
 
-def _edge_sequences() -> List[List[int]]:
-    ok = _BOS + [60, 61] + _EOS
-    merged = [1, 7, 30, 62, 63] + _EOS
-    merged2 = [1, 7, 31, 64] + _EOS
+def _edge_sequences() -> List[Tuple[List[int], str]]:
+    """(ids, what the sequence is) for Exercise 9.4."""
     return [
-        _SYSTEM + _USER + ok,                               # 0 fine
-        _SYSTEM + _USER + merged,                           # 1 the reply swallowed the newline
-        _SYSTEM + _USER + ok + _USER + merged2,             # 2 the second reply did
-        _USER + ok + _USER + ok,                            # 3 fine, two replies
-        _SYSTEM + _USER + [1, 7, 44, 45] + _EOS,            # 4 a header without its newline at all (not a merge)
-        _USER + merged + _USER + merged2,                   # 5 both replies
-        _SYSTEM + _USER,                                    # 6 no assistant turn
+        (_SYSTEM + _USER + _OK, "one reply after its full marker"),
+        (_SYSTEM + _USER + _MERGED_REPLY, "one reply whose first token swallowed the header's newline"),
+        (_SYSTEM + _USER + _OK + _USER + _MERGED_REPLY2, "a reply after its full marker, then one whose first token "
+                                                         "swallowed the newline"),
+        (_USER + _OK + _USER + _OK, "two replies after their full markers"),
+        (_SYSTEM + _USER + [1, 7, 44, 45] + _EOS, "one reply whose first token (44) swallowed the newline"),
+        (_USER + _MERGED_REPLY + _USER + _MERGED_REPLY2, "two replies, each with a token that swallowed the newline"),
+        (_SYSTEM + _USER, "no assistant turn"),
+        (_SYSTEM + _USER + [1, 7, 30], "cut right after the first token of a reply that swallowed the newline: the "
+                                        "assistant header sits at the very end"),
+        (_SYSTEM + _USER + _OK + _USER + _BOS, "a reply, then a generation prompt: the full marker is the last thing "
+                                                "in the sequence"),
+        (_OK + _USER[:-3], "a reply, then a user turn cut before its end"),
     ]
 
 
 def lost_replies_reference(sequences: Sequence[Sequence[int]], bos_ids: Sequence[int], eos_ids: Sequence[int]) -> List[int]:
-    """Indices of the sequences in which some assistant header (``bos_ids`` without its last token,
-    the newline) is not followed by that newline, so upstream's marker misses the reply."""
-    header = list(bos_ids[:-1])
+    """Indices of the sequences in which d65ef2c's rule (``sft.upstream_loss_mask``) leaves a reply
+    without any label: an assistant header (``bos_ids`` without its last token, the newline) that
+    is followed by a token other than that newline."""
+    header, newline = list(bos_ids[:-1]), bos_ids[-1]
     out = []
     for n, ids in enumerate(sequences):
         ids = list(ids)
-        headers = sum(1 for j in range(len(ids)) if ids[j:j + len(header)] == header)
-        markers = sum(1 for j in range(len(ids)) if ids[j:j + len(bos_ids)] == list(bos_ids))
+        if any(ids[j:j + len(header)] == header and ids[j + len(header)] != newline
+               for j in range(len(ids) - len(header))):
+            out.append(n)
+    return out
+
+
+def _lost_scan_short(sequences, bos, eos):  # both counts stop len(bos) short of the end
+    out = []
+    for n, ids in enumerate(sequences):
+        headers = sum(ids[j:j + len(bos) - 1] == bos[:-1] for j in range(len(ids) - len(bos)))
+        markers = sum(ids[j:j + len(bos)] == bos for j in range(len(ids) - len(bos)))
         if markers < headers:
             out.append(n)
     return out
 
 
-solution("9.4", "header = bos_ids[:-1]; keep n when sum(ids[j:j+len(header)] == header) > "
-                "sum(ids[j:j+len(bos_ids)] == bos_ids)")
+def _lost_marker_scan_short(sequences, bos, eos):  # headers counted to the end, full markers not
+    out = []
+    for n, ids in enumerate(sequences):
+        headers = sum(ids[j:j + len(bos) - 1] == bos[:-1] for j in range(len(ids)))
+        markers = sum(ids[j:j + len(bos)] == bos for j in range(len(ids) - len(bos)))
+        if markers < headers:
+            out.append(n)
+    return out
+
+
+def _lost_any_turn(sequences, bos, eos):  # every <|im_start|> taken for an assistant header
+    return [n for n, ids in enumerate(sequences)
+            if sum(t == bos[0] for t in ids) > sum(ids[j:j + len(bos)] == bos for j in range(len(ids)))]
+
+
+def _lost_end_markers(sequences, bos, eos):  # end markers compared with full markers (user turns end the same way)
+    return [n for n, ids in enumerate(sequences)
+            if sum(ids[j:j + len(eos)] == eos for j in range(len(ids))) > sum(ids[j:j + len(bos)] == bos
+                                                                             for j in range(len(ids)))]
+
+
+def _lost_once_per_reply(sequences, bos, eos):
+    header, out = bos[:-1], []
+    for n, ids in enumerate(sequences):
+        out += [n for j in range(len(ids) - len(header))
+                if ids[j:j + len(header)] == header and ids[j + len(header)] != bos[-1]]
+    return out
+
+
+LOST_MISTAKES = {
+    "a scan that stops short of the end of the sequence: an assistant header in the last positions is never seen":
+        _lost_scan_short,
+    "the full markers counted over fewer positions than the headers: a marker at the very end is missed":
+        _lost_marker_scan_short,
+    "every <|im_start|> taken for an assistant header (system and user turns open with it too)": _lost_any_turn,
+    "end markers compared with assistant markers (system and user turns end with <|im_end|> too)": _lost_end_markers,
+    "a sequence listed once per lost reply (each index belongs in the list once)": _lost_once_per_reply,
+    "the sequences whose replies ARE supervised listed instead of the others":
+        lambda s, b, e: [n for n in range(len(s)) if n not in lost_replies_reference(s, b, e)],
+}
+
+solution("9.4", "header = bos_ids[:-1]; keep index n when some j in range(len(ids) - len(header)) has "
+                "ids[j:j+len(header)] == header and ids[j+len(header)] != bos_ids[-1]")
 
 
 @check("Exercise 9.4 lost_replies")
 def check_lost_replies(lost_replies: Callable[..., Any]) -> str:
-    """``lost_replies(sequences, bos_ids, eos_ids) -> list of indices``: the sequences (token ids of
-    conversations encoded as one string) in which upstream's rule supervises fewer assistant replies
-    than there are: an assistant header ``bos_ids[:-1]`` whose newline ``bos_ids[-1]`` was merged
-    into the next token, so the whole marker ``bos_ids`` never matches."""
+    """``lost_replies(sequences, bos_ids, eos_ids) -> list of indices``, ascending: the sequences
+    (token ids of conversations encoded as one string) in which d65ef2c's rule leaves an assistant
+    reply without any label (``lost_replies_reference``)."""
     name = "Exercise 9.4 lost_replies"
-    sequences = _edge_sequences()
-    case = "7 conversations: normal replies, replies that swallowed the header's newline, no assistant turn"
+    cases = _edge_sequences()
+    sequences = [list(ids) for ids, _ in cases]
+    case = f"{len(cases)} sequences, bos_ids={_BOS}, eos_ids={_EOS}"
     got = call(lost_replies, [list(s) for s in sequences], list(_BOS), list(_EOS), name=name, case=case,
-               check_inputs=True)
+               check_inputs=True, hint="look at the sequence the error names.")
     if isinstance(got, torch.Tensor):
         got = got.tolist()
     if not isinstance(got, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in got):
-        fail(name, f"expected a list of indices, got {got!r:.80} ({case})", "return the indices of the sequences.")
+        fail(name, f"expected a list of indices (ints), got {got!r:.80}", "return the indices of the sequences.")
+    got = list(got)
     expected = lost_replies_reference(sequences, _BOS, _EOS)
-    got = sorted(got)
     if got == expected:
-        return f"{len(sequences)} conversations, {len(expected)} of them lose a reply"
-    only_merged = [n for n, ids in enumerate(sequences) if any(t in _MERGED for t in ids)]
-    mistakes = {
-        "only the conversations with a newline-led token (30, 31) listed: a header followed by any token other than "
-        "the newline loses its reply too (conversation 4)": only_merged,
-        "every conversation with an assistant turn listed: a reply is lost only where the header's newline is missing":
-            [n for n, ids in enumerate(sequences) if any(list(ids[j:j + 2]) == _BOS[:2] for j in range(len(ids)))],
-        "the conversations whose replies ARE supervised listed instead of the others":
-            [n for n in range(len(sequences)) if n not in expected and n != 6],
-    }
-    seen = [k for k, v in mistakes.items() if sorted(v) == got]
-    fail(name, f"expected {expected}, got {got} ({case})" + (f"; this looks like {seen[0]}" if seen else ""),
-         "count the assistant headers (bos_ids without its last token) and the full markers (bos_ids) in each "
-         "sequence; where there are fewer markers than headers, a reply got no label.")
+        return f"{len(cases)} sequences, {len(expected)} of them lose a reply (markers at the very end included)"
+    seen = next((d for d, f in LOST_MISTAKES.items() if f(sequences, _BOS, _EOS) == got), None)
+    prefix = f"this looks like {seen}: " if seen else ""
+    hint = ("compare with what your mask of Exercise 9.2 labels in the sequence named above: a reply is there "
+            "wherever an assistant turn opens.")
+    wrong_in = [n for n in range(len(cases)) if (n in got) != (n in expected)]
+    if wrong_in:
+        n = wrong_in[0]
+        verdict = ("left out, but upstream's rule gives one of its replies no label" if n in expected else
+                   "listed, but upstream's rule labels every reply it has")
+        fail(name, f"{prefix}sequence {n} ({cases[n][1]}: ids={sequences[n]}) was {verdict}", hint)
+    if len(set(got)) != len(got):
+        fail(name, f"{prefix}an index appears more than once in {got}", hint)
+    fail(name, f"{prefix}the indices are right but not in ascending order: {got}", "return them sorted.")
 
 
 def _keep_cases() -> List[Dict[str, Any]]:
-    seqs = _edge_sequences()
-    return [{"ids": ids, "max_length": ml, "case": c} for ids, ml, c in [
-        (seqs[0], 64, "a normal reply"), (seqs[1], 64, "a reply that swallowed the newline"),
-        (seqs[2], 64, "a normal reply, then one that swallowed the newline"),
-        (seqs[4], 64, "a header followed by a token that does not begin with the newline"),
-        (seqs[5], 64, "two replies that swallowed the newline"),
-        (seqs[5], len(_USER) + 4, "max_length inside the first reply"),
-        (seqs[1][:-3], 64, "a cut-off reply that swallowed the newline"),
-    ]]
+    rows = [
+        (_SYSTEM + _USER + _OK, 64, "a reply after its full marker"),
+        (_SYSTEM + _USER + _MERGED_REPLY, 64, "a reply whose first token swallowed the header's newline"),
+        (_SYSTEM + _USER + _OK + _USER + _MERGED_REPLY2, 64, "a reply after its full marker, then a merged one"),
+        (_USER + _MERGED_REPLY + _USER + _MERGED_REPLY2, 64, "two merged replies"),
+        (_USER + _MERGED_REPLY + _USER + _MERGED_REPLY2, len(_USER) + 4, "max_length inside the first merged reply"),
+        (_SYSTEM + _USER + [1, 7, 44, 45, 46], 64, "a merged reply cut off before its end marker"),
+        (_SYSTEM + _USER + [1, 7, 30], 64, "cut right after the merged token: the header sits at the very end"),
+        (_SYSTEM + _USER + _OK + _USER + [1, 7], 64, "a reply, then a header that ends the sequence"),
+        (_SYSTEM + _USER + _OK + _USER + _BOS, 64, "a reply, then a full marker that ends the sequence"),
+    ]
+    return [{"ids": ids, "max_length": ml, "case": c} for ids, ml, c in rows]
 
 
-def _keep_mistakes(ids, max_length) -> Dict[str, Callable[[], List[int]]]:
-    def after_merged() -> List[int]:  # starts one token later: the merged token (the reply's first whitespace) left out
-        mask = list(ref_sft.assistant_loss_mask(ids, _BOS, _EOS, max_length, _MERGED))
-        for j in range(len(ids) - 2):
-            if list(ids[j:j + 2]) == _BOS[:2] and ids[j + 2] in _MERGED:
-                mask[j + 2] = 0
-        return mask
-
-    def any_token() -> List[int]:  # any token after the header starts a reply
-        return ref_sft.assistant_loss_mask(ids, _BOS, _EOS, max_length, list(range(9, 100)))
-
-    return {
-        "upstream's rule: a reply whose first token swallowed the header's newline is not supervised":
-            lambda: ref_sft.assistant_loss_mask(ids, _BOS, _EOS, max_length),
-        "the merged token left out (it carries the reply's first characters: count from it)": after_merged,
-        "any token after the header accepted: only a token that begins with the newline (merged_starts) stands "
-        "for the missing one": any_token,
-    }
+def _keep_from_header(ids, bos, eos, max_length):  # counting always starts right after the header
+    out = list(ref_sft.assistant_loss_mask(ids, bos, eos, max_length))
+    header = list(bos[:-1])
+    for j in range(len(ids) - len(header)):
+        if list(ids[j:j + len(header)]) == header and ids[j + len(header)] == bos[-1] and j + len(header) < max_length:
+            out[j + len(header)] = 1
+    return out
 
 
-solution("9.5", "at i: if ids[i:i+len(bos)] == bos: start = i + len(bos); elif ids[i:i+len(bos)-1] == bos[:-1] "
-                "and ids[i+len(bos)-1] in merged_starts: start = i + len(bos) - 1; then count to the end of the next "
-                "eos as in 9.2.")
+def _keep_without_max_length(ids, bos, eos, max_length):
+    return ref_sft.assistant_loss_mask(ids, bos, eos, len(ids) + 10)
 
 
-@check("Exercise 9.5 keep_merged_mask")
-def check_keep_merged_mask(assistant_loss_mask: Callable[..., Any]) -> str:
-    """``assistant_loss_mask(input_ids, bos_ids, eos_ids, max_length, merged_starts)``: upstream's
-    mask, and also a reply whose header ``bos_ids[:-1]`` is followed by a token of
-    ``merged_starts`` (a token that begins with the newline) counts, from that token on
-    (``minimind_ref.sft.assistant_loss_mask`` with ``merged_starts``)."""
-    name = "Exercise 9.5 keep_merged_mask"
-    cases = _keep_cases()
-    for c in cases:
-        ids, max_length = c["ids"], c["max_length"]
-        case = f"{c['case']}: ids={ids}, max_length={max_length}"
-        got = call(assistant_loss_mask, list(ids), list(_BOS), list(_EOS), max_length, list(_MERGED), name=name,
-                   case=case, check_inputs=True)
-        if isinstance(got, torch.Tensor):
-            got = got.tolist()
-        if not isinstance(got, (list, tuple)):
-            fail(name, f"expected a list of 0/1, got {type(got).__name__}: {got!r:.80} ({case})", "return the mask list.")
-        got = [int(v) for v in got]
-        expected = ref_sft.assistant_loss_mask(ids, _BOS, _EOS, max_length, _MERGED)
-        check_equal(got, expected, name=name, case=case, mistakes=_keep_mistakes(ids, max_length),
-                    hint="a reply starts after the full marker bos_ids, or at a merged token when the header "
-                         "bos_ids[:-1] is followed by one (merged_starts); from there the rule is upstream's.")
-    return f"{len(cases)} sequences (normal and merged replies, cut-off, max_length)"
-
-
-# ---------------------------------------------------------------------- 9.6 minimind-3's template
-def _m3(messages, add_generation_prompt=False):
-    return ref_sft.render_chat(messages, add_generation_prompt, template="minimind-3")
-
-
-def _m3_with_default(messages, gen):
-    text = _m3(messages, gen)
-    if messages[0]["role"] != "system":
-        text = ref_sft.render_chat([{"role": "system", "content": ref_sft.DEFAULT_SYSTEM_PROMPT}],
-                                   template="minimind-3") + text
-    return text
-
-
-def _m3_no_think(messages, gen):
-    stripped = [{k: v for k, v in m.items() if k != "reasoning_content"} for m in messages]
-    return ref_sft.render_chat(stripped, gen, template="minimind-3", drop_empty_think=True)
-
-
-def _m3_raw_reasoning(messages, gen):
-    text = _m3(messages, gen)
-    for m in messages:
-        r = m.get("reasoning_content")
-        if r and r != r.strip("\n"):
-            text = text.replace("".join(("<think>\n", r.strip("\n"), "\n</think>")), "".join(("<think>\n", r, "\n</think>")))
-    return text
-
-
-M3_MISTAKES = {
-    "c090b69's default system prompt added (minimind-3 renders a system turn only when the conversation has one)":
-        lambda m, g: _m3_with_default(m, g),
-    "no thinking block in the assistant turns (minimind-3 opens every one with <think>\n...\n</think>\n\n)":
-        _m3_no_think,
-    "the generation prompt without the empty thinking block (upstream's non-thinking mode appends "
-    "'<think>\n\n</think>\n\n')": lambda m, g: _m3(m, False) + (f"{S}assistant\n" if g else ""),
-    "the reasoning not stripped of its surrounding newlines (the template writes reasoning.strip('\\n'))":
-        lambda m, g: _m3_raw_reasoning(m, g),
+KEEP_MISTAKES = {
+    "d65ef2c's rule (Exercise 9.2): a reply whose first token swallowed the header's newline gets no label":
+        lambda ids, bos, eos, ml: ref_sft.upstream_loss_mask(ids, bos, eos, ml, "d65ef2c"),
+    "c090b69's rule: the token after the header skipped always, so a merged first token (the reply's indentation) "
+    "is lost": lambda ids, bos, eos, ml: ref_sft.upstream_loss_mask(ids, bos[:-1], eos[:1], ml, "c090b69"),
+    "the header's own newline counted (it is the template's, not the reply's)": _keep_from_header,
+    "max_length ignored (nothing at or past max_length counts)": _keep_without_max_length,
 }
 
 
-M3_CASES: List[Dict[str, Any]] = [
-    {"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": True},
-    {"messages": [{"role": "user", "content": "What is 37 plus 45?"}, {"role": "assistant", "content": "37+45=082"}],
-     "add_generation_prompt": False},
-    {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}],
-     "add_generation_prompt": False},
-    {"messages": [{"role": "user", "content": "u1"}, {"role": "assistant", "content": "a1", "reasoning_content": "\nfirst add the ones\n"},
-                  {"role": "user", "content": "u2"}], "add_generation_prompt": True},
-    {"messages": [{"role": "user", "content": "u"}, {"role": "system", "content": "later"}, {"role": "user", "content": "v"}],
-     "add_generation_prompt": True},
-]
+def _position(ids: Sequence[int], k: int, max_length: int) -> str:
+    """What position ``k`` of a 9.5 case is, in words."""
+    header = _BOS[:-1]
+    starts = [j for j in range(len(ids)) if list(ids[j:j + len(header)]) == header]
+    if k >= max_length:
+        return "at or past max_length"
+    if any(j <= k < j + len(header) for j in starts):
+        return "inside an assistant header"
+    if any(k == j + len(header) for j in starts):
+        return ("the header's newline" if ids[k] == _BOS[-1] else
+                "the token right after an assistant header, which swallowed the header's newline")
+    opened = max((j for j, t in enumerate(ids[:k + 1]) if t == _BOS[0]), default=None)
+    if opened is None or opened not in starts:
+        return "in a system or user turn"
+    return "in an assistant reply or its end marker"
 
 
-solution("9.6", "turns as in 9.1 without the default system turn; for an assistant message write the thinking block "
-                "before the content; append the generation prompt with its empty block.")
+solution("9.5", "at every j with ids[j:j+len(bos)-1] == bos[:-1] and j + len(bos) - 1 < len(ids): start = j + len(bos) "
+                "if ids[j+len(bos)-1] == bos[-1] else j + len(bos) - 1; then count to the end of the next eos as in "
+                "9.2 (never at or past max_length) and go on after it.")
 
 
-@check("Exercise 9.6 render_chat (minimind-3)")
-def check_render_chat_minimind3(render_chat: Callable[..., Any]) -> str:
-    """``render_chat(messages, add_generation_prompt)`` must return exactly
-    ``minimind_ref.sft.render_chat(..., template="minimind-3")`` (d65ef2c's template without tools:
-    no default system prompt, a thinking block in every assistant turn, ``reasoning_content``
-    inside it, the empty block after the generation prompt)."""
-    name = "Exercise 9.6 render_chat (minimind-3)"
-    for n, c in enumerate(M3_CASES):
-        messages, gen = c["messages"], c["add_generation_prompt"]
-        case = f"case {n}: {[m['role'] for m in messages]}, add_generation_prompt={gen}"
-        got = call(render_chat, [dict(m) for m in messages], gen, name=name, case=case, check_inputs=True)
+@check("Exercise 9.5 keep_whole_mask")
+def check_keep_whole_mask(keep_whole_mask: Callable[..., Any]) -> str:
+    """``keep_whole_mask(input_ids, bos_ids, eos_ids, max_length)`` must equal the course's
+    ``minimind_ref.sft.assistant_loss_mask``: d65ef2c's mask where the full marker matches, and a
+    reply whose first token swallowed the header's newline counted from that token."""
+    name = "Exercise 9.5 keep_whole_mask"
+    cases = _keep_cases()
+    hint = "look at the position named above and at the assistant header before it."
+    for c in cases:
+        ids, max_length = c["ids"], c["max_length"]
+        case = f"{c['case']}: ids={ids}, max_length={max_length}"
+        got = call(keep_whole_mask, list(ids), list(_BOS), list(_EOS), max_length, name=name, case=case,
+                   check_inputs=True, hint=hint)
+        if isinstance(got, torch.Tensor):
+            got = got.tolist()
+        if not isinstance(got, (list, tuple)) or len(got) != len(ids):
+            fail(name, f"expected a list of 0/1, one per token ({len(ids)}), got {got!r:.80} ({case})",
+                 "return the mask list.")
+        got = [int(v) for v in got]
+        expected = ref_sft.assistant_loss_mask(ids, _BOS, _EOS, max_length)
+        if got == expected:
+            continue
+        seen = next((d for d, f in KEEP_MISTAKES.items() if list(f(ids, _BOS, _EOS, max_length)) == got), None)
+        k = next(j for j in range(len(ids)) if got[j] != expected[j])
+        should = "should count but does not" if expected[k] else "counts but should not"
+        fail(name, (f"this looks like {seen}: " if seen else "")
+             + f"position {k} ({_position(ids, k, max_length)}) {should}{_on(case)}", hint)
+    return f"{len(cases)} sequences (merged and ordinary replies, headers at the very end, cut-off, max_length)"
+
+
+# ---------------------------------------------------------------------- 9.6 minimind-3's assistant turn
+def _m3_turn(message: Dict[str, Any]) -> str:
+    return ref_sft.render_chat([message], template="minimind-3")
+
+
+_TURN_HEAD, _TURN_END = f"{S}assistant\n", f"{E}\n"
+
+
+def _calls(message: Dict[str, Any], first: str = "if text", between: bool = True, encode_strings: bool = False) -> str:
+    """The tool-call part of an assistant turn; ``first``: when a newline goes before the first call
+    ("if text": when the message has content, as the template does; "always"; "never")."""
+    out = ""
+    for n, call_ in enumerate(message.get("tool_calls") or []):
+        if (n == 0 and (first == "always" or (first == "if text" and message["content"]))) or (n > 0 and between):
+            out += "\n"
+        args = call_["arguments"]
+        args = json.dumps(args, ensure_ascii=False) if encode_strings or not isinstance(args, str) else args
+        out += '<tool_call>\n{"name": "' + call_["name"] + '", "arguments": ' + args + "}\n</tool_call>"
+    return out
+
+
+def _turn_variant(message: Dict[str, Any], reasoning=lambda r: r.strip("\n"), content=lambda c: c.lstrip("\n"),
+                  block_when_empty: bool = True, **calls: Any) -> str:
+    r = message.get("reasoning_content") or ""
+    block = "<think>\n" + reasoning(r) + "\n</think>\n\n" if (r or block_when_empty) else ""
+    return _TURN_HEAD + block + content(message["content"]) + _calls(message, **calls) + _TURN_END
+
+
+TURN_MISTAKES = {
+    "the reasoning stripped of spaces too (only newlines go at its ends)":
+        lambda m: _turn_variant(m, reasoning=lambda r: r.strip()),
+    "the reasoning's newlines at its ends kept": lambda m: _turn_variant(m, reasoning=lambda r: r),
+    "only one newline taken off each end of the reasoning (all of them go)":
+        lambda m: _turn_variant(m, reasoning=lambda r: r[1 if r.startswith("\n") else 0:len(r) - (1 if r.endswith("\n") else 0)]),
+    "no thinking block when the message has no reasoning (the block is always there, empty then)":
+        lambda m: _turn_variant(m, block_when_empty=False),
+    "the reply's leading newlines kept": lambda m: _turn_variant(m, content=lambda c: c),
+    "the reply's leading spaces removed too (only newlines go)": lambda m: _turn_variant(m, content=lambda c: c.lstrip()),
+    "the reply stripped at its end too (only its start changes)": lambda m: _turn_variant(m, content=lambda c: c.strip("\n")),
+    "a newline before the first tool call of a turn without text": lambda m: _turn_variant(m, first="always"),
+    "no newline between the reply's text and its first tool call": lambda m: _turn_variant(m, first="never"),
+    "no newline between two tool calls": lambda m: _turn_variant(m, between=False),
+    "arguments given as a string encoded as JSON again (a string goes in as it is)":
+        lambda m: _turn_variant(m, encode_strings=True),
+}
+
+
+def _turn_cases() -> List[Dict[str, Any]]:
+    add = {"name": "add", "arguments": {"a": 12, "b": 30}}
+    return [
+        {"role": "assistant", "content": "12+30=042"},
+        {"role": "assistant", "content": "\n\n12+30=042\n", "reasoning_content": "\n \nadd the ones  \n \n"},
+        {"role": "assistant", "content": "  \n  return a + b", "reasoning_content": "  indent by four\n"},
+        {"role": "assistant", "content": "", "tool_calls": [add]},
+        {"role": "assistant", "content": "Two sums.", "reasoning_content": "\n\ntwo calls\n\n",
+         "tool_calls": [add, {"name": "add", "arguments": '{"a": 1, "b": 2}'}]},
+        {"role": "assistant", "content": "\nDone.", "tool_calls": [{"name": "lookup", "arguments": {"q": "x y"}},
+                                                                   {"name": "add", "arguments": {}}]},
+    ]
+
+
+def _region(text: str, k: int) -> str:
+    """Which part of the template's assistant turn ``text`` position ``k`` falls in."""
+    if k < len(_TURN_HEAD):
+        return "the turn's header"
+    if k >= len(text) - len(_TURN_END):
+        return "the end of the turn"
+    think_end = text.find("</think>\n\n")
+    if think_end >= 0 and k < think_end + len("</think>\n\n"):
+        return "the thinking block"
+    call_at = text.find("<tool_call>")
+    if call_at >= 0 and k >= call_at - 1:
+        return "the tool calls"
+    return "the reply's text"
+
+
+solution("9.6", "'<|im_start|>assistant\\n<think>\\n' + (reasoning or '').strip('\\n') + '\\n</think>\\n\\n' + "
+                "content.lstrip('\\n'), then for each tool call ('\\n' first if it is not the first call or the content "
+                "is not empty) '<tool_call>\\n{\"name\": \"' + name + '\", \"arguments\": ' + (arguments if a str "
+                "else json.dumps(arguments, ensure_ascii=False)) + '}\\n</tool_call>', then '<|im_end|>\\n'.")
+
+
+@check("Exercise 9.6 render_assistant_turn")
+def check_render_assistant_turn(render_assistant_turn: Callable[..., Any]) -> str:
+    """``render_assistant_turn(message) -> str`` must return exactly what d65ef2c's template renders
+    for one assistant message (``minimind_ref.sft.render_chat([message])``): its thinking block,
+    its reply and its tool calls, between ``<|im_start|>assistant\\n`` and ``<|im_end|>\\n``."""
+    name = "Exercise 9.6 render_assistant_turn"
+    cases = _turn_cases()
+    hint = "put the rendered examples before the exercise beside this case and compare that part, character by character."
+    for n, message in enumerate(cases):
+        case = f"case {n}: {message!r}"
+        got = call(render_assistant_turn, dict(message), name=name, case=case, check_inputs=True, hint=hint)
         if not isinstance(got, str):
             fail(name, f"expected a str, got {type(got).__name__}: {got!r:.80} ({case})", "return the rendered string.")
-        check_equal(got, _m3(messages, gen), name=name, case=case,
-                    mistakes={d: (lambda f=f: f(messages, gen)) for d, f in M3_MISTAKES.items()},
-                    hint="no system turn unless the conversation has one; an assistant turn is '<|im_start|>assistant\\n"
-                         "<think>\\n' + reasoning.strip('\\n') + '\\n</think>\\n\\n' + content + '<|im_end|>\\n'; "
-                         "the generation prompt is '<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n'.")
-    return f"{len(M3_CASES)} conversations (reasoning, no default system prompt, generation prompt)"
+        expected = _m3_turn(message)
+        if got == expected:
+            continue
+        seen = next((d for d, f in TURN_MISTAKES.items() if f(message) == got), None)
+        _string_failure(name, got, expected, seen, _region, case, hint)
+    return f"{len(cases)} assistant messages (reasoning with spaces and newlines at both ends, tool calls, leading whitespace)"
 
 
 def check_all(render_chat: Callable[..., Any], assistant_loss_mask: Callable[..., Any], sft_loss: Callable[..., Any]) -> None:
