@@ -50,8 +50,9 @@ What is verified and what is inferred (details in the book's ``minimind_ref`` pa
   (``model/model_minimind.py`` at d65ef2c, ``Attention.__init__``), so a state dict with
   ``self_attn.q_norm.weight`` is minimind-3's, and its shapes then hold the head layout too:
   ``head_dim`` = length of ``q_norm``, query heads = ``q_proj`` rows / ``head_dim``, KV heads =
-  ``k_proj`` rows / ``head_dim``; experts come without shared ones; an ``lm_head.weight`` unequal to
-  the embedding is an untied head (``tie_word_embeddings`` is a field at d65ef2c). What no shape
+  ``k_proj`` rows / ``head_dim``; experts come without shared ones. Tied or untied head, in both
+  generations and every loader: ``checkpoint.head_tying`` (a stored ``lm_head.weight`` equal to the
+  embedding is tied, a head of its own untied, anything between a ``ValueError``). What no shape
   holds is the MoE top-k: 1 for minimind-3-moe, from upstream's README at d65ef2c ("4 experts /
   top-1 routing", its model table) and ``MiniMindConfig``'s default ``num_experts_per_tok=1`` at
   d65ef2c. ``rms_norm_eps`` (1e-6) and ``rope_theta`` (1e6) are d65ef2c's defaults too.
@@ -88,7 +89,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
-from .checkpoint import _torch_load, check_tokenizer_fits, check_weights, infer_config, load_state_dict_strict
+from .checkpoint import (_torch_load, check_tokenizer_fits, check_weights, head_tying, infer_config,
+                         load_state_dict_strict, tied_state)
 from .config import YARN_ROPE_SCALING, MiniMindConfig
 from .files import read_json
 from .tokenizer import read_tokenizer_file
@@ -229,21 +231,20 @@ def _as_state_dict(blob: Any, source: Path) -> Dict[str, torch.Tensor]:
     return dict(blob)
 
 
-def _tie(state: Dict[str, torch.Tensor], source: Path, embedding_wins: bool) -> Dict[str, torch.Tensor]:
-    """Drop buffers that are recomputed, and make ``lm_head.weight`` the embedding (MiniMind ties
-    them): a missing head is filled in (transformers drops the tied duplicate from safetensors); a
-    stored one must be equal, unless ``embedding_wins`` (a Llama folder declaring tied weights)."""
-    state = {k: v for k, v in state.items() if not k.endswith(("freqs_cos", "freqs_sin", "rotary_emb.inv_freq"))}
-    embed = state["model.embed_tokens.weight"]
-    head = state.get("lm_head.weight")
-    if head is None or embedding_wins:
-        state["lm_head.weight"] = embed
-    elif head.shape != embed.shape or not torch.equal(head, embed):
-        raise ValueError(
-            f"{source}: lm_head.weight differs from model.embed_tokens.weight, but MiniMind2 ties them (one "
-            "matrix); this is not a MiniMind2 model."
-        )
-    return state
+_BUFFERS = ("freqs_cos", "freqs_sin", "rotary_emb.inv_freq")  # recomputed, never loaded
+
+
+def _tied_or_untied(state: Dict[str, torch.Tensor], config: MiniMindConfig, source: Path,
+                    declared: Optional[bool], declared_by: str, forced: bool) -> Tuple[MiniMindConfig, Dict[str, torch.Tensor]]:
+    """The config and state of a file under ``checkpoint.head_tying``'s rule (the one every loader
+    follows): buffers that are recomputed dropped, ``tie_word_embeddings`` as the weights say when
+    they are unambiguous or as ``declared`` says when it agrees with them, else a ``ValueError``
+    saying what to pass."""
+    state = {k: v for k, v in state.items() if not k.endswith(_BUFFERS)}
+    tied = head_tying(state, declared, source, declared_by, forced)
+    if tied != config.tie_word_embeddings:
+        config = config.replace(tie_word_embeddings=tied)
+    return config, tied_state(state, tied, source)
 
 
 def _build(config: MiniMindConfig, state: Dict[str, torch.Tensor], dtype: Optional[torch.dtype],
@@ -259,7 +260,8 @@ def _build(config: MiniMindConfig, state: Dict[str, torch.Tensor], dtype: Option
 
 
 def load_pth(path: PathLike, dtype: Optional[torch.dtype] = torch.float32,
-             map_location: Union[str, torch.device] = "cpu", check_finite: bool = True) -> MiniMindForCausalLM:
+             map_location: Union[str, torch.device] = "cpu", check_finite: bool = True,
+             tie_word_embeddings: Optional[bool] = None) -> MiniMindForCausalLM:
     """Load upstream's ``<stage>_<hidden>[_moe].pth`` strictly into ``MiniMindForCausalLM`` (eval mode).
 
     The config comes from the file name and the shapes: hidden size, MoE and the name must agree
@@ -269,6 +271,9 @@ def load_pth(path: PathLike, dtype: Optional[torch.dtype] = torch.float32,
     published models': MiniMind2's 8 query heads and MoE top-2, minimind-3-moe's top-1 (minimind-3's
     head layout is in its shapes). Weights are cast to ``dtype`` (``None`` keeps upstream's fp16).
     NaN/inf weights are a ``ValueError`` (``check_finite=False`` loads them, for inspection).
+    Tied or untied head: ``checkpoint.head_tying``'s rule, as every loader (a file that stores
+    both tied keys equal, as upstream's trainers do, is tied; a head of its own untied; a head
+    that is neither is a ``ValueError`` asking for ``tie_word_embeddings``).
     """
     path = Path(os.path.expanduser(os.fspath(path)))
     name = parse_pth_name(path.name)
@@ -281,9 +286,10 @@ def load_pth(path: PathLike, dtype: Optional[torch.dtype] = torch.float32,
             f"{path.name} names hidden size {name.hidden_size}{' and MoE' if name.use_moe else ''}, but its tensors "
             f"say {what}: a renamed file? Name it {pth_filename(name.stage, width, is_moe)}."
         )
-    config = published_config(state)
-    state = _tie(state, path, embedding_wins=False) if config.tie_word_embeddings else _untied(state, path)
-    return _build(config, state, dtype, map_location, path, check_finite)
+    state = {k: v for k, v in state.items() if not k.endswith(_BUFFERS)}
+    overrides = {} if tie_word_embeddings is None else {"tie_word_embeddings": tie_word_embeddings}
+    config = infer_config(state, source=path, **_published_overrides(state, is_moe), **overrides)  # + the head
+    return _build(config, tied_state(state, config.tie_word_embeddings, path), dtype, map_location, path, check_finite)
 
 
 def published_config(state: Mapping[str, Any]) -> MiniMindConfig:
@@ -306,15 +312,6 @@ def _published_overrides(state: Mapping[str, Any], is_moe: bool) -> Dict[str, An
     if is_moe:
         overrides["num_experts_per_tok"] = PUBLISHED_TOP_K
     return overrides
-
-
-def _untied(state: Dict[str, torch.Tensor], source: Path) -> Dict[str, torch.Tensor]:
-    """An untied model's state (minimind-3 with ``tie_word_embeddings=False``): buffers dropped, the
-    head must be there."""
-    state = {k: v for k, v in state.items() if not k.endswith(("freqs_cos", "freqs_sin", "rotary_emb.inv_freq"))}
-    if "lm_head.weight" not in state:
-        raise ValueError(f"{source}: the config says tie_word_embeddings=False, but there is no lm_head.weight.")
-    return state
 
 
 # ---------------------------------------------------------------------- Hugging Face folders
@@ -453,9 +450,14 @@ def read_hf_weights(folder: PathLike, map_location: Union[str, torch.device] = "
 
 
 def load_hf_dir(folder: PathLike, dtype: Optional[torch.dtype] = torch.float32,
-                map_location: Union[str, torch.device] = "cpu", check_finite: bool = True) -> MiniMindForCausalLM:
+                map_location: Union[str, torch.device] = "cpu", check_finite: bool = True,
+                tie_word_embeddings: Optional[bool] = None) -> MiniMindForCausalLM:
     """Load a Hugging Face model folder (Llama or MiniMind layout) strictly, without transformers.
-    NaN/inf weights are a ``ValueError`` (``check_finite=False`` loads them, for inspection)."""
+    NaN/inf weights are a ``ValueError`` (``check_finite=False`` loads them, for inspection).
+    Tied or untied head: ``checkpoint.head_tying``'s rule, with ``config.json``'s
+    ``tie_word_embeddings`` as the declared value when it has one (``tie_word_embeddings``
+    here overrides it): a tied folder whose stored head differs from the embedding is refused,
+    not silently tied (transformers would drop the stored head)."""
     folder = Path(os.path.expanduser(os.fspath(folder)))
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():
@@ -464,11 +466,13 @@ def load_hf_dir(folder: PathLike, dtype: Optional[torch.dtype] = torch.float32,
         )
     raw = read_json(cfg_path, "config.json")
     config = config_from_hf(raw)
-    # Llama / Qwen3 with tie_word_embeddings: transformers ties the head to the embedding (a stored
-    # lm_head.weight is ignored). Otherwise a stored head must equal the embedding.
-    embedding_wins = raw.get("model_type") in ("llama", "qwen3", "qwen3_moe") and bool(raw.get("tie_word_embeddings", False))
     state = _as_state_dict(read_hf_weights(folder, map_location), folder)
-    state = _tie(state, folder, embedding_wins) if config.tie_word_embeddings else _untied(state, folder)
+    declared, declared_by = raw.get("tie_word_embeddings"), f"{cfg_path}"  # a missing field declares nothing
+    if declared is not None and not isinstance(declared, bool):
+        raise ValueError(f"{cfg_path} has tie_word_embeddings {declared!r}; it must be true or false (JSON booleans).")
+    if tie_word_embeddings is not None:
+        declared, declared_by = tie_word_embeddings, "your tie_word_embeddings"
+    config, state = _tied_or_untied(state, config, folder, declared, declared_by, forced=tie_word_embeddings is not None)
     return _build(config, state, dtype, map_location, folder, check_finite)
 
 
