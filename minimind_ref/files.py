@@ -126,6 +126,31 @@ def remove_stale_temporaries(folder: str, name: str) -> None:
                 os.remove(os.path.join(folder, entry))
 
 
+def check_writable(path: PathLike, what: str = "the output file") -> str:
+    """Check, before a long run starts, that ``atomic_write(path)`` will be able to write ``path``;
+    return it expanded. ``IsADirectoryError`` when ``path`` is a folder, ``NotADirectoryError`` when
+    a file stands where a folder of it must be, ``PermissionError`` when its folder (or the nearest
+    one that exists, where the missing ones will be created) cannot be written to. Nothing is
+    created."""
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise TypeError(f"{what} must be a file path (a str or a Path), got {path!r}.")
+    path = expand(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{what} {path} is a folder; give a file name (a path inside it, for instance).")
+    folder = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(folder):
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+    if not os.path.isdir(folder):
+        raise NotADirectoryError(f"{what} {path} cannot be written: {folder} is a file, not a folder.")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise PermissionError(f"{what} {path} cannot be written: the folder {folder} is not writable. Choose another "
+                              "place (nothing was run).")
+    return path
+
+
 def write_text(path: PathLike, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically."""
     with atomic_write(path, "w") as f:
@@ -147,6 +172,9 @@ def read_json(path: PathLike, what: str = "JSON file") -> Any:
             return json.load(f)
     except json.JSONDecodeError as err:
         raise ValueError(f"{path} is not a valid {what}: {err} (truncated, or edited by hand?).") from None
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not a valid {what}: it is not UTF-8 text ({err.reason} at byte {err.start}); "
+                         "a binary file, or text saved in another encoding?") from None
 
 
 def save_torch(obj: Any, path: PathLike) -> None:
