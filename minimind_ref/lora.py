@@ -274,14 +274,48 @@ def merge_lora(model: nn.Module, lora_path: Optional[PathLike] = None, save_path
                 if isinstance(getattr(module, "lora", None), LoRA):
                     delta = module.lora.scale * (module.lora.B.weight.data @ module.lora.A.weight.data)
                     state[f"{name}.weight"] += delta.cpu().half()
+        head = getattr(raw, "lm_head", None)
+        if isinstance(getattr(head, "lora", None), LoRA) and head.weight is getattr(
+                getattr(getattr(raw, "model", None), "embed_tokens", None), "weight", None):
+            import warnings
+
+            warnings.warn(f"merge_lora: lm_head is square and tied to the embedding, and its adapter changed the head "
+                          f"only, so {os.fspath(save_path)} holds an lm_head.weight that differs from the embedding: "
+                          "load it with tie_word_embeddings=False (an untied model, as the adapted model computed).",
+                          stacklevel=2)
         _atomic_save(state, save_path)
         return model
-    for _, layer in layers:
+    raw = _unwrap(model)
+    import collections
+
+    uses = collections.Counter(id(p) for _, p in raw.named_parameters(remove_duplicate=False))
+    shared = {key for key, count in uses.items() if count > 1}
+    for name, layer in layers:
         delta = layer.lora.scale * (layer.lora.B.weight.float() @ layer.lora.A.weight.float())
-        layer.weight.copy_((layer.weight.float() + delta).to(layer.weight.dtype))
+        merged = (layer.weight.float() + delta).to(layer.weight.dtype)
+        if id(layer.weight) in shared:  # a tied head (vocab == hidden): the adapter changed the head, not the embedding
+            _untie(raw, layer, merged, name)
+        else:
+            layer.weight.copy_(merged)
         del layer.lora
         layer.__dict__.pop("forward", None)
     return model
+
+
+def _untie(raw: nn.Module, layer: nn.Linear, merged: torch.Tensor, name: str) -> None:
+    """Give ``layer`` (a head tied to the embedding) its own weight ``merged``: the adapter trained
+    the head's path only, so folding it into the shared matrix would change the embedding too."""
+    import warnings
+
+    config = getattr(raw, "config", None)
+    if layer is not getattr(raw, "lm_head", None) or config is None:
+        raise ValueError(f"{name}'s weight is shared with another module, so merging its adapter would change that "
+                         "module too; untie them first.")
+    layer.weight = nn.Parameter(merged, requires_grad=layer.weight.requires_grad)
+    config.tie_word_embeddings = False
+    warnings.warn(f"merge_lora: {name} is square and tied to the embedding, and its adapter changed the head only; the "
+                  "merged model is untied (config.tie_word_embeddings=False: the head is its own matrix, the embedding "
+                  "is unchanged), as the adapted model computed.", stacklevel=3)
 
 
 # ---------------------------------------------------------------------- the `lora` stage (chapter 10)

@@ -578,10 +578,17 @@ class UpstreamTokenizer:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def decode(self, ids: Any, skip_special_tokens: bool = False) -> str:
-        """Text of ``ids`` (a list or a 1-D tensor)."""
+        """Text of ``ids`` (a list or a 1-D tensor). An id outside the vocabulary is a ``ValueError``
+        (the ``tokenizers`` library would skip it without a word)."""
         if isinstance(ids, torch.Tensor):
             ids = ids.tolist()
-        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+        ids = [int(i) for i in ids]
+        n = len(self)
+        outside = [i for i in ids if not 0 <= i < n]
+        if outside:
+            raise ValueError(f"token id(s) {outside[:5]} are outside this tokenizer's vocabulary [0, {n - 1}]: ids of "
+                             "another tokenizer, or of a model with a larger vocabulary?")
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = False,
                             tokenize: bool = False, **kwargs: Any) -> Union[str, List[int]]:
