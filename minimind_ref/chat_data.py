@@ -411,12 +411,27 @@ def save_jsonl(records: Iterable[Dict[str, Any]], path: str) -> None:
             f.write(line + "\n")
 
 
+def _numbered_lines(f: Any, path: str) -> Any:
+    """``enumerate(f, 1)``, with a ``ValueError`` naming the file and the line when it is not UTF-8."""
+    number = 0
+    while True:
+        try:
+            line = f.readline()
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{path} is not UTF-8 text (near line {number + 1}: {err.reason}; Latin-1 or another encoding?): "
+                             "JSONL files are UTF-8; re-save it as UTF-8.") from None
+        if not line:
+            return
+        number += 1
+        yield number, line
+
+
 def load_jsonl(path: str) -> List[Dict[str, Any]]:
     """Read a JSONL file written by ``save_jsonl`` or taken from MiniMind's datasets."""
     records = []
     path = os.path.expanduser(os.fspath(path))
     with open(path, encoding="utf-8-sig") as f:  # -sig: a byte-order mark some editors write is skipped
-        for number, line in enumerate(f, 1):
+        for number, line in _numbered_lines(f, path):
             if line.strip():
                 try:
                     record = json.loads(line)

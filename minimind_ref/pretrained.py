@@ -435,7 +435,17 @@ def read_hf_weights(folder: PathLike, map_location: Union[str, torch.device] = "
         if not path.is_file():
             continue
         if name.endswith(".index.json"):
-            shards = sorted(set(json.loads(path.read_text(encoding="utf-8"))["weight_map"].values()))
+            index = read_json(path, "shard index (*.index.json)")
+            weight_map = index.get("weight_map") if isinstance(index, dict) else None
+            if not isinstance(weight_map, dict) or not weight_map or not all(
+                    isinstance(f, str) and f and Path(f).name == f for f in weight_map.values()):
+                raise ValueError(f"{path} is not a valid shard index: it needs a 'weight_map' object mapping each "
+                                 "tensor name to a shard file name in the same folder (truncated, or edited by hand?).")
+            shards = sorted(set(weight_map.values()))
+            missing = [s for s in shards if not (folder / s).is_file()]
+            if missing:
+                raise FileNotFoundError(f"{path} lists shard(s) {missing} that are not in {folder}: an incomplete "
+                                        "download?")
             files = [folder / s for s in shards]
         else:
             files = [path]
@@ -633,9 +643,12 @@ def load_tokenizer_dir(folder: PathLike) -> UpstreamTokenizer:
         template = next((t["template"] for t in template if t.get("name") == "default"), None)
     jinja_file = folder / "chat_template.jinja"
     if jinja_file.is_file():
-        template = jinja_file.read_text(encoding="utf-8")
+        try:
+            template = jinja_file.read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{jinja_file} is not UTF-8 text ({err.reason} at byte {err.start}): a damaged file?") from None
     special_map = folder / "special_tokens_map.json"
-    special = json.loads(special_map.read_text(encoding="utf-8")) if special_map.is_file() else None
+    special = read_json(special_map, "special_tokens_map.json") if special_map.is_file() else None
     return UpstreamTokenizer(tokenizer, config, template, special, source=str(folder))
 
 
@@ -696,11 +709,12 @@ def real_weights_enabled(environ: Optional[Mapping[str, str]] = None) -> bool:
 def tokenizer_folder_generation(folder: PathLike) -> str:
     """``"minimind-3"`` for a tokenizer folder whose ``tokenizer_config.json`` lists minimind-3's added
     tokens (``<tool_call>``, ``<think>``, ...: ``trainer/train_tokenizer.py`` at d65ef2c), else ``"MiniMind2"``
-    (c090b69's has only ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``)."""
-    try:
-        config = json.loads((Path(folder) / "tokenizer_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return "MiniMind2"
+    (c090b69's has only ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``). A file that is not valid
+    JSON is a ``ValueError`` naming it (not a tokenizer of the other generation)."""
+    config = read_json(Path(folder) / "tokenizer_config.json", "tokenizer_config.json")
+    if not isinstance(config, dict):
+        raise ValueError(f"{Path(folder) / 'tokenizer_config.json'} is not a valid tokenizer_config.json: it holds a "
+                         f"{type(config).__name__}, not a JSON object.")
     added = config.get("added_tokens_decoder") or {}
     contents = {entry.get("content") if isinstance(entry, Mapping) else entry for entry in added.values()}
     return "minimind-3" if {"<tool_call>", "<think>"} <= contents else "MiniMind2"
@@ -759,7 +773,7 @@ def _load_local(path: Path, model: str, stage: str, dtype: Optional[torch.dtype]
             return load_pth(pth_dir / filename, dtype, map_location), load_tokenizer_dir(_find_tokenizer(folders, generation))
     for hf_dir in (path / model, path):
         if stage == "full_sft" and (hf_dir / "config.json").is_file():
-            cfg = config_from_hf(json.loads((hf_dir / "config.json").read_text(encoding="utf-8")))
+            cfg = config_from_hf(read_json(hf_dir / "config.json", "config.json"))
             if (cfg.hidden_size, cfg.use_moe, cfg.generation) == (hidden, moe, generation):
                 return (load_hf_dir(hf_dir, dtype, map_location),
                         load_tokenizer_dir(_find_tokenizer([hf_dir, path], generation)))
