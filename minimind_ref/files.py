@@ -75,6 +75,8 @@ def atomic_write(path: PathLike, mode: str = "wb", encoding: str = "utf-8") -> I
     created if needed. A folder as ``path`` is an ``IsADirectoryError``."""
     if mode not in ("wb", "w"):
         raise ValueError(f"atomic_write writes a whole new file: mode must be 'wb' or 'w', got {mode!r}.")
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise ValueError(f"the path to write must be a file name (a str or a Path), got {path!r}.")
     path = expand(path)
     if os.path.isdir(path):
         raise IsADirectoryError(f"{path} is a folder; give a file name (a path inside it, for instance) to write to.")

@@ -163,13 +163,19 @@ def completion_mask(completion_ids: torch.Tensor, eos_token_id: int, pad_mask: O
     no end marker is kept whole (upstream's rule). ``pad_mask`` ``[N, R]`` (d65ef2c's rollout
     ``completion_mask``: 0 where an engine padded a shorter completion) is and-ed in, and an end
     marker under padding does not count."""
-    if completion_ids.dim() != 2:
-        raise ValueError(f"completion_ids must be [rows, completion_length], got shape {tuple(completion_ids.shape)}.")
+    if not isinstance(completion_ids, torch.Tensor) or completion_ids.dim() != 2:
+        raise ValueError(f"completion_ids must be a tensor [rows, completion_length], got "
+                         f"{tuple(completion_ids.shape) if isinstance(completion_ids, torch.Tensor) else type(completion_ids).__name__}.")
+    if isinstance(eos_token_id, bool) or not isinstance(eos_token_id, int):
+        raise TypeError(f"eos_token_id must be an int token id, got {eos_token_id!r} ({type(eos_token_id).__name__}).")
     is_eos = completion_ids == eos_token_id
     if pad_mask is not None:
         if pad_mask.shape != completion_ids.shape:
             raise ValueError(f"pad_mask must have the shape of completion_ids {tuple(completion_ids.shape)}, got "
                              f"{tuple(pad_mask.shape)}.")
+        if pad_mask.dtype != torch.bool and not bool(((pad_mask == 0) | (pad_mask == 1)).all()):
+            raise ValueError(f"pad_mask must hold 0 (padding) and 1 (a real token) only, got values "
+                             f"{pad_mask.unique().tolist()[:6]}.")
         is_eos = is_eos & pad_mask.bool()
     length = completion_ids.size(1)
     eos_idx = torch.full((completion_ids.size(0),), length - 1, dtype=torch.long, device=completion_ids.device)
@@ -543,6 +549,8 @@ def heldout_accuracy(model: torch.nn.Module, tokenizer: Any, n: Optional[int] = 
     from . import chat_data
     from .sft import generate_replies
 
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+        raise ValueError(f"n must be None (every held-out prompt) or an int >= 0 (the first n; 0: all), got {n!r}.")
     records = list(records) if records is not None else chat_data.heldout_rl_prompts()
     records = records[:n] if n else records
     if not records:
@@ -585,6 +593,9 @@ def train_grpo(model: torch.nn.Module, tokenizer: Any, cfg: "Optional[TrainConfi
     from .train import TrainConfig, train
 
     check_reference(model, ref_model)
+    if n_heldout is not None and (isinstance(n_heldout, bool) or not isinstance(n_heldout, int) or n_heldout < 0):
+        raise ValueError(f"n_heldout must be None or an int >= 0 (held-out prompts per evaluation; 0: none), got "
+                         f"{n_heldout!r}.")
     cfg = cfg if cfg is not None else TrainConfig.from_json(GRPO_CONFIG)
     if isinstance(ref_model, str):
         if ref_model != "copy":

@@ -250,6 +250,9 @@ def _tied_or_untied(state: Dict[str, torch.Tensor], config: MiniMindConfig, sour
 def _build(config: MiniMindConfig, state: Dict[str, torch.Tensor], dtype: Optional[torch.dtype],
            map_location: Union[str, torch.device], source: PathLike = "the weights",
            check_finite: bool = True) -> MiniMindForCausalLM:
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating-point torch.dtype (torch.float32, torch.bfloat16, ...) or None, got "
+                        f"{dtype!r}: weights cast to it would lose their fractions.")
     check_weights(state, source, check_finite)  # the validation every loader runs (finite values)
     if dtype is None:  # keep the file's precision: build the model in it (load_state_dict copies into it)
         dtype = next(v.dtype for v in state.values() if v.is_floating_point())
