@@ -196,6 +196,12 @@ def _clean_key(key: Any, where: str) -> Any:
 def _torch_load(path: PathLike, map_location: Union[str, torch.device]) -> Any:
     """``torch.load(weights_only=True)`` with one-line errors for files that are not checkpoints."""
     path = expand(path)
+    if isinstance(map_location, str):
+        try:
+            torch.device(map_location)
+        except RuntimeError:
+            raise ValueError(f"map_location={map_location!r} is not a device: use 'cpu', 'cuda', 'cuda:0' or 'mps' (or a "
+                             "torch.device).") from None
     if not os.path.exists(path):
         raise FileNotFoundError(f"no checkpoint at {path}")
     if os.path.isdir(path):

@@ -425,6 +425,7 @@ def preference_report(model: torch.nn.Module, ref_model: torch.nn.Module, datase
     accuracy of each kind of pair (``reward_accuracy_<kind>``). ``ref_pair_log_probs``: the
     reference's ``pair_log_probs(ref_model, dataset, reduction)``, when already computed (it is
     the same for every policy compared with one reference)."""
+    _check_beta(beta)
     pc, pr = pair_log_probs(model, dataset, reduction)
     rc, rr = ref_pair_log_probs if ref_pair_log_probs is not None else pair_log_probs(ref_model, dataset, reduction)
     if rc.shape != pc.shape or rr.shape != pr.shape:
@@ -477,6 +478,7 @@ def own_reply_pairs(model: torch.nn.Module, tokenizer: Any, n_prompts: int, seed
     from . import chat_data
     from .sft import generate_replies
 
+    chat_data._check_count(n_prompts, "n_prompts")
     rng = random.Random(seed * 7919 + 17)
     exchanges = [chat_data.random_exchange(rng, split) for _ in range(n_prompts)]
     g = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)

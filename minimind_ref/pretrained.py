@@ -247,12 +247,16 @@ def _tied_or_untied(state: Dict[str, torch.Tensor], config: MiniMindConfig, sour
     return config, tied_state(state, tied, source)
 
 
-def _build(config: MiniMindConfig, state: Dict[str, torch.Tensor], dtype: Optional[torch.dtype],
-           map_location: Union[str, torch.device], source: PathLike = "the weights",
-           check_finite: bool = True) -> MiniMindForCausalLM:
+def _check_dtype(dtype: Any) -> None:
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(f"dtype must be a floating-point torch.dtype (torch.float32, torch.bfloat16, ...) or None, got "
                         f"{dtype!r}: weights cast to it would lose their fractions.")
+
+
+def _build(config: MiniMindConfig, state: Dict[str, torch.Tensor], dtype: Optional[torch.dtype],
+           map_location: Union[str, torch.device], source: PathLike = "the weights",
+           check_finite: bool = True) -> MiniMindForCausalLM:
+    _check_dtype(dtype)
     check_weights(state, source, check_finite)  # the validation every loader runs (finite values)
     if dtype is None:  # keep the file's precision: build the model in it (load_state_dict copies into it)
         dtype = next(v.dtype for v in state.values() if v.is_floating_point())
@@ -278,6 +282,7 @@ def load_pth(path: PathLike, dtype: Optional[torch.dtype] = torch.float32,
     both tied keys equal, as upstream's trainers do, is tied; a head of its own untied; a head
     that is neither is a ``ValueError`` asking for ``tie_word_embeddings``).
     """
+    _check_dtype(dtype)
     path = Path(os.path.expanduser(os.fspath(path)))
     name = parse_pth_name(path.name)
     state = _as_state_dict(_read_torch_file(path, map_location), path)
@@ -471,6 +476,7 @@ def load_hf_dir(folder: PathLike, dtype: Optional[torch.dtype] = torch.float32,
     ``tie_word_embeddings`` as the declared value when it has one (``tie_word_embeddings``
     here overrides it): a tied folder whose stored head differs from the embedding is refused,
     not silently tied (transformers would drop the stored head)."""
+    _check_dtype(dtype)
     folder = Path(os.path.expanduser(os.fspath(folder)))
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():
@@ -482,7 +488,7 @@ def load_hf_dir(folder: PathLike, dtype: Optional[torch.dtype] = torch.float32,
     state = _as_state_dict(read_hf_weights(folder, map_location), folder)
     declared, declared_by = raw.get("tie_word_embeddings"), f"{cfg_path}"  # a missing field declares nothing
     if declared is not None and not isinstance(declared, bool):
-        raise ValueError(f"{cfg_path} has tie_word_embeddings {declared!r}; it must be true or false (JSON booleans).")
+        raise TypeError(f"{cfg_path}: tie_word_embeddings must be true or false (a JSON boolean), got {declared!r}.")
     if tie_word_embeddings is not None:
         declared, declared_by = tie_word_embeddings, "your tie_word_embeddings"
     config, state = _tied_or_untied(state, config, folder, declared, declared_by, forced=tie_word_embeddings is not None)
