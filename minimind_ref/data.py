@@ -220,6 +220,10 @@ def global_batch_indices(n: int, batch_size: int, step: int, seed: int = 0) -> t
     Sample ``g = step * batch_size + j`` is example ``perm_e[g % n]`` of epoch ``e = g // n``, with
     a fresh permutation per epoch drawn from ``(seed, e)``. No sampler state: a resumed run and
     every process of a distributed run compute the same batch from the step number alone."""
+    for name, value, low in (("n", n, 1), ("batch_size", batch_size, 1), ("step", step, 0)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+            raise ValueError(f"{name} must be an int >= {low}" + (" (the dataset is empty)" if name == "n" else "")
+                             + f", got {value!r}.")
     g = torch.arange(step * batch_size, (step + 1) * batch_size)
     epochs, pos = g // n, g % n
     out = torch.empty(batch_size, dtype=torch.long)

@@ -301,6 +301,9 @@ def concat_pairs(batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, torch.Te
     x = torch.cat([batch["x_chosen"], batch["x_rejected"]], dim=0)
     y = torch.cat([batch["y_chosen"], batch["y_rejected"]], dim=0)
     mask = torch.cat([batch["mask_chosen"], batch["mask_rejected"]], dim=0)
+    if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError(f"mask_chosen and mask_rejected must hold 0 and 1 only (1 where a target token counts), got "
+                         f"values {mask.unique().tolist()[:6]}.")
     return x, y, mask
 
 

@@ -139,7 +139,13 @@ def sample_next_token(
         return logits.argmax(dim=-1)
     filtered = next_token_logits(logits, previous_ids, temperature, top_k, top_p, repetition_penalty, mask)
     probs = filtered.softmax(dim=-1)
-    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+    try:
+        return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+    except RuntimeError as err:
+        if not bool(torch.isfinite(logits).all()):  # checked only on failure: no host sync per token
+            raise FloatingPointError("the logits hold NaN/inf, so there is no distribution to sample from (NaN "
+                                     "weights, or activations that overflowed).") from err
+        raise
 
 
 @torch.inference_mode()

@@ -313,8 +313,15 @@ def clip_fraction(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tens
 
 
 # ---------------------------------------------------------------------- verifiable rewards
+def _texts(**texts: Any) -> None:
+    for name, value in texts.items():
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be a str (the decoded text), got {type(value).__name__}.")
+
+
 def sum_reward(reply: str, answer: str) -> float:
     """1.0 when the reply is the whole right answer (``37+45=082``, whitespace stripped), else 0."""
+    _texts(reply=reply, answer=answer)
     return float(reply.strip() == answer.strip())
 
 
@@ -322,6 +329,7 @@ def format_reward(reply: str) -> float:
     """Upstream's reasoning-format reward: 0.5 if the whole reply is ``<think>\\n...\\n</think>\\n
     <answer>\\n...\\n</answer>`` (one blank line allowed between the blocks), plus 0.25 for each
     of the four tags that occurs exactly once (at most 1.5)."""
+    _texts(reply=reply)
     pattern = 0.5 if any(re.match(p, reply, re.S) for p in THINK_PATTERNS) else 0.0
     return pattern + sum(0.25 for tag in THINK_TAGS if reply.count(tag) == 1)
 
@@ -337,9 +345,9 @@ class RLPromptDataset:
         for i, record in enumerate(records):
             turns = record.get("conversations") if isinstance(record, dict) else None
             if (not isinstance(turns, (list, tuple)) or len(turns) < 2 or not all(isinstance(t, dict) for t in turns)
-                    or turns[-1].get("role") != "assistant"):
+                    or turns[-1].get("role") != "assistant" or not isinstance(turns[-1].get("content"), str)):
                 raise ValueError(f"record {i} must be {{'conversations': [...prompt turns, "
-                                 "{'role': 'assistant', 'content': reference answer}]}.")
+                                 "{'role': 'assistant', 'content': reference answer (a str)}]}.")
         self.records = list(records)
 
     def __len__(self) -> int:

@@ -2385,6 +2385,20 @@ ROUND3_CASES: List[Case] = [
     Case("load_hf_dir: config.json with tie_word_embeddings \"false\" (a string)", _tie_string_folder, TypeError,
          "tie_word_embeddings must be true or false"),
     Case("posttrain_experiments --merge with run names (the names were ignored)", _px_merge_with_names, None),
+    Case("dpo.concat_pairs: masks of 0.5 (entered the batch unchecked)", _call(lambda: mm.dpo.concat_pairs(
+        {k: torch.full((1, 4), 0.5) if k.startswith("mask") else torch.zeros(1, 4, dtype=torch.long)
+         for k in mm.dpo.DPODataset.KEYS})), ValueError, "must hold 0 and 1 only"),
+    Case("grpo.sum_reward(None, '1') (AttributeError)", _call(lambda: mm.grpo.sum_reward(None, "1")), TypeError,
+         "reply must be a str"),
+    Case("RLPromptDataset: a reference answer that is not a str (AttributeError in the reward, mid-run)",
+         _call(lambda: mm.grpo.RLPromptDataset([{"conversations": [{"role": "user", "content": "1+1?"},
+                                                                  {"role": "assistant", "content": 2}]}])),
+         ValueError, "reference answer (a str)"),
+    Case("data.global_batch_indices(n=0) (RuntimeError: ZeroDivisionError)", _call(lambda: mm.data.global_batch_indices(
+        0, 4, 0)), ValueError, "the dataset is empty"),
+    Case("sample_next_token: NaN logits with sampling (torch's multinomial message)", _call(
+        sample_next_token, torch.full((1, 5), float("nan")), torch.zeros(1, 2, dtype=torch.long), True), FloatingPointError,
+         "no distribution to sample from"),
 ]
 
 TABLE: List[Case] = CASES + TRAIN_CASES + ROUND2_CASES + ROUND3_CASES
