@@ -146,6 +146,12 @@ def _split_of(split: str) -> None:
         raise ValueError(f"split must be 'train' or 'test', got {split!r}.")
 
 
+def _check_count(n: Any, name: str = "n") -> None:
+    """How many records to make: an int >= 0 (a negative count made an empty list without a word)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"{name} must be an int >= 0 (how many records to make), got {n!r}.")
+
+
 @functools.lru_cache(maxsize=1)
 def _cached_split() -> Tuple[Tuple[Tuple[int, int], ...], Tuple[Tuple[int, int], ...]]:
     train, test = arithmetic_split()
@@ -257,6 +263,7 @@ def sft_conversations(n: int, seed: int = 0, split: str = "train", multi_turn: f
     ``multi_turn``; a custom system message with probability ``system_prompt`` (default 0:
     ``sft.SFTDataset`` adds them as upstream's ``pre_processing_chat`` does). Deterministic in
     ``(n, seed, split)``."""
+    _check_count(n)
     _split_of(split)
     rng = random.Random(_seed(seed, split, 1))
     out = []
@@ -354,6 +361,7 @@ def preference_pairs(n: int, seed: int = 0, split: str = "train", kinds: Sequenc
     * ``wrong_sum``: the right sum vs the same format with one digit off;
     * ``ramble``: the answer that stops vs the same answer followed by more drill lines;
     * ``made_up``: an honest "I can't" vs a confident made-up answer."""
+    _check_count(n)
     _split_of(split)
     for kind in kinds:
         if kind not in PAIR_KINDS:
@@ -380,6 +388,7 @@ def preference_pairs(n: int, seed: int = 0, split: str = "train", kinds: Sequenc
 def rl_prompts(n: int, seed: int = 0, split: str = "train") -> List[Dict[str, Conversation]]:
     """``n`` RL records: a sum question and, as the last turn, the reference answer that the
     verifiable reward compares with (problems and phrasings of ``split``)."""
+    _check_count(n)
     _split_of(split)
     rng = random.Random(_seed(seed, split, 4))
     problems = sum_problems(split)
@@ -411,12 +420,27 @@ def save_jsonl(records: Iterable[Dict[str, Any]], path: str) -> None:
             f.write(line + "\n")
 
 
+def _numbered_lines(f: Any, path: str) -> Any:
+    """``enumerate(f, 1)``, with a ``ValueError`` naming the file and the line when it is not UTF-8."""
+    number = 0
+    while True:
+        try:
+            line = f.readline()
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{path} is not UTF-8 text (near line {number + 1}: {err.reason}; Latin-1 or another encoding?): "
+                             "JSONL files are UTF-8; re-save it as UTF-8.") from None
+        if not line:
+            return
+        number += 1
+        yield number, line
+
+
 def load_jsonl(path: str) -> List[Dict[str, Any]]:
     """Read a JSONL file written by ``save_jsonl`` or taken from MiniMind's datasets."""
     records = []
     path = os.path.expanduser(os.fspath(path))
     with open(path, encoding="utf-8-sig") as f:  # -sig: a byte-order mark some editors write is skipped
-        for number, line in enumerate(f, 1):
+        for number, line in _numbered_lines(f, path):
             if line.strip():
                 try:
                     record = json.loads(line)
@@ -467,6 +491,7 @@ def double_conversations(n: int, seed: int = 0, split: str = "train", replay: fl
     refusals) of the same split, so a run can rehearse the old skills. The training split's sums
     never hold a held-out double (they are chapter 08's training problems). Deterministic in
     ``(n, seed, split, replay)``."""
+    _check_count(n)
     _split_of(split)
     if not 0.0 <= replay <= 1.0:
         raise ValueError(f"replay must be a fraction in [0, 1], got {replay!r}.")
@@ -504,6 +529,7 @@ def dpo_preference_pairs(n: int, seed: int = 0, split: str = "train",
     """``preference_pairs`` with one more kind, ``sum_instead`` (an honest "I can't" vs a drill
     line given to a request that is not a sum), the kinds in turn. The records of the older kinds
     are those of ``preference_pairs(…, kinds=<the older kinds asked for>)``, in the same order."""
+    _check_count(n)
     _split_of(split)
     for kind in kinds:
         if kind not in DPO_PAIR_KINDS:

@@ -29,6 +29,7 @@ import collections
 import os
 import pickle
 import re
+import warnings
 from pathlib import Path
 from typing import Any, Dict, Iterable, Mapping, Optional, Tuple, Union
 
@@ -195,6 +196,12 @@ def _clean_key(key: Any, where: str) -> Any:
 def _torch_load(path: PathLike, map_location: Union[str, torch.device]) -> Any:
     """``torch.load(weights_only=True)`` with one-line errors for files that are not checkpoints."""
     path = expand(path)
+    if isinstance(map_location, str):
+        try:
+            torch.device(map_location)
+        except RuntimeError:
+            raise ValueError(f"map_location={map_location!r} is not a device: use 'cpu', 'cuda', 'cuda:0' or 'mps' (or a "
+                             "torch.device).") from None
     if not os.path.exists(path):
         raise FileNotFoundError(f"no checkpoint at {path}")
     if os.path.isdir(path):
@@ -238,7 +245,8 @@ def _weight(state_dict: Mapping[str, Any], key: str, needed_for: str) -> torch.T
     return tensor
 
 
-def infer_config(state_dict: Mapping[str, torch.Tensor], **overrides: Any) -> MiniMindConfig:
+def infer_config(state_dict: Mapping[str, torch.Tensor], *, source: PathLike = "the state dict",
+                 **overrides: Any) -> MiniMindConfig:
     """Rebuild a config from the tensor shapes of an upstream state dict; ``overrides`` win.
 
     **Read from the shapes:** ``vocab_size``, ``hidden_size``, ``num_hidden_layers``,
@@ -263,9 +271,13 @@ def infer_config(state_dict: Mapping[str, torch.Tensor], **overrides: Any) -> Mi
     minimind-3's (d65ef2c: only its ``Attention`` has QK-norm), and then the shapes say more:
     ``head_dim`` is the length of ``q_norm``, the head counts are ``q_proj`` rows / ``head_dim``
     and ``k_proj`` rows / ``head_dim`` (no assumption needed), experts come without shared ones,
-    and a stored ``lm_head.weight`` that differs from the embedding means
-    ``tie_word_embeddings=False`` (a switch in minimind-3). Only the MoE top-k is still not in
-    the weights (minimind-3-moe uses 1). Without ``q_norm`` it is MiniMind2's (c090b69).
+    and only the MoE top-k is still not in the weights (minimind-3-moe uses 1). Without ``q_norm``
+    it is MiniMind2's (c090b69).
+
+    **The head, in both generations:** ``head_tying``'s rule. No ``lm_head.weight``, or one equal
+    to the embedding, is a tied model; a head of its own (it shares at most 1 % of its entries
+    with the embedding) an untied one (``tie_word_embeddings=False``); a head equal to the
+    embedding in most entries but not all is a ``ValueError`` asking for ``tie_word_embeddings``.
     """
     if not isinstance(state_dict, Mapping):
         raise TypeError(f"infer_config reads a state dict (a mapping of names to tensors), got {type(state_dict).__name__}.")
@@ -302,12 +314,10 @@ def infer_config(state_dict: Mapping[str, torch.Tensor], **overrides: Any) -> Mi
         intermediate_size=_weight(state_dict, ffn_key, "intermediate_size").shape[0], use_moe=use_moe,
         n_routed_experts=n_routed, n_shared_experts=n_shared,
     )
+    kwargs["tie_word_embeddings"] = head_tying(state_dict, overrides.pop("tie_word_embeddings", None), source,
+                                               forced=True)
     if minimind3:
-        head = state_dict.get("lm_head.weight")
-        untied = isinstance(head, torch.Tensor) and (
-            head.shape != state_dict["model.embed_tokens.weight"].shape
-            or not torch.equal(head, state_dict["model.embed_tokens.weight"]))
-        kwargs.update(generation="minimind-3", tie_word_embeddings=not untied,
+        kwargs.update(generation="minimind-3",
                       head_dim=None if head_dim * heads == hidden_size else head_dim)  # None: the default rule
         if use_moe:  # the experts' width is moe_intermediate_size; the dense width (unused) keeps its rule
             rule = MiniMindConfig(generation="minimind-3", hidden_size=hidden_size).intermediate_size
@@ -374,6 +384,92 @@ def _infer_heads(hidden: int, kv_width: int, heads: Optional[int], kv_heads: Opt
         f"the head count is not in the weights: k_proj has {kv_width} rows for hidden_size {hidden}, which is not "
         f"upstream's layout (8 heads, 2 KV heads: {hidden // 4} rows) and fits several head counts; {fix}."
     )
+
+
+# ---------------------------------------------------------------------- tied or untied head
+#: A stored ``lm_head.weight`` is a head of its own (an untied model's) when at most this share of
+#: its entries equals the embedding's: an independently trained head shares (almost) none. A head
+#: equal to the embedding in more entries, but not in all, is a tied model's copy that was changed
+#: (a damaged file, an edit) or an untied head barely trained: the weights do not say which.
+UNTIED_MAX_SHARED = 0.01
+
+_HEAD_KEY, _EMBED_KEY = "lm_head.weight", "model.embed_tokens.weight"
+
+
+def head_tying(state_dict: Mapping[str, Any], declared: Optional[bool] = None, source: PathLike = "the state dict",
+               declared_by: str = "tie_word_embeddings", forced: bool = False) -> bool:
+    """Whether the model of ``state_dict`` ties ``lm_head`` to the embedding: one rule for every
+    loader (bare state dicts, ``load_checkpoint``, ``.pth`` files, Hugging Face folders) and both
+    generations.
+
+    ``declared`` is what a config says (``None``: nothing says it, as for a bare state dict or
+    ``.pth``); ``declared_by`` names it in messages; ``forced`` marks the caller's own keyword
+    ``tie_word_embeddings=...``. What the weights say wins when it is unambiguous:
+
+    ==============================  ==========  ==========================  ============================
+    stored ``lm_head.weight``       nothing     declared tied               declared untied
+                                    declared
+    ==============================  ==========  ==========================  ============================
+    none                            tied        tied                        ``ValueError`` (no head)
+    equal to the embedding          tied        tied                        untied (a copy; honoured)
+    its own matrix (<= 1 % equal)   untied      ``ValueError`` (forced:     untied
+                                                tied, warns: head dropped)
+    a changed copy (> 1 % equal)    ValueError  ValueError (forced: tied,   untied
+                                                warns: head dropped)
+    ==============================  ==========  ==========================  ============================
+
+    A ``ValueError`` says what to pass; nothing ever replaces a trained head with the embedding,
+    or unties a model, without a word."""
+    if declared is not None and not isinstance(declared, bool):
+        raise TypeError(f"tie_word_embeddings must be True, False or None (read it from the weights), got {declared!r}.")
+    source = os.fspath(source)
+    embed, head = state_dict.get(_EMBED_KEY), state_dict.get(_HEAD_KEY)
+    if not isinstance(head, torch.Tensor):
+        if declared is False:
+            raise ValueError(f"{source} holds no {_HEAD_KEY}, so its head is the embedding (a tied model), but "
+                             f"{declared_by} says tie_word_embeddings=False. Load it tied (tie_word_embeddings=True, or "
+                             "leave it out).")
+        return True
+    if not isinstance(embed, torch.Tensor) or head.shape != embed.shape:
+        return False if declared is None else declared  # the shapes are checked when the weights load
+    equal = head == embed
+    n_equal, n = int(equal.sum()), equal.numel()
+    if n_equal == n:
+        return True if declared is None else declared
+    if declared is False:
+        return False
+    largest = float((head.float() - embed.float()).abs().max())
+    what = (f"{source}: {_HEAD_KEY} differs from {_EMBED_KEY} in {n - n_equal:,} of {n:,} entries (largest |difference| "
+            f"{largest:.3g})")
+    if declared is True and forced:
+        warnings.warn(f"{what}; tie_word_embeddings=True makes the embedding the head too, so the stored head is "
+                      "dropped.", stacklevel=3)
+        return True
+    keep_head = "pass tie_word_embeddings=False to load it untied, with its own head"
+    if declared is True:
+        raise ValueError(f"{what}, but {declared_by} says tie_word_embeddings=True: loading it tied would replace the "
+                         f"trained head with the embedding. If the model was trained with an untied head, {keep_head}; "
+                         "to use the embedding for both, pass tie_word_embeddings=True yourself (the stored head is "
+                         "dropped, with a warning).")
+    if n_equal > UNTIED_MAX_SHARED * n:
+        raise ValueError(f"{what}, but equals it in the other {n_equal:,}: a tied model's head that was changed (a "
+                         "damaged file, an edit) or an untied head barely trained; the weights do not say which. If "
+                         f"the model has an untied head, {keep_head}; if it is a tied model, pass "
+                         "tie_word_embeddings=True (the embedding becomes the head; the stored one is dropped).")
+    return False
+
+
+def tied_state(state_dict: Mapping[str, torch.Tensor], tied: bool, source: PathLike = "the state dict"
+               ) -> Dict[str, torch.Tensor]:
+    """``state_dict`` as a model with ``tie_word_embeddings=tied`` loads it (after ``head_tying``):
+    tied, ``lm_head.weight`` is the embedding (filled in when missing: transformers drops the tied
+    duplicate from safetensors); untied, the stored head must be there."""
+    state = dict(state_dict)
+    if tied and _EMBED_KEY in state:
+        state[_HEAD_KEY] = state[_EMBED_KEY]
+    elif not tied and _HEAD_KEY not in state:
+        raise ValueError(f"{os.fspath(source)}: the config says tie_word_embeddings=False, but there is no {_HEAD_KEY}.")
+    return state
 
 
 # ---------------------------------------------------------------------- loading
@@ -449,6 +545,14 @@ def load_state_dict_strict(model: torch.nn.Module, state_dict: Mapping[str, torc
         for k in expected
         if k in state_dict and tuple(state_dict[k].shape) != tuple(expected[k].shape)
     ]
+    head, embed = state_dict.get(_HEAD_KEY), state_dict.get(_EMBED_KEY)
+    model_head = getattr(getattr(model, "lm_head", None), "weight", None)
+    model_embed = getattr(getattr(getattr(model, "model", None), "embed_tokens", None), "weight", None)
+    if (model_head is not None and model_head is model_embed and isinstance(head, torch.Tensor)
+            and isinstance(embed, torch.Tensor) and head.shape == embed.shape and not torch.equal(head, embed)):
+        raise ValueError(f"the model ties lm_head to the embedding (one matrix), but the state dict's {_HEAD_KEY} and "
+                         f"{_EMBED_KEY} differ: loading would keep one and silently drop the other. Build the model "
+                         "with tie_word_embeddings=False to keep both (load_checkpoint says what the file holds).")
     if missing or unexpected or mismatched:
         lines = ["the checkpoint does not match the model:"]
         for title, items in (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", mismatched)):
@@ -495,6 +599,9 @@ def load_checkpoint(
         raise TypeError(f"dtype must be a floating-point torch.dtype (torch.float32, torch.bfloat16, ...) or None, got "
                         f"{dtype!r}: weights cast to it would lose their fractions.")
     blob = _torch_load(path, map_location)
+    declared_by = "the config you passed" if config is not None else f"the config saved in {os.fspath(path)}"
+    if "tie_word_embeddings" in config_overrides:
+        declared_by = "your tie_word_embeddings"
     if isinstance(blob, dict) and blob.get("format") == FORMAT:
         if not isinstance(blob.get("state_dict"), dict) or not isinstance(blob.get("config"), dict):
             raise ValueError(f"{os.fspath(path)} is a damaged minimind_ref checkpoint: its 'state_dict' or 'config' is missing.")
@@ -509,13 +616,18 @@ def load_checkpoint(
             raise ValueError(f"{os.fspath(path)} holds LoRA adapters only (a save_lora file), not a model: apply_lora("
                              "model, rank) to the model they were trained on, then lora.load_lora(model, path).")
         state_dict = blob
-        if config is None:
-            config = infer_config(state_dict, **config_overrides)
+        if config is None:  # infer_config applies head_tying's rule (the weights decide, or the keyword)
+            config = infer_config(state_dict, source=path, **config_overrides)
+            declared_by = None
         elif config_overrides:
             config = config.replace(**config_overrides)
     else:
         raise ValueError(f"{os.fspath(path)} is neither an upstream MiniMind state dict nor a minimind_ref checkpoint.")
     check_weights(state_dict, path, check_finite, blob.get(DIGEST_KEY) if blob.get("format") == FORMAT else None)
+    if declared_by is not None:  # a config says tied or untied: it must agree with the weights (head_tying)
+        head_tying(state_dict, config.tie_word_embeddings, path, declared_by,
+                   forced="tie_word_embeddings" in config_overrides)
+    state_dict = tied_state(state_dict, config.tie_word_embeddings, path)
     # RoPE tables are recomputed, never loaded (upstream marks them non-persistent)
     state_dict = {k: v for k, v in state_dict.items() if not k.endswith(("freqs_cos", "freqs_sin"))}
     if dtype is not None:

@@ -20,6 +20,8 @@ step from ``(seed, step)`` alone, which makes resuming and multi-process trainin
 
 from __future__ import annotations
 
+import numbers
+import os
 import random
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -121,9 +123,14 @@ def make_corpus(n_docs: int = 20000, seed: int = 0, story_fraction: float = 0.5,
 
 def read_text_documents(path: str, min_chars: int = 1) -> List[str]:
     """Documents of any UTF-8 text file: paragraphs separated by blank lines (a file without
-    blank lines is one document per line)."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+    blank lines is one document per line). A file in another encoding is a ``ValueError`` naming
+    it (a byte-order mark is skipped)."""
+    try:
+        with open(os.path.expanduser(os.fspath(path)), encoding="utf-8-sig") as f:
+            text = f.read()
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start}; Latin-1 or another encoding?): "
+                         "re-save it as UTF-8, e.g. iconv -f latin1 -t utf-8 in > out.") from None
     blocks = [b.strip() for b in text.split("\n\n")]
     if len(blocks) <= 1:
         blocks = [line.strip() for line in text.splitlines()]
@@ -167,8 +174,14 @@ class PackedDataset(torch.utils.data.Dataset):
     The last partial window is dropped; nothing is padding."""
 
     def __init__(self, stream: torch.Tensor, seq_len: int) -> None:
+        if not isinstance(stream, torch.Tensor):
+            raise TypeError(f"stream must be a 1-D torch.Tensor of token ids, got {type(stream).__name__}.")
         if stream.dim() != 1:
             raise ValueError(f"stream must be 1-D, got shape {tuple(stream.shape)}.")
+        if isinstance(seq_len, bool) or not isinstance(seq_len, numbers.Integral) or seq_len < 2:
+            raise ValueError(f"seq_len must be an int >= 2 (a window of seq_len tokens trains seq_len - 1 "
+                             f"predictions), got {seq_len!r}.")
+        seq_len = int(seq_len)
         n = stream.numel() // seq_len
         if n == 0:
             raise ValueError(f"the stream has {stream.numel()} tokens, fewer than one window of seq_len={seq_len}.")
@@ -207,6 +220,10 @@ def global_batch_indices(n: int, batch_size: int, step: int, seed: int = 0) -> t
     Sample ``g = step * batch_size + j`` is example ``perm_e[g % n]`` of epoch ``e = g // n``, with
     a fresh permutation per epoch drawn from ``(seed, e)``. No sampler state: a resumed run and
     every process of a distributed run compute the same batch from the step number alone."""
+    for name, value, low in (("n", n, 1), ("batch_size", batch_size, 1), ("step", step, 0)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+            raise ValueError(f"{name} must be an int >= {low}" + (" (the dataset is empty)" if name == "n" else "")
+                             + f", got {value!r}.")
     g = torch.arange(step * batch_size, (step + 1) * batch_size)
     epochs, pos = g // n, g % n
     out = torch.empty(batch_size, dtype=torch.long)

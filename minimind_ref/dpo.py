@@ -88,17 +88,19 @@ def sequence_log_probs(log_probs: torch.Tensor, mask: torch.Tensor, reduction: s
     ``"sum"`` (upstream at d65ef2c, the paper): ``(log_probs * mask).sum(1)``, the
     log-probability of the whole reply. ``"mean"`` (c090b69): ``(log_probs * mask).sum(1) /
     mask.sum(1).clamp_min(1e-8)``, the average per masked token; a row with no masked token gives
-    0, not NaN."""
+    0, not NaN. The masked tokens are selected (``torch.where``), not multiplied by the mask: a NaN
+    or -inf where the mask is 0 (NaN * 0 is NaN) changes neither the result nor its gradient."""
     _check_reduction(reduction)
     if log_probs.shape != mask.shape or log_probs.dim() != 2:
         raise ValueError(f"log_probs and mask must both be [batch, seq]; got {tuple(log_probs.shape)} and "
                          f"{tuple(mask.shape)}.")
-    if not bool(((mask == 0) | (mask == 1)).all()):
+    if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
         raise ValueError(f"mask must hold 0 and 1 only (1 where a token counts), got values {mask.unique().tolist()[:6]}.")
-    total = (log_probs * mask).sum(dim=1)
+    keep = mask.bool()
+    total = torch.where(keep, log_probs, torch.zeros((), dtype=log_probs.dtype, device=log_probs.device)).sum(dim=1)
     if reduction == "sum":
         return total
-    return total / mask.sum(dim=1).clamp_min(1e-8)
+    return total / keep.sum(dim=1).clamp_min(1).to(total.dtype)
 
 
 def _split_pairs(values: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -121,6 +123,12 @@ def dpo_loss(ref_log_probs: torch.Tensor, policy_log_probs: torch.Tensor, mask: 
     if ref_log_probs.shape != policy_log_probs.shape:
         raise ValueError(f"ref_log_probs {tuple(ref_log_probs.shape)} and policy_log_probs "
                          f"{tuple(policy_log_probs.shape)} must have the same shape.")
+    if ref_log_probs.shape == mask.shape:
+        bad = mask.bool() & ~torch.isfinite(ref_log_probs.detach())
+        if bool(bad.any()):
+            raise ValueError(f"ref_log_probs holds {int(bad.sum())} NaN/inf value(s) at positions the mask counts: "
+                             "the reference model's log-probabilities must be finite there (do its weights hold NaN "
+                             "or inf?). This is not the learning rate's doing.")
     ref = sequence_log_probs(ref_log_probs, mask, reduction)
     policy = sequence_log_probs(policy_log_probs, mask, reduction)
     ref_chosen, ref_rejected = _split_pairs(ref)
@@ -295,6 +303,9 @@ def concat_pairs(batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, torch.Te
     x = torch.cat([batch["x_chosen"], batch["x_rejected"]], dim=0)
     y = torch.cat([batch["y_chosen"], batch["y_rejected"]], dim=0)
     mask = torch.cat([batch["mask_chosen"], batch["mask_rejected"]], dim=0)
+    if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError(f"mask_chosen and mask_rejected must hold 0 and 1 only (1 where a target token counts), got "
+                         f"values {mask.unique().tolist()[:6]}.")
     return x, y, mask
 
 
@@ -375,7 +386,7 @@ class DPOObjective:
                 logp = F.log_softmax(out.logits.detach().float(), dim=-1)
                 logq = F.log_softmax(ref_logits.float(), dim=-1)
                 per_token = (logp.exp() * (logp - logq)).sum(-1)
-                kl = (per_token * mask).sum() / tokens.clamp_min(1)
+                kl = per_token[mask.bool()].sum() / tokens.clamp_min(1)  # selected: no NaN from left-out positions
         aux = out.aux_loss
         metrics = {"loss": loss + aux, "dpo_loss": loss.detach(), "aux_loss": aux.detach(), "tokens": tokens,
                    "reward_accuracy": stats["correct"].mean(), "kl": kl}
@@ -419,6 +430,7 @@ def preference_report(model: torch.nn.Module, ref_model: torch.nn.Module, datase
     accuracy of each kind of pair (``reward_accuracy_<kind>``). ``ref_pair_log_probs``: the
     reference's ``pair_log_probs(ref_model, dataset, reduction)``, when already computed (it is
     the same for every policy compared with one reference)."""
+    _check_beta(beta)
     pc, pr = pair_log_probs(model, dataset, reduction)
     rc, rr = ref_pair_log_probs if ref_pair_log_probs is not None else pair_log_probs(ref_model, dataset, reduction)
     if rc.shape != pc.shape or rr.shape != pr.shape:
@@ -450,7 +462,7 @@ def mean_kl(model: torch.nn.Module, ref_model: torch.nn.Module, dataset: DPOData
             logp = F.log_softmax(model(x).logits.float(), dim=-1)
             logq = F.log_softmax(ref_model(x).logits.float(), dim=-1)
             per_token = (logp.exp() * (logp - logq)).sum(-1)
-            total += float((per_token * mask).sum())
+            total += float(per_token[mask.bool()].sum())
             count += float(mask.sum())
     finally:
         model.train(was_training)
@@ -471,6 +483,7 @@ def own_reply_pairs(model: torch.nn.Module, tokenizer: Any, n_prompts: int, seed
     from . import chat_data
     from .sft import generate_replies
 
+    chat_data._check_count(n_prompts, "n_prompts")
     rng = random.Random(seed * 7919 + 17)
     exchanges = [chat_data.random_exchange(rng, split) for _ in range(n_prompts)]
     g = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)

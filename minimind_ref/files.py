@@ -68,6 +68,18 @@ def _write_error(path: str, err: OSError) -> OSError:
     return type(err)(err.errno, message) if err.errno is not None else type(err)(message)
 
 
+def _file_to_write(path: Any, what: str) -> str:
+    """``path`` expanded, or a clear error: not a path (``TypeError``), empty (``ValueError``), a folder."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{what} must be a file name (a str or a Path), got {type(path).__name__}.")
+    if not os.fspath(path):
+        raise ValueError(f"{what} must be a file name (a str or a Path), got {path!r}.")
+    path = expand(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{what} {path} is a folder; give a file name (a path inside it, for instance).")
+    return path
+
+
 @contextlib.contextmanager
 def atomic_write(path: PathLike, mode: str = "wb", encoding: str = "utf-8") -> Iterator[IO[Any]]:
     """Open a temporary file for writing; on a clean exit it replaces ``path`` (see the module
@@ -75,9 +87,7 @@ def atomic_write(path: PathLike, mode: str = "wb", encoding: str = "utf-8") -> I
     created if needed. A folder as ``path`` is an ``IsADirectoryError``."""
     if mode not in ("wb", "w"):
         raise ValueError(f"atomic_write writes a whole new file: mode must be 'wb' or 'w', got {mode!r}.")
-    path = expand(path)
-    if os.path.isdir(path):
-        raise IsADirectoryError(f"{path} is a folder; give a file name (a path inside it, for instance) to write to.")
+    path = _file_to_write(path, "the path to write")
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
@@ -126,6 +136,27 @@ def remove_stale_temporaries(folder: str, name: str) -> None:
                 os.remove(os.path.join(folder, entry))
 
 
+def check_writable(path: PathLike, what: str = "the output file") -> str:
+    """Check, before a long run starts, that ``atomic_write(path)`` will be able to write ``path``;
+    return it expanded. ``IsADirectoryError`` when ``path`` is a folder, ``NotADirectoryError`` when
+    a file stands where a folder of it must be, ``PermissionError`` when its folder (or the nearest
+    one that exists, where the missing ones will be created) cannot be written to. Nothing is
+    created."""
+    path = _file_to_write(path, what)
+    folder = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(folder):
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+    if not os.path.isdir(folder):
+        raise NotADirectoryError(f"{what} {path} cannot be written: {folder} is a file, not a folder.")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise PermissionError(f"{what} {path} cannot be written: the folder {folder} is not writable. Choose another "
+                              "place (nothing was run).")
+    return path
+
+
 def write_text(path: PathLike, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically."""
     with atomic_write(path, "w") as f:
@@ -147,6 +178,9 @@ def read_json(path: PathLike, what: str = "JSON file") -> Any:
             return json.load(f)
     except json.JSONDecodeError as err:
         raise ValueError(f"{path} is not a valid {what}: {err} (truncated, or edited by hand?).") from None
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not a valid {what}: it is not UTF-8 text ({err.reason} at byte {err.start}); "
+                         "a binary file, or text saved in another encoding?") from None
 
 
 def save_torch(obj: Any, path: PathLike) -> None:

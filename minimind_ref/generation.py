@@ -139,7 +139,13 @@ def sample_next_token(
         return logits.argmax(dim=-1)
     filtered = next_token_logits(logits, previous_ids, temperature, top_k, top_p, repetition_penalty, mask)
     probs = filtered.softmax(dim=-1)
-    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+    try:
+        return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+    except RuntimeError as err:
+        if not bool(torch.isfinite(logits).all()):  # checked only on failure: no host sync per token
+            raise FloatingPointError("the logits hold NaN/inf, so there is no distribution to sample from (NaN "
+                                     "weights, or activations that overflowed).") from err
+        raise
 
 
 @torch.inference_mode()
@@ -209,9 +215,10 @@ def generate(
         ids = input_ids
         mask = attention_mask
         finished = torch.zeros(batch, dtype=torch.bool, device=ids.device)
+        nonfinite = torch.zeros(batch, dtype=torch.bool, device=ids.device)  # rows whose logits were NaN/inf
         past = None
         step_input = ids
-        for _ in range(steps):
+        for step in range(steps):
             if use_cache:
                 out = model(step_input, attention_mask=mask, past_key_values=past, use_cache=True, logits_to_keep=1)
                 past = out.past_key_values
@@ -220,6 +227,12 @@ def generate(
             else:
                 out = model(ids, attention_mask=mask, logits_to_keep=1)
             logits = out.logits[:, -1, :]
+            finite = torch.isfinite(logits).all(dim=-1)
+            if step == 0:  # NaN weights show at once: stop before emitting argmax(NaN) = token 0 forever
+                if not bool(finite.all()):
+                    raise _nonfinite_logits(model, ~finite, 0)
+            else:  # later steps: one flag on the device, read once at the end (no host sync per token)
+                nonfinite |= ~finite & ~finished
             token = sample_next_token(
                 logits, ids, do_sample, temperature, top_k, top_p, repetition_penalty, mask, generator
             )
@@ -235,6 +248,7 @@ def generate(
             if eos_token_id is not None and bool(finished.all()):
                 break
         else:
+            _raise_if_nonfinite(model, nonfinite)
             if steps < max_new_tokens:
                 warnings.warn(
                     f"generate stopped after {steps} of max_new_tokens={max_new_tokens} new tokens: the sequence "
@@ -242,9 +256,25 @@ def generate(
                     "The tokens generated so far are returned; shorten the prompt to get more.",
                     stacklevel=3,
                 )
+        _raise_if_nonfinite(model, nonfinite)
         return ids
     finally:
         model.train(was_training)
+
+
+def _nonfinite_logits(model: torch.nn.Module, rows: torch.Tensor, step: Optional[int]) -> FloatingPointError:
+    bad_weights = [name for name, p in model.named_parameters() if p.is_floating_point() and not bool(torch.isfinite(p).all())]
+    where = f"at step {step}" if step is not None else "during generation"
+    cause = (f"the model's weights hold NaN/inf (e.g. {bad_weights[0]!r}, {len(bad_weights)} tensor(s)): load them with "
+             "check_finite=True, or use a checkpoint from before the run diverged" if bad_weights else
+             "the activations overflowed (a float16 model? try float32 or bfloat16)")
+    return FloatingPointError(f"the model's logits are NaN/inf {where} in row(s) {rows.nonzero().flatten().tolist()[:8]}, "
+                              f"so every token chosen from them would be meaningless (greedy picks token 0): {cause}.")
+
+
+def _raise_if_nonfinite(model: torch.nn.Module, nonfinite: torch.Tensor) -> None:
+    if bool(nonfinite.any()):
+        raise _nonfinite_logits(model, nonfinite, None)
 
 
 def _check_token_id(name: str, value: Any, vocab_size: Optional[int]) -> None:

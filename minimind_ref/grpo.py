@@ -104,6 +104,31 @@ def _checked_reward(value: Any, reply: str, reward_fn: Callable[..., Any]) -> fl
     return float(value)
 
 
+def _check_advantage_options(eps: Any, unbiased: Any, clamp: Any, normalize_batch: Any) -> None:
+    """``group_advantages``' options, checked where they enter (the function and ``GRPOObjective``)."""
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
+        raise ValueError(f"eps must be a finite number > 0 (it keeps (r - mean) / (std + eps) finite for a group of "
+                         f"equal rewards; upstream uses 1e-4), got {eps!r}: 0 gives NaN there, and a negative eps "
+                         "flips the advantages' signs.")
+    if clamp is not None and (isinstance(clamp, bool) or not isinstance(clamp, (int, float)) or not clamp > 0):
+        raise ValueError(f"clamp must be None (no clamping) or a number > 0 (the advantages are clamped to "
+                         f"[-clamp, clamp]; c090b69 uses 10), got {clamp!r}: 0 would zero every advantage, a negative clamp "
+                         "set every one to -clamp.")
+    for name, value in (("unbiased", unbiased), ("normalize_batch", normalize_batch)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {value!r}.")
+
+
+def _check_clip(loss_type: Any, epsilon: Any, epsilon_high: Any) -> None:
+    """``grpo_loss``' clipping settings, checked where they enter (the function and ``GRPOObjective``)."""
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"loss_type must be one of {LOSS_TYPES} (upstream's --loss_type), got {loss_type!r}.")
+    _check_number("epsilon", epsilon, "a number > 0 (PPO's clip range is [1 - epsilon, 1 + epsilon]; upstream: 0.2; "
+                  "0 clips every ratio to 1)")
+    _check_number("epsilon_high", epsilon_high, "a number > 0 (CISPO's upper bound on the ratio; upstream: 5.0; 0 "
+                  "would make every token's weight, and so the policy gradient, 0)")
+
+
 # ---------------------------------------------------------------------- upstream's computations
 def group_advantages(rewards: torch.Tensor, num_generations: int, eps: float = 1e-4, unbiased: bool = False,
                      clamp: Optional[float] = None, normalize_batch: bool = False) -> torch.Tensor:
@@ -112,7 +137,11 @@ def group_advantages(rewards: torch.Tensor, num_generations: int, eps: float = 1
     (``unbiased=False``), as d65ef2c does. A group whose rewards are all equal gets advantage 0:
     it carries no signal. ``C090B69_ADVANTAGES`` (``unbiased=True, clamp=10,
     normalize_batch=True``) is c090b69's recipe: the sample std, the result clamped to
-    ``+-clamp``, then ``(a - a.mean()) / (a.std() + 1e-8)`` over the whole batch."""
+    ``+-clamp``, then ``(a - a.mean()) / (a.std() + 1e-8)`` over the whole batch. ``eps`` must be
+    > 0 and ``clamp`` None or > 0 (``ValueError``)."""
+    _check_advantage_options(eps, unbiased, clamp, normalize_batch)
+    if not isinstance(rewards, torch.Tensor):
+        raise TypeError(f"rewards must be a 1-D torch.Tensor, got {type(rewards).__name__}.")
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be 1-D [batch * num_generations], got shape {tuple(rewards.shape)}.")
     if isinstance(num_generations, bool) or not isinstance(num_generations, int) or num_generations < 2:
@@ -139,13 +168,19 @@ def completion_mask(completion_ids: torch.Tensor, eos_token_id: int, pad_mask: O
     no end marker is kept whole (upstream's rule). ``pad_mask`` ``[N, R]`` (d65ef2c's rollout
     ``completion_mask``: 0 where an engine padded a shorter completion) is and-ed in, and an end
     marker under padding does not count."""
-    if completion_ids.dim() != 2:
-        raise ValueError(f"completion_ids must be [rows, completion_length], got shape {tuple(completion_ids.shape)}.")
+    if not isinstance(completion_ids, torch.Tensor) or completion_ids.dim() != 2:
+        raise ValueError(f"completion_ids must be a tensor [rows, completion_length], got "
+                         f"{tuple(completion_ids.shape) if isinstance(completion_ids, torch.Tensor) else type(completion_ids).__name__}.")
+    if isinstance(eos_token_id, bool) or not isinstance(eos_token_id, int):
+        raise TypeError(f"eos_token_id must be an int token id, got {eos_token_id!r} ({type(eos_token_id).__name__}).")
     is_eos = completion_ids == eos_token_id
     if pad_mask is not None:
         if pad_mask.shape != completion_ids.shape:
             raise ValueError(f"pad_mask must have the shape of completion_ids {tuple(completion_ids.shape)}, got "
                              f"{tuple(pad_mask.shape)}.")
+        if pad_mask.dtype != torch.bool and not bool(((pad_mask == 0) | (pad_mask == 1)).all()):
+            raise ValueError(f"pad_mask must hold 0 (padding) and 1 (a real token) only, got values "
+                             f"{pad_mask.unique().tolist()[:6]}.")
         is_eos = is_eos & pad_mask.bool()
     length = completion_ids.size(1)
     eos_idx = torch.full((completion_ids.size(0),), length - 1, dtype=torch.long, device=completion_ids.device)
@@ -185,9 +220,26 @@ def per_token_kl(per_token_logps: torch.Tensor, ref_per_token_logps: torch.Tenso
     return torch.exp(d) - d - 1
 
 
-def _check_number(name: str, value: Any, low: float, allowed: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= low or value != value:
+def _check_number(name: str, value: Any, allowed: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ValueError(f"{name} must be {allowed}, got {value!r}.")
+
+
+def _check_mask(completion_mask: torch.Tensor) -> torch.Tensor:
+    """``completion_mask`` as a bool tensor; values other than 0 and 1 are a ``ValueError`` (a 0.5
+    would weigh a token, a -1 flip its sign), as in ``dpo.sequence_log_probs``."""
+    if completion_mask.dtype != torch.bool and not bool(((completion_mask == 0) | (completion_mask == 1)).all()):
+        raise ValueError(f"completion_mask must hold 0 and 1 only (1 where a completion token counts), got values "
+                         f"{completion_mask.unique().tolist()[:6]}.")
+    return completion_mask.bool()
+
+
+def _check_finite_where(name: str, values: torch.Tensor, mask: torch.Tensor, fix: str) -> None:
+    bad = mask & ~torch.isfinite(values)
+    if bool(bad.any()):
+        row, col = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"{name} is {float(values[row, col])} at row {row}, token {col}, a position the mask counts "
+                         f"({int(bad.sum())} such position(s)); {fix}")
 
 
 def grpo_loss(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor, ref_per_token_logps: torch.Tensor,
@@ -201,14 +253,16 @@ def grpo_loss(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor, 
     ``epsilon_high`` and detaches it; ``"grpo"`` is PPO's clip to ``[1 - epsilon, 1 + epsilon]``.
     ``reduction="sequence"`` (upstream) averages over each row's masked tokens (a row with an
     empty mask contributes 0), then over rows; ``"token"`` averages over all masked tokens of the
-    batch at once, so long completions weigh more."""
-    if loss_type not in LOSS_TYPES:
-        raise ValueError(f"loss_type must be one of {LOSS_TYPES} (upstream's --loss_type), got {loss_type!r}.")
+    batch at once, so long completions weigh more.
+
+    Checked: ``completion_mask`` holds 0 and 1 only, ``advantages`` are finite, and the rollout's
+    and the reference's log-probabilities are finite where the mask counts (``ValueError``: their
+    NaN is not the learning rate's doing). Positions the mask leaves out are selected away, never
+    multiplied by 0, so a NaN or -inf there changes neither the loss nor its gradient."""
+    _check_clip(loss_type, epsilon, epsilon_high)
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}.")
     _check_beta(beta)
-    _check_number("epsilon", epsilon, 0, "a number >= 0 (PPO's clip range is [1 - epsilon, 1 + epsilon])")
-    _check_number("epsilon_high", epsilon_high, 0, "a number >= 0 (CISPO's upper bound on the ratio)")
     shape = per_token_logps.shape
     if old_per_token_logps.shape != shape or ref_per_token_logps.shape != shape or completion_mask.shape != shape:
         raise ValueError("per_token_logps, old_per_token_logps, ref_per_token_logps and completion_mask must have the "
@@ -216,18 +270,33 @@ def grpo_loss(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor, 
                          f"{tuple(ref_per_token_logps.shape)} and {tuple(completion_mask.shape)}.")
     if advantages.shape != shape[:1]:
         raise ValueError(f"advantages must be [rows] = {tuple(shape[:1])}, got {tuple(advantages.shape)}.")
-    kl = per_token_kl(per_token_logps, ref_per_token_logps)
-    ratio = torch.exp(per_token_logps - old_per_token_logps.detach())
+    if not bool(torch.isfinite(advantages).all()):
+        raise ValueError(f"advantages must be finite, got {advantages.tolist()[:8]}: check the rewards and "
+                         "group_advantages' eps.")
+    keep = _check_mask(completion_mask)
+    _check_finite_where("old_per_token_logps", old_per_token_logps.detach(), keep,
+                        "the rollout policy's log-probabilities must be finite where the loss counts them.")
+    _check_finite_where("ref_per_token_logps", ref_per_token_logps.detach(), keep,
+                        "the reference model's log-probabilities must be finite where the loss counts them (do its "
+                        "weights hold NaN or inf?).")
+    zero = torch.zeros((), dtype=per_token_logps.dtype, device=per_token_logps.device)
+    # select, don't multiply: a NaN at a left-out position would survive "* 0" (NaN * 0 = NaN), in the
+    # loss and in its gradient
+    lp, old, ref = (torch.where(keep, t, zero) for t in (per_token_logps, old_per_token_logps.detach(),
+                                                          ref_per_token_logps))
+    kl = per_token_kl(lp, ref)
+    ratio = torch.exp(lp - old)
     adv = advantages.unsqueeze(1)
     if loss_type == "cispo":
-        per_token = -(torch.clamp(ratio, max=epsilon_high).detach() * adv * per_token_logps - beta * kl)
+        per_token = -(torch.clamp(ratio, max=epsilon_high).detach() * adv * lp - beta * kl)
     else:
         clipped = torch.clamp(ratio, 1 - epsilon, 1 + epsilon)
         per_token = -(torch.min(ratio * adv, clipped * adv) - beta * kl)
-    mask = completion_mask.to(per_token.dtype)
+    per_token = torch.where(keep, per_token, zero)
+    counts = keep.to(per_token.dtype)
     if reduction == "token":
-        return (per_token * mask).sum() / mask.sum().clamp_min(1.0)
-    return ((per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp_min(1.0)).mean()
+        return per_token.sum() / counts.sum().clamp_min(1.0)
+    return (per_token.sum(dim=1) / counts.sum(dim=1).clamp_min(1.0)).mean()
 
 
 def clip_fraction(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor, advantages: torch.Tensor,
@@ -237,19 +306,27 @@ def clip_fraction(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tens
     the clipped term and the token gets no gradient (ratio above ``1 + epsilon`` with a positive
     advantage, or below ``1 - epsilon`` with a negative one); for ``"cispo"``, where the ratio is
     above ``epsilon_high`` (the token keeps its gradient, with a capped weight)."""
+    _check_clip(loss_type, epsilon, epsilon_high)
+    mask = _check_mask(completion_mask)
     ratio = torch.exp(per_token_logps.detach() - old_per_token_logps.detach())
     adv = advantages.unsqueeze(1)
     if loss_type == "cispo":
         clipped = ratio > epsilon_high
     else:
         clipped = ((ratio > 1 + epsilon) & (adv > 0)) | ((ratio < 1 - epsilon) & (adv < 0))
-    mask = completion_mask.bool()
     return (clipped & mask).float().sum() / mask.float().sum().clamp_min(1.0)
 
 
 # ---------------------------------------------------------------------- verifiable rewards
+def _texts(**texts: Any) -> None:
+    for name, value in texts.items():
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be a str (the decoded text), got {type(value).__name__}.")
+
+
 def sum_reward(reply: str, answer: str) -> float:
     """1.0 when the reply is the whole right answer (``37+45=082``, whitespace stripped), else 0."""
+    _texts(reply=reply, answer=answer)
     return float(reply.strip() == answer.strip())
 
 
@@ -257,6 +334,7 @@ def format_reward(reply: str) -> float:
     """Upstream's reasoning-format reward: 0.5 if the whole reply is ``<think>\\n...\\n</think>\\n
     <answer>\\n...\\n</answer>`` (one blank line allowed between the blocks), plus 0.25 for each
     of the four tags that occurs exactly once (at most 1.5)."""
+    _texts(reply=reply)
     pattern = 0.5 if any(re.match(p, reply, re.S) for p in THINK_PATTERNS) else 0.0
     return pattern + sum(0.25 for tag in THINK_TAGS if reply.count(tag) == 1)
 
@@ -272,9 +350,9 @@ class RLPromptDataset:
         for i, record in enumerate(records):
             turns = record.get("conversations") if isinstance(record, dict) else None
             if (not isinstance(turns, (list, tuple)) or len(turns) < 2 or not all(isinstance(t, dict) for t in turns)
-                    or turns[-1].get("role") != "assistant"):
+                    or turns[-1].get("role") != "assistant" or not isinstance(turns[-1].get("content"), str)):
                 raise ValueError(f"record {i} must be {{'conversations': [...prompt turns, "
-                                 "{'role': 'assistant', 'content': reference answer}]}.")
+                                 "{'role': 'assistant', 'content': reference answer (a str)}]}.")
         self.records = list(records)
 
     def __len__(self) -> int:
@@ -339,8 +417,7 @@ class GRPOObjective:
                  sync_every: int = 1, seed: int = 0) -> None:
         if reduction not in REDUCTIONS:
             raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}.")
-        if loss_type not in LOSS_TYPES:
-            raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}.")
+        _check_clip(loss_type, epsilon, epsilon_high)
         _check_beta(beta)
         if ref_model is None and beta != 0:
             raise ValueError(f"beta={beta} needs a reference model for the KL term; pass ref_model or set beta=0.")
@@ -348,10 +425,15 @@ class GRPOObjective:
             raise ValueError(f"num_generations must be an int >= 2, got {num_generations!r}.")
         if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
             raise ValueError(f"sync_every must be an int >= 1 (1: sample with the policy itself), got {sync_every!r}.")
+        if advantages is not None and not isinstance(advantages, dict):
+            raise TypeError(f"advantages must be a dict of group_advantages' options (e.g. grpo.C090B69_ADVANTAGES) or "
+                            f"None, got {type(advantages).__name__}.")
         unknown = set(advantages or {}) - {"eps", "unbiased", "clamp", "normalize_batch"}
         if unknown:
             raise ValueError(f"advantages takes group_advantages' options (eps, unbiased, clamp, normalize_batch), "
                              f"got {sorted(unknown)}.")
+        _check_advantage_options(**{"eps": 1e-4, "unbiased": False, "clamp": None, "normalize_batch": False,
+                                    **(advantages or {})})
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an int >= 1 (the longest completion sampled), got {max_new_tokens!r}.")
         if (isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature)
@@ -483,6 +565,8 @@ def heldout_accuracy(model: torch.nn.Module, tokenizer: Any, n: Optional[int] = 
     from . import chat_data
     from .sft import generate_replies
 
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+        raise ValueError(f"n must be None (every held-out prompt) or an int >= 0 (the first n; 0: all), got {n!r}.")
     records = list(records) if records is not None else chat_data.heldout_rl_prompts()
     records = records[:n] if n else records
     if not records:
@@ -525,6 +609,9 @@ def train_grpo(model: torch.nn.Module, tokenizer: Any, cfg: "Optional[TrainConfi
     from .train import TrainConfig, train
 
     check_reference(model, ref_model)
+    if n_heldout is not None and (isinstance(n_heldout, bool) or not isinstance(n_heldout, int) or n_heldout < 0):
+        raise ValueError(f"n_heldout must be None or an int >= 0 (held-out prompts per evaluation; 0: none), got "
+                         f"{n_heldout!r}.")
     cfg = cfg if cfg is not None else TrainConfig.from_json(GRPO_CONFIG)
     if isinstance(ref_model, str):
         if ref_model != "copy":

@@ -277,14 +277,48 @@ def merge_lora(model: nn.Module, lora_path: Optional[PathLike] = None, save_path
                 if isinstance(getattr(module, "lora", None), LoRA):
                     delta = module.lora.scale * (module.lora.B.weight.data @ module.lora.A.weight.data)
                     state[f"{name}.weight"] += delta.cpu().half()
+        head = getattr(raw, "lm_head", None)
+        if isinstance(getattr(head, "lora", None), LoRA) and head.weight is getattr(
+                getattr(getattr(raw, "model", None), "embed_tokens", None), "weight", None):
+            import warnings
+
+            warnings.warn(f"merge_lora: lm_head is square and tied to the embedding, and its adapter changed the head "
+                          f"only, so {os.fspath(save_path)} holds an lm_head.weight that differs from the embedding: "
+                          "load it with tie_word_embeddings=False (an untied model, as the adapted model computed).",
+                          stacklevel=2)
         _atomic_save(state, save_path)
         return model
-    for _, layer in layers:
+    raw = _unwrap(model)
+    import collections
+
+    uses = collections.Counter(id(p) for _, p in raw.named_parameters(remove_duplicate=False))
+    shared = {key for key, count in uses.items() if count > 1}
+    for name, layer in layers:
         delta = layer.lora.scale * (layer.lora.B.weight.float() @ layer.lora.A.weight.float())
-        layer.weight.copy_((layer.weight.float() + delta).to(layer.weight.dtype))
+        merged = (layer.weight.float() + delta).to(layer.weight.dtype)
+        if id(layer.weight) in shared:  # a tied head (vocab == hidden): the adapter changed the head, not the embedding
+            _untie(raw, layer, merged, name)
+        else:
+            layer.weight.copy_(merged)
         del layer.lora
         layer.__dict__.pop("forward", None)
     return model
+
+
+def _untie(raw: nn.Module, layer: nn.Linear, merged: torch.Tensor, name: str) -> None:
+    """Give ``layer`` (a head tied to the embedding) its own weight ``merged``: the adapter trained
+    the head's path only, so folding it into the shared matrix would change the embedding too."""
+    import warnings
+
+    config = getattr(raw, "config", None)
+    if layer is not getattr(raw, "lm_head", None) or config is None:
+        raise ValueError(f"{name}'s weight is shared with another module, so merging its adapter would change that "
+                         "module too; untie them first.")
+    layer.weight = nn.Parameter(merged, requires_grad=layer.weight.requires_grad)
+    config.tie_word_embeddings = False
+    warnings.warn(f"merge_lora: {name} is square and tied to the embedding, and its adapter changed the head only; the "
+                  "merged model is untied (config.tie_word_embeddings=False: the head is its own matrix, the embedding "
+                  "is unchanged), as the adapted model computed.", stacklevel=3)
 
 
 # ---------------------------------------------------------------------- the `lora` stage (chapter 10)
@@ -411,14 +445,20 @@ def rank_sweep(seeds: Sequence[int] = (0, 1, 2), out: Optional[str] = SWEEP_FILE
     data, the adapters' ``A`` and the batch order, as ``build_stage`` does), one torch thread, and
     evaluated on the stage report's held-out prompts (``stages.evaluate_chat``). Returns, and writes
     to ``out`` (JSON), ``{"command", "seeds", "settings", "runs": {name: {seed: {"metrics",
-    "trainable", "seconds"}}}}``. About 5 minutes per seed on a 2-core CPU."""
+    "trainable", "seconds"}}}}``. About 5 minutes per seed on a 2-core CPU. The seeds and ``out``
+    are checked before the first run; ``out`` is written atomically after each seed
+    (``files.write_text``)."""
     import copy
     import json
     import time
 
+    from .files import check_writable, write_text
     from .stages import evaluate_chat, load_stage
     from .train import TrainConfig
 
+    seeds = _check_seeds(seeds)
+    if out is not None:
+        out = check_writable(out, "the sweep record (--out)")
     parent, tokenizer = load_stage("sft")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -445,22 +485,47 @@ def rank_sweep(seeds: Sequence[int] = (0, 1, 2), out: Optional[str] = SWEEP_FILE
                                                    "trainable": trainable, "seconds": round(seconds, 1)}
                 log(f"seed {seed}, {name}: {seconds:.0f} s, " + ", ".join(f"{k} {metrics[k]:.3f}" for k in SWEEP_METRICS))
             if out is not None:
-                with open(out, "w", encoding="utf-8") as f:
-                    f.write(json.dumps(record, indent=1, sort_keys=True) + "\n")
+                write_text(out, json.dumps(record, indent=1, sort_keys=True) + "\n")
     finally:
         torch.set_num_threads(threads)
     return record
 
 
-def load_sweep(path: Optional[str] = None) -> Dict[str, Any]:
-    """The shipped rank-sweep record (``rank_sweep``)."""
-    import json
+def _check_seeds(seeds: Any) -> List[int]:
+    """The sweep's seeds as a list of distinct ints >= 0, or a ``ValueError`` (before any training)."""
+    if isinstance(seeds, (str, bytes)) or not hasattr(seeds, "__iter__"):
+        raise ValueError(f"seeds must be a list of ints (e.g. [0, 1, 2]), got {seeds!r}.")
+    seeds = list(seeds)
+    if not seeds or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in seeds):
+        raise ValueError(f"seeds must be a non-empty list of ints >= 0 (e.g. [0, 1, 2]), got {seeds!r}.")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds {seeds} repeat a seed: each seed's runs would overwrite the same entries.")
+    return seeds
 
-    path = path or SWEEP_FILE
+
+def _parse_seeds(text: str) -> List[int]:
+    """``--seeds 0,1,2`` -> ``[0, 1, 2]`` (argparse turns a ``ValueError`` into a usage error)."""
+    try:
+        return _check_seeds([int(s) for s in text.split(",")])
+    except ValueError as err:
+        import argparse
+
+        raise argparse.ArgumentTypeError(f"{text!r}: give comma-separated distinct seeds >= 0, e.g. 0,1,2 ({err})")
+
+
+def load_sweep(path: Optional[str] = None) -> Dict[str, Any]:
+    """The shipped rank-sweep record (``rank_sweep``); a file that is not one is a ``ValueError``."""
+    from .files import expand, read_json
+
+    path = expand(path) if path is not None else SWEEP_FILE
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no rank-sweep record at {path}: run `{SWEEP_COMMAND}`.")
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    record = read_json(path, "rank-sweep record")
+    if not (isinstance(record, dict) and str(record.get("command", "")).startswith("python -m minimind_ref.lora sweep")
+            and isinstance(record.get("runs"), dict)):
+        raise ValueError(f"{path} is not a rank-sweep record of `{SWEEP_COMMAND}` (its command is "
+                         f"{record.get('command') if isinstance(record, dict) else None!r}).")
+    return record
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -469,10 +534,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m minimind_ref.lora", description="chapter 10's rank-sweep record")
     sub = p.add_subparsers(dest="command", required=True)
     sweep = sub.add_parser("sweep", help=f"re-create {os.path.basename(SWEEP_FILE)} (about 5 minutes per seed on a CPU)")
-    sweep.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
+    sweep.add_argument("--seeds", default=[0, 1, 2], type=_parse_seeds, help="comma-separated seeds (default 0,1,2)")
     sweep.add_argument("--out", default=SWEEP_FILE, help="where to write the record")
     args = p.parse_args(argv)
-    rank_sweep([int(s) for s in args.seeds.split(",")], out=args.out)
+    from .files import check_writable
+
+    try:
+        check_writable(args.out, "--out")
+    except OSError as err:
+        sweep.error(str(err))
+    rank_sweep(args.seeds, out=args.out)
     return 0
 
 

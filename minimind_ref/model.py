@@ -164,12 +164,21 @@ class MiniMindModel(nn.Module):
                     f"labels must hold integer token ids as torch.long (-100 = ignore), got dtype {labels.dtype}; "
                     "use input_ids (or a copy with -100 where no loss is wanted), not probabilities."
                 )
-        # one host read for every value check: min/max id, and whether a label is out of range
+        # one host read for every value check: min/max id, whether a label is out of range, whether
+        # the mask holds anything but 0/1 (a 2 or a 0.5 would weigh the padding bias, not mask it)
         stats = [input_ids.min(), input_ids.max()]
         if labels is not None:
             bad = ((labels < 0) & (labels != -100)) | (labels >= self.vocab_size)
             stats.append(bad.any().to(input_ids.dtype))
+        check_mask = attention_mask is not None and attention_mask.dtype != torch.bool
+        if check_mask:
+            stats.append(((attention_mask != 0) & (attention_mask != 1)).any().to(input_ids.dtype).to(input_ids.device))
         values = torch.stack(stats).tolist()
+        if check_mask and values[-1]:
+            raise ValueError(
+                f"attention_mask must hold only 1 (token) and 0 (padding), got values "
+                f"{attention_mask.unique().tolist()[:6]}; build it as (ids != pad_id).long() or a bool tensor."
+            )
         lo, hi = values[0], values[1]
         if lo < 0 or hi >= self.vocab_size:
             bad_id = hi if hi >= self.vocab_size else lo
@@ -194,6 +203,12 @@ class MiniMindModel(nn.Module):
     ) -> Tuple[torch.Tensor, List[Optional[KVCache]], torch.Tensor]:
         """Returns ``(hidden_states [b, s, hidden], presents, aux_loss)``. A ``labels`` keyword is only
         validated here (its range check shares the one host read with ``input_ids``)."""
+        if isinstance(past_key_values, torch.Tensor) or (past_key_values is not None
+                                                          and not isinstance(past_key_values, (list, tuple))):
+            raise TypeError(f"past_key_values must be a list with one (k, v) pair of tensors per layer (what this model "
+                            f"returned with use_cache=True) or None, got a {type(past_key_values).__name__}"
+                            + (f" of shape {tuple(past_key_values.shape)}" if isinstance(past_key_values, torch.Tensor)
+                               else "") + ".")
         past_key_values = list(past_key_values) if past_key_values else [None] * len(self.layers)
         start_pos = self._check_inputs(input_ids, attention_mask, past_key_values, kwargs.get("labels"))
         if attention_mask is not None and attention_mask.dtype == torch.bool:

@@ -17,6 +17,9 @@ def _as_model(model_or_config: Union[nn.Module, MiniMindConfig]) -> nn.Module:
 
         with torch.device("meta"):  # shapes only, no memory, no initialisation cost
             return MiniMindForCausalLM(model_or_config)
+    if not isinstance(model_or_config, nn.Module):
+        hint = f" (for a preset: count_parameters(preset({model_or_config!r})))" if isinstance(model_or_config, str) else ""
+        raise TypeError(f"expected a model (nn.Module) or a MiniMindConfig, got {type(model_or_config).__name__}{hint}.")
     return model_or_config
 
 

@@ -220,24 +220,49 @@ def run_experiment(name: str, parent: Optional[torch.nn.Module] = None, tokenize
 
 
 def load_record(path: Optional[Path] = None) -> Dict[str, Any]:
-    """The shipped record of the runs (``{"command", "torch", "machine", "parent", "runs": {name: ...}}``)."""
-    path = Path(path) if path is not None else RECORD_FILE
+    """The shipped record of the runs (``{"command", "torch", "machine", "parent", "runs": {name: ...}}``).
+    A file that is not such a record (not JSON, or another command's record, such as the LoRA rank
+    sweep's) is a ``ValueError`` naming it."""
+    from .files import expand, read_json
+
+    path = Path(expand(path)) if path is not None else RECORD_FILE
     if not path.is_file():
         raise FileNotFoundError(f"no experiment record at {path}: run `{COMMAND}`.")
-    return json.loads(path.read_text(encoding="utf-8"))
+    return check_record(read_json(path, "experiment record"), path)
+
+
+def check_record(record: Any, path: Any) -> Dict[str, Any]:
+    """``record`` when it is one this command wrote: ``command`` is ``COMMAND`` and every run is a
+    dict with its ``stage`` ("dpo" or "grpo"); else a ``ValueError`` naming ``path`` and what it is."""
+    what = f"{path} is not a record of `{COMMAND}`"
+    if not isinstance(record, dict):
+        raise ValueError(f"{what}: it holds a {type(record).__name__}, not a JSON object.")
+    if record.get("command") != COMMAND:
+        raise ValueError(f"{what}: its command is {record.get('command')!r} (another command's record, such as "
+                         "`python -m minimind_ref.lora sweep`'s?). Merge only records this command wrote.")
+    runs = record.get("runs")
+    if not isinstance(runs, dict):
+        raise ValueError(f"{what}: it has no 'runs' object.")
+    for name, run in runs.items():
+        if not isinstance(run, dict) or run.get("stage") not in ("dpo", "grpo"):
+            raise ValueError(f"{what}: its run {name!r} is not a DPO or GRPO run of this command (no 'stage').")
+    return record
 
 
 def run_experiments(names: Optional[Sequence[str]] = None, out: Optional[Path] = RECORD_FILE,
                     log: Callable[[str], None] = print) -> Dict[str, Any]:
     """Run the named experiments (default: all of ``RUNS``) and merge them into the record at
-    ``out`` (written after every run, atomically)."""
-    from .files import write_text
+    ``out`` (written after every run, atomically). The names, and ``out`` (writable, and a record
+    of this command if it exists), are checked before the first run."""
+    from .files import check_writable, write_text
 
     names = list(names) if names else list(RUNS)
     unknown = [n for n in names if n not in RUNS]
     if unknown:
         raise ValueError(f"unknown experiments {unknown}; the runs are: {', '.join(RUNS)}.")
-    record = load_record(out) if out is not None and Path(out).is_file() else {"runs": {}}
+    if out is not None:
+        out = Path(check_writable(out, "the record (--out)"))
+    record = load_record(out) if out is not None and out.is_file() else {"runs": {}}
     parent, tokenizer = stages.load_stage("sft")
     record.update({"command": COMMAND, "torch": str(torch.__version__), "machine": platform.machine(),
                    "parent": {"stage": "sft", "evaluate_chat": stages.stage_metadata("sft")["evaluate_chat"]}})
@@ -266,15 +291,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"{name:28s} seed {spec['seed']}  {spec['changes'] or 'no change'}: {spec['question']}")
         return 0
     if args.merge:
-        from .files import write_text
+        from .files import check_writable, write_text
 
-        record = load_record(Path(args.out)) if Path(args.out).is_file() else {"runs": {}}
-        for other in args.merge:
-            part = load_record(Path(other))
-            record.update({k: v for k, v in part.items() if k != "runs"})
+        if args.names:
+            p.error(f"--merge runs nothing, so the run names {args.names} would be ignored; give one or the other.")
+        try:
+            out = Path(check_writable(args.out, "--out"))
+        except OSError as err:
+            p.error(str(err))
+        record = load_record(out) if out.is_file() else {"command": COMMAND, "runs": {}}
+        parts = [load_record(Path(other)) for other in args.merge]  # every part checked before anything is written
+        for part in parts:
+            record.update({k: v for k, v in part.items() if k not in ("runs", "command")})
             record["runs"].update(part["runs"])
-        write_text(args.out, json.dumps(record, indent=1, sort_keys=True) + "\n")
+        write_text(out, json.dumps(record, indent=1, sort_keys=True) + "\n")
         return 0
+    from .files import check_writable
+
+    try:
+        check_writable(args.out, "--out")
+    except OSError as err:  # before the first run, not after it
+        p.error(str(err))
     run_experiments(args.names, Path(args.out))
     return 0
 

@@ -51,8 +51,9 @@ What is verified and what is inferred (details in the book's ``minimind_ref`` pa
   ``q_norm``/``k_norm`` (``d65ef2c:model/model_minimind.py:104-105``), so a state dict with
   ``self_attn.q_norm.weight`` is minimind-3's, and its shapes then hold the head layout too:
   ``head_dim`` = length of ``q_norm``, query heads = ``q_proj`` rows / ``head_dim``, KV heads =
-  ``k_proj`` rows / ``head_dim``; experts come without shared ones; an ``lm_head.weight`` unequal to
-  the embedding is an untied head (``tie_word_embeddings`` is a field at d65ef2c). What no shape
+  ``k_proj`` rows / ``head_dim``; experts come without shared ones. Tied or untied head, in both
+  generations and every loader: ``checkpoint.head_tying`` (a stored ``lm_head.weight`` equal to the
+  embedding is tied, a head of its own untied, anything between a ``ValueError``). What no shape
   holds is the MoE top-k: 1 for minimind-3-moe, from upstream's README ("4 experts / top-1",
   its model table: ``d65ef2c:README_en.md:577``) and ``MiniMindConfig``'s default
   ``num_experts_per_tok=1`` (``d65ef2c:model/model_minimind.py:42``). ``rms_norm_eps`` (1e-6) and
@@ -92,7 +93,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
-from .checkpoint import _torch_load, check_tokenizer_fits, check_weights, infer_config, load_state_dict_strict
+from .checkpoint import (_torch_load, check_tokenizer_fits, check_weights, head_tying, infer_config,
+                         load_state_dict_strict, tied_state)
 from .config import YARN_ROPE_SCALING, MiniMindConfig
 from .files import read_json
 from .tokenizer import read_tokenizer_file
@@ -233,26 +235,32 @@ def _as_state_dict(blob: Any, source: Path) -> Dict[str, torch.Tensor]:
     return dict(blob)
 
 
-def _tie(state: Dict[str, torch.Tensor], source: Path, embedding_wins: bool) -> Dict[str, torch.Tensor]:
-    """Drop buffers that are recomputed, and make ``lm_head.weight`` the embedding (MiniMind ties
-    them): a missing head is filled in (transformers drops the tied duplicate from safetensors); a
-    stored one must be equal, unless ``embedding_wins`` (a Llama folder declaring tied weights)."""
-    state = {k: v for k, v in state.items() if not k.endswith(("freqs_cos", "freqs_sin", "rotary_emb.inv_freq"))}
-    embed = state["model.embed_tokens.weight"]
-    head = state.get("lm_head.weight")
-    if head is None or embedding_wins:
-        state["lm_head.weight"] = embed
-    elif head.shape != embed.shape or not torch.equal(head, embed):
-        raise ValueError(
-            f"{source}: lm_head.weight differs from model.embed_tokens.weight, but MiniMind2 ties them (one "
-            "matrix); this is not a MiniMind2 model."
-        )
-    return state
+_BUFFERS = ("freqs_cos", "freqs_sin", "rotary_emb.inv_freq")  # recomputed, never loaded
+
+
+def _tied_or_untied(state: Dict[str, torch.Tensor], config: MiniMindConfig, source: Path,
+                    declared: Optional[bool], declared_by: str, forced: bool) -> Tuple[MiniMindConfig, Dict[str, torch.Tensor]]:
+    """The config and state of a file under ``checkpoint.head_tying``'s rule (the one every loader
+    follows): buffers that are recomputed dropped, ``tie_word_embeddings`` as the weights say when
+    they are unambiguous or as ``declared`` says when it agrees with them, else a ``ValueError``
+    saying what to pass."""
+    state = {k: v for k, v in state.items() if not k.endswith(_BUFFERS)}
+    tied = head_tying(state, declared, source, declared_by, forced)
+    if tied != config.tie_word_embeddings:
+        config = config.replace(tie_word_embeddings=tied)
+    return config, tied_state(state, tied, source)
+
+
+def _check_dtype(dtype: Any) -> None:
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating-point torch.dtype (torch.float32, torch.bfloat16, ...) or None, got "
+                        f"{dtype!r}: weights cast to it would lose their fractions.")
 
 
 def _build(config: MiniMindConfig, state: Dict[str, torch.Tensor], dtype: Optional[torch.dtype],
            map_location: Union[str, torch.device], source: PathLike = "the weights",
            check_finite: bool = True) -> MiniMindForCausalLM:
+    _check_dtype(dtype)
     check_weights(state, source, check_finite)  # the validation every loader runs (finite values)
     if dtype is None:  # keep the file's precision: build the model in it (load_state_dict copies into it)
         dtype = next(v.dtype for v in state.values() if v.is_floating_point())
@@ -263,7 +271,8 @@ def _build(config: MiniMindConfig, state: Dict[str, torch.Tensor], dtype: Option
 
 
 def load_pth(path: PathLike, dtype: Optional[torch.dtype] = torch.float32,
-             map_location: Union[str, torch.device] = "cpu", check_finite: bool = True) -> MiniMindForCausalLM:
+             map_location: Union[str, torch.device] = "cpu", check_finite: bool = True,
+             tie_word_embeddings: Optional[bool] = None) -> MiniMindForCausalLM:
     """Load upstream's ``<stage>_<hidden>[_moe].pth`` strictly into ``MiniMindForCausalLM`` (eval mode).
 
     The config comes from the file name and the shapes: hidden size, MoE and the name must agree
@@ -273,7 +282,11 @@ def load_pth(path: PathLike, dtype: Optional[torch.dtype] = torch.float32,
     published models': MiniMind2's 8 query heads and MoE top-2, minimind-3-moe's top-1 (minimind-3's
     head layout is in its shapes). Weights are cast to ``dtype`` (``None`` keeps upstream's fp16).
     NaN/inf weights are a ``ValueError`` (``check_finite=False`` loads them, for inspection).
+    Tied or untied head: ``checkpoint.head_tying``'s rule, as every loader (a file that stores
+    both tied keys equal, as upstream's trainers do, is tied; a head of its own untied; a head
+    that is neither is a ``ValueError`` asking for ``tie_word_embeddings``).
     """
+    _check_dtype(dtype)
     path = Path(os.path.expanduser(os.fspath(path)))
     name = parse_pth_name(path.name)
     state = _as_state_dict(_read_torch_file(path, map_location), path)
@@ -285,9 +298,10 @@ def load_pth(path: PathLike, dtype: Optional[torch.dtype] = torch.float32,
             f"{path.name} names hidden size {name.hidden_size}{' and MoE' if name.use_moe else ''}, but its tensors "
             f"say {what}: a renamed file? Name it {pth_filename(name.stage, width, is_moe)}."
         )
-    config = published_config(state)
-    state = _tie(state, path, embedding_wins=False) if config.tie_word_embeddings else _untied(state, path)
-    return _build(config, state, dtype, map_location, path, check_finite)
+    state = {k: v for k, v in state.items() if not k.endswith(_BUFFERS)}
+    overrides = {} if tie_word_embeddings is None else {"tie_word_embeddings": tie_word_embeddings}
+    config = infer_config(state, source=path, **_published_overrides(state, is_moe), **overrides)  # + the head
+    return _build(config, tied_state(state, config.tie_word_embeddings, path), dtype, map_location, path, check_finite)
 
 
 def published_config(state: Mapping[str, Any]) -> MiniMindConfig:
@@ -310,15 +324,6 @@ def _published_overrides(state: Mapping[str, Any], is_moe: bool) -> Dict[str, An
     if is_moe:
         overrides["num_experts_per_tok"] = PUBLISHED_TOP_K
     return overrides
-
-
-def _untied(state: Dict[str, torch.Tensor], source: Path) -> Dict[str, torch.Tensor]:
-    """An untied model's state (minimind-3 with ``tie_word_embeddings=False``): buffers dropped, the
-    head must be there."""
-    state = {k: v for k, v in state.items() if not k.endswith(("freqs_cos", "freqs_sin", "rotary_emb.inv_freq"))}
-    if "lm_head.weight" not in state:
-        raise ValueError(f"{source}: the config says tie_word_embeddings=False, but there is no lm_head.weight.")
-    return state
 
 
 # ---------------------------------------------------------------------- Hugging Face folders
@@ -442,7 +447,17 @@ def read_hf_weights(folder: PathLike, map_location: Union[str, torch.device] = "
         if not path.is_file():
             continue
         if name.endswith(".index.json"):
-            shards = sorted(set(json.loads(path.read_text(encoding="utf-8"))["weight_map"].values()))
+            index = read_json(path, "shard index (*.index.json)")
+            weight_map = index.get("weight_map") if isinstance(index, dict) else None
+            if not isinstance(weight_map, dict) or not weight_map or not all(
+                    isinstance(f, str) and f and Path(f).name == f for f in weight_map.values()):
+                raise ValueError(f"{path} is not a valid shard index: it needs a 'weight_map' object mapping each "
+                                 "tensor name to a shard file name in the same folder (truncated, or edited by hand?).")
+            shards = sorted(set(weight_map.values()))
+            missing = [s for s in shards if not (folder / s).is_file()]
+            if missing:
+                raise FileNotFoundError(f"{path} lists shard(s) {missing} that are not in {folder}: an incomplete "
+                                        "download?")
             files = [folder / s for s in shards]
         else:
             files = [path]
@@ -457,9 +472,15 @@ def read_hf_weights(folder: PathLike, map_location: Union[str, torch.device] = "
 
 
 def load_hf_dir(folder: PathLike, dtype: Optional[torch.dtype] = torch.float32,
-                map_location: Union[str, torch.device] = "cpu", check_finite: bool = True) -> MiniMindForCausalLM:
+                map_location: Union[str, torch.device] = "cpu", check_finite: bool = True,
+                tie_word_embeddings: Optional[bool] = None) -> MiniMindForCausalLM:
     """Load a Hugging Face model folder (Llama or MiniMind layout) strictly, without transformers.
-    NaN/inf weights are a ``ValueError`` (``check_finite=False`` loads them, for inspection)."""
+    NaN/inf weights are a ``ValueError`` (``check_finite=False`` loads them, for inspection).
+    Tied or untied head: ``checkpoint.head_tying``'s rule, with ``config.json``'s
+    ``tie_word_embeddings`` as the declared value when it has one (``tie_word_embeddings``
+    here overrides it): a tied folder whose stored head differs from the embedding is refused,
+    not silently tied (transformers would drop the stored head)."""
+    _check_dtype(dtype)
     folder = Path(os.path.expanduser(os.fspath(folder)))
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():
@@ -468,11 +489,13 @@ def load_hf_dir(folder: PathLike, dtype: Optional[torch.dtype] = torch.float32,
         )
     raw = read_json(cfg_path, "config.json")
     config = config_from_hf(raw)
-    # Llama / Qwen3 with tie_word_embeddings: transformers ties the head to the embedding (a stored
-    # lm_head.weight is ignored). Otherwise a stored head must equal the embedding.
-    embedding_wins = raw.get("model_type") in ("llama", "qwen3", "qwen3_moe") and bool(raw.get("tie_word_embeddings", False))
     state = _as_state_dict(read_hf_weights(folder, map_location), folder)
-    state = _tie(state, folder, embedding_wins) if config.tie_word_embeddings else _untied(state, folder)
+    declared, declared_by = raw.get("tie_word_embeddings"), f"{cfg_path}"  # a missing field declares nothing
+    if declared is not None and not isinstance(declared, bool):
+        raise TypeError(f"{cfg_path}: tie_word_embeddings must be true or false (a JSON boolean), got {declared!r}.")
+    if tie_word_embeddings is not None:
+        declared, declared_by = tie_word_embeddings, "your tie_word_embeddings"
+    config, state = _tied_or_untied(state, config, folder, declared, declared_by, forced=tie_word_embeddings is not None)
     return _build(config, state, dtype, map_location, folder, check_finite)
 
 
@@ -578,10 +601,17 @@ class UpstreamTokenizer:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def decode(self, ids: Any, skip_special_tokens: bool = False) -> str:
-        """Text of ``ids`` (a list or a 1-D tensor)."""
+        """Text of ``ids`` (a list or a 1-D tensor). An id outside the vocabulary is a ``ValueError``
+        (the ``tokenizers`` library would skip it without a word)."""
         if isinstance(ids, torch.Tensor):
             ids = ids.tolist()
-        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+        ids = [int(i) for i in ids]
+        n = len(self)
+        outside = [i for i in ids if not 0 <= i < n]
+        if outside:
+            raise ValueError(f"token id(s) {outside[:5]} are outside this tokenizer's vocabulary [0, {n - 1}]: ids of "
+                             "another tokenizer, or of a model with a larger vocabulary?")
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = False,
                             tokenize: bool = False, **kwargs: Any) -> Union[str, List[int]]:
@@ -626,9 +656,12 @@ def load_tokenizer_dir(folder: PathLike) -> UpstreamTokenizer:
         template = next((t["template"] for t in template if t.get("name") == "default"), None)
     jinja_file = folder / "chat_template.jinja"
     if jinja_file.is_file():
-        template = jinja_file.read_text(encoding="utf-8")
+        try:
+            template = jinja_file.read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{jinja_file} is not UTF-8 text ({err.reason} at byte {err.start}): a damaged file?") from None
     special_map = folder / "special_tokens_map.json"
-    special = json.loads(special_map.read_text(encoding="utf-8")) if special_map.is_file() else None
+    special = read_json(special_map, "special_tokens_map.json") if special_map.is_file() else None
     return UpstreamTokenizer(tokenizer, config, template, special, source=str(folder))
 
 
@@ -689,11 +722,12 @@ def real_weights_enabled(environ: Optional[Mapping[str, str]] = None) -> bool:
 def tokenizer_folder_generation(folder: PathLike) -> str:
     """``"minimind-3"`` for a tokenizer folder whose ``tokenizer_config.json`` lists minimind-3's added
     tokens (``<tool_call>``, ``<think>``, ...: ``trainer/train_tokenizer.py`` at d65ef2c), else ``"MiniMind2"``
-    (c090b69's has only ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``)."""
-    try:
-        config = json.loads((Path(folder) / "tokenizer_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return "MiniMind2"
+    (c090b69's has only ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``). A file that is not valid
+    JSON is a ``ValueError`` naming it (not a tokenizer of the other generation)."""
+    config = read_json(Path(folder) / "tokenizer_config.json", "tokenizer_config.json")
+    if not isinstance(config, dict):
+        raise ValueError(f"{Path(folder) / 'tokenizer_config.json'} is not a valid tokenizer_config.json: it holds a "
+                         f"{type(config).__name__}, not a JSON object.")
     added = config.get("added_tokens_decoder") or {}
     contents = {entry.get("content") if isinstance(entry, Mapping) else entry for entry in added.values()}
     return "minimind-3" if {"<tool_call>", "<think>"} <= contents else "MiniMind2"
@@ -752,7 +786,7 @@ def _load_local(path: Path, model: str, stage: str, dtype: Optional[torch.dtype]
             return load_pth(pth_dir / filename, dtype, map_location), load_tokenizer_dir(_find_tokenizer(folders, generation))
     for hf_dir in (path / model, path):
         if stage == "full_sft" and (hf_dir / "config.json").is_file():
-            cfg = config_from_hf(json.loads((hf_dir / "config.json").read_text(encoding="utf-8")))
+            cfg = config_from_hf(read_json(hf_dir / "config.json", "config.json"))
             if (cfg.hidden_size, cfg.use_moe, cfg.generation) == (hidden, moe, generation):
                 return (load_hf_dir(hf_dir, dtype, map_location),
                         load_tokenizer_dir(_find_tokenizer([hf_dir, path], generation)))

@@ -205,8 +205,8 @@ def _read_config_file(path_or_name: str) -> Dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as f:
             d = json.load(f)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not valid JSON: {err}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON (UTF-8): {err}") from None
     if not isinstance(d, dict):
         raise ValueError(f"{path} must hold a JSON object of training options, got {type(d).__name__}.")
     return d

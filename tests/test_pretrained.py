@@ -163,10 +163,12 @@ def test_pth_bad_files_are_clear_errors(tmp_path, dense):
     with pytest.raises(ValueError, match="resume"):
         P.load_pth(tmp_path / "full_sft_64.pth")
 
+    # a tied model's head copy that was changed: refused, asking which it is (tests/test_head_tying.py: the rule)
     state = {k: v.half() for k, v in dense.state_dict().items()}
-    state["lm_head.weight"] = state["lm_head.weight"] + 1
+    state["lm_head.weight"] = state["lm_head.weight"].clone()
+    state["lm_head.weight"][0, :3] += 1
     torch.save(state, tmp_path / "full_sft_64.pth")
-    with pytest.raises(ValueError, match="ties them"):
+    with pytest.raises(ValueError, match="the weights do not say which.*pass tie_word_embeddings=False"):
         P.load_pth(tmp_path / "full_sft_64.pth")
 
 
@@ -178,14 +180,24 @@ def test_llama_folder(tmp_path, dense, weights, transformers5):
 
 
 def test_llama_folder_with_untied_config_but_equal_head(tmp_path, dense):
-    """Some hub copies say tie_word_embeddings: false and store both (equal) matrices."""
+    """Some hub copies say tie_word_embeddings: false and store both (equal) matrices. Issue 38's one rule
+    (checkpoint.head_tying): the folder declares untied and the weights do not contradict it, so the model
+    is untied, as transformers loads it, with the same logits; tie_word_embeddings=True loads it tied. A
+    head of its own in such a folder is kept (it was refused: 'MiniMind2 ties them')."""
     folder = U.save_llama_dir(dense, tmp_path / "untied", weights="bin", tie=False)
-    assert_same_model(P.load_hf_dir(folder), dense)
+    loaded = P.load_hf_dir(folder)
+    assert not loaded.config.tie_word_embeddings and loaded.lm_head.weight is not loaded.model.embed_tokens.weight
+    assert_same_model(P.load_hf_dir(folder, tie_word_embeddings=True), dense)
+    ids = ids_for(dense)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, P.load_hf_dir(folder, tie_word_embeddings=True)(ids).logits,
+                                   rtol=0, atol=0)
     state = torch.load(folder / "pytorch_model.bin", weights_only=True)
     state["lm_head.weight"] = state["lm_head.weight"] * 2
     torch.save(state, folder / "pytorch_model.bin")
-    with pytest.raises(ValueError, match="ties them"):
-        P.load_hf_dir(folder)
+    loaded = P.load_hf_dir(folder)
+    assert torch.equal(loaded.lm_head.weight, state["lm_head.weight"].float())
+    assert torch.equal(loaded.model.embed_tokens.weight, state["model.embed_tokens.weight"].float())
 
 
 @pytest.mark.parametrize("which", ["dense", "moe"])
