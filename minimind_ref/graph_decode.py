@@ -146,10 +146,12 @@ class GraphDecoder:
     ``GraphDecoder(model)`` keeps the model untouched and builds a decoding copy of its weights once.
     ``cuda_graph``: ``None`` (default) captures graphs when the model is on a CUDA device and runs
     the step eagerly elsewhere; ``True`` demands a graph (a ``ValueError`` off CUDA); ``False``
-    never captures. ``compile=True`` passes the step through ``torch.compile`` first (on a GPU: fused
-    kernels, then the graph; the first call compiles, tens of seconds). On a GPU the capacity of the
-    static cache is rounded up to a multiple of ``capacity_multiple`` so that one captured graph
-    serves many lengths; graphs are kept per (batch, capacity, sampling settings) until ``clear()``.
+    never captures. ``compile=True`` passes the static step through ``torch.compile`` (on a GPU: fused
+    kernels, then the graph; without a graph the compiled step is called once per token; the first
+    call compiles, tens of seconds). The capacity of a static cache is rounded up to a multiple of
+    ``capacity_multiple`` so that one graph (or compiled step) serves many lengths; the buffers and
+    graphs are kept per (batch, capacity, sampling settings) until ``clear()``. Without a graph and
+    without ``compile`` the step runs eagerly, attention sliced to the filled positions.
     """
 
     def __init__(self, model: MiniMindForCausalLM, cuda_graph: Optional[bool] = None, compile: bool = False,
@@ -189,7 +191,7 @@ class GraphDecoder:
         self._step_fn: Callable[..., None] = (torch.compile(self._static_step, fullgraph=True, dynamic=False)
                                               if compile else self._static_step)
         self._graphs: Dict[Tuple[int, int, Sampling], Tuple[Any, _State]] = {}
-        self.last_path = ""  # "cuda graph", "compiled", or "eager": what the last generate() ran
+        self.last_path = ""  # what the last generate() ran: "cuda graph", "compiled cuda graph", "compiled", "eager"
 
     # --- bookkeeping ---------------------------------------------------------------------------
 
@@ -370,12 +372,12 @@ class GraphDecoder:
         pad = pad_token_id if pad_token_id is not None else (eos_token_id if eos_token_id is not None else 0)
         s = Sampling(bool(do_sample), float(temperature), int(top_k), float(top_p), float(repetition_penalty),
                      eos_token_id, pad)
-        graph_path = self.cuda_graph and generator is None and steps > 1
+        static = (self.cuda_graph or self.compiled) and generator is None and steps > 1
         with torch.no_grad():
-            return self._generate(input_ids, attention_mask, steps, s, generator, graph_path)
+            return self._generate(input_ids, attention_mask, steps, s, generator, static)
 
     def _generate(self, input_ids: torch.Tensor, mask: Optional[torch.Tensor], steps: int, s: Sampling,
-                  generator: Optional[torch.Generator], graph_path: bool) -> torch.Tensor:
+                  generator: Optional[torch.Generator], static: bool) -> torch.Tensor:
         batch, prompt_len = input_ids.shape
         was_training = self.model.training
         self.model.eval()
@@ -384,30 +386,32 @@ class GraphDecoder:
         finally:
             self.model.train(was_training)
         graph = None
-        if graph_path:
+        if static:  # buffers (and a graph) per batch, rounded-up capacity and settings, kept for the next call
             limit = self.config.max_position_embeddings
             capacity = min(-(-(prompt_len + steps) // self.capacity_multiple) * self.capacity_multiple, limit)
             key = (batch, capacity, s)
             if key not in self._graphs:
                 st = _State(self, batch, capacity)
-                self._graphs[key] = (self._capture(st, s), st)
+                self._graphs[key] = (self._capture(st, s) if self.cuda_graph else None, st)
             graph, st = self._graphs[key]
         else:
             st = _State(self, batch, prompt_len + steps)
         self._load_prompt(st, input_ids, mask, out.past_key_values)
         st.token.copy_(self._pick(out.logits[:, -1], st, s, generator))  # the first new token, from the prefill
         st.sequence[:, prompt_len] = st.token
-        check = self.check_every if graph is not None else 1
-        if graph is not None:
-            st.pos.fill_(prompt_len)
+        st.pos.fill_(prompt_len)
+        check = self.check_every if static else 1
         for n in range(1, steps):  # step n feeds the token at position prompt_len + n - 1
             if s.eos_token_id is not None and (n - 1) % check == 0 and bool(st.finished.all()):
                 break
             if graph is not None:
-                graph.replay()
+                graph.replay()  # the whole step: one call
+            elif static:
+                self._step_fn(st, s)  # the compiled static step, launched from Python (no CUDA graph)
             else:
                 self._eager_step(st, s, prompt_len + n - 1, generator)
-        self.last_path = ("compiled cuda graph" if self.compiled else "cuda graph") if graph is not None else "eager"
+        self.last_path = {(True, True): "compiled cuda graph", (True, False): "cuda graph",
+                          (False, True): "compiled", (False, False): "eager"}[(graph is not None, static)]
         return self._result(st, prompt_len, steps, s)
 
     def _load_prompt(self, st: _State, input_ids: torch.Tensor, mask: Optional[torch.Tensor], cache: list) -> None:
@@ -450,24 +454,33 @@ def graph_generate(model: MiniMindForCausalLM, input_ids: torch.Tensor, max_new_
 
 
 def count_ops(fn: Callable[[], Any]) -> Dict[str, int]:
-    """The operators ``fn()`` runs, counted below autograd (``TorchDispatchMode``), by name, views
-    and other metadata-only operators left out: on a GPU, roughly the kernels it launches."""
+    """The operators ``fn()`` runs, by name, counted below autograd (``TorchDispatchMode``): composite
+    operators are decomposed into those that do the work (``linear`` into a matrix product, a ``.to``
+    of the same dtype into nothing, whether ``fn`` runs under ``no_grad`` or ``inference_mode``), and
+    views and other metadata-only operators are left out. On a GPU, roughly the kernels it launches."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     counts: Dict[str, int] = {}
+    composite = torch._C.DispatchKey.CompositeImplicitAutograd
 
     class _Count(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if not func.is_view and func.overloadpacket.__name__ not in _NO_KERNEL:
-                name = func.overloadpacket.__name__
+            kwargs = kwargs or {}
+            if func.has_kernel_for_dispatch_key(composite):
+                with self:
+                    out = func.decompose(*args, **kwargs)
+                if out is not NotImplemented:
+                    return out
+            name = func.overloadpacket.__name__
+            if not func.is_view and name not in _NO_KERNEL:
                 counts[name] = counts.get(name, 0) + 1
-            return func(*args, **(kwargs or {}))
+            return func(*args, **kwargs)
 
     with _Count():
         fn()
     return counts
 
 
-#: Operators that launch no kernel: they only read or set metadata.
-_NO_KERNEL = {"detach", "_to_copy_meta", "size", "stride", "sym_size", "sym_stride", "is_same_size", "_local_scalar_dense",
+#: Operators that launch no kernel: they only read or set metadata (or allocate).
+_NO_KERNEL = {"detach", "_unsafe_view", "_reshape_alias", "size", "stride", "sym_size", "sym_stride", "is_same_size",
               "lift_fresh", "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "set_"}

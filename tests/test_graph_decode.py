@@ -191,28 +191,40 @@ def test_static_step_equals_the_eager_step(generation):
     assert torch.equal(st.sequence[:, :17], expected)
 
 
+@pytest.mark.parametrize("check_every", [1, 4, 16])
+def test_static_loop_stops_at_eos_as_generate(check_every):
+    """The loop a graph runs (static buffers reused across calls, the finished flags read every
+    ``check_every`` steps, the extra steps cut off), here with the uncompiled static step."""
+    model = model_of("MiniMind2", seed=17)
+    ids = prompt(3, 5, seed=17)
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    free = model.generate(ids, attention_mask=mask, max_new_tokens=30)
+    decoder = GraphDecoder(model, capacity_multiple=16, check_every=check_every)
+    decoder.compiled = True  # the static path, with _step_fn still the plain static step
+    for eos in (int(free[0, 5 + 3]), int(free[2, 5 + 20]), None):
+        expected = model.generate(ids, attention_mask=mask, max_new_tokens=30, eos_token_id=eos)
+        assert torch.equal(decoder.generate(ids, 30, attention_mask=mask, eos_token_id=eos), expected), eos
+        assert decoder.last_path == "compiled"
+    assert len(decoder._graphs) == 3  # buffers per setting (two end tokens, none), each of capacity 48
+    decoder.clear()
+    assert not decoder._graphs
+
+
 @pytest.mark.slow
 def test_compiled_static_step_gives_the_same_tokens():
-    """compile=True on the CPU: the eager loop calls the plain step (no graph without CUDA), but the
-    compiled static step itself, run by hand, still decodes generate's tokens."""
+    """compile=True on the CPU: no graph, the compiled static step is called once per token, with
+    generate's tokens; a generator of one's own falls back to the eager step."""
     model = model_of("minimind-3", seed=13)
-    ids = prompt(1, 6, seed=13)
-    expected = model.generate(ids, max_new_tokens=10)
-    decoder = GraphDecoder(model, compile=True)
+    ids = prompt(2, 6, seed=13)
+    decoder = GraphDecoder(model, compile=True, capacity_multiple=32)
     try:
-        with torch.no_grad():
-            out = model(ids, use_cache=True, logits_to_keep=1)
-            st = _State(decoder, batch=1, capacity=16)
-            s = Sampling()
-            decoder._load_prompt(st, ids, None, out.past_key_values)
-            st.token.copy_(decoder._pick(out.logits[:, -1], st, s, None))
-            st.sequence[:, 6] = st.token
-            st.pos.fill_(6)
-            for _ in range(9):
-                decoder._step_fn(st, s)
+        assert torch.equal(decoder.generate(ids, 10), model.generate(ids, max_new_tokens=10))
+        assert decoder.last_path == "compiled"
+        decoder.generate(ids, 4, do_sample=True, generator=torch.Generator().manual_seed(0))
+        assert decoder.last_path == "eager"
     finally:
         torch._dynamo.reset()
-    assert torch.equal(st.sequence[:, :16], expected)
 
 
 # --- fallbacks, bookkeeping, bad input -------------------------------------------------------------
