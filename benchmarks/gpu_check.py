@@ -115,22 +115,27 @@ def _first_call(fn: Callable[[], Any], device: torch.device) -> float:
 
 # --- the decode ladder -------------------------------------------------------------------------
 
-#: name, preset, dtype, batch, prompt tokens, new tokens, paths (in ladder order)
+#: name, preset, dtype, batch, prompt tokens, new tokens, paths (in ladder order). In the order of
+#: priority: a run cut short by the check's time budget keeps the rows measured before the cut.
 DECODE_RUNS = [
-    ("minimind-3 bf16, batch 1", "minimind-3", "bfloat16", 1, 32, 256,
-     ["generate", "fast", "fast_compiled", "static_eager", "graph", "graph_compiled", "hf", "upstream"]),
-    ("minimind-3 fp32, batch 1", "minimind-3", "float32", 1, 32, 256, ["generate", "fast", "graph", "hf", "upstream"]),
-    ("MiniMind2-Small bf16, batch 1", "MiniMind2-Small", "bfloat16", 1, 32, 256, ["generate", "fast", "graph", "hf"]),
-    ("minimind-3 bf16, batch 32", "minimind-3", "bfloat16", 32, 32, 128, ["generate", "graph", "graph_compiled", "hf"]),
-    ("minimind-3 bf16, batch 1, sampled", "minimind-3", "bfloat16", 1, 32, 256, ["generate", "graph"]),
-    ("minimind-3-moe bf16, batch 1", "minimind-3-moe", "bfloat16", 1, 32, 256, ["generate", "graph"]),
+    ("minimind-3 bf16, batch 1", "minimind-3", "bfloat16", 1, 32, 128,
+     ["generate", "fast", "static_eager", "graph", "hf", "upstream"]),
+    ("minimind-3 bf16, batch 32", "minimind-3", "bfloat16", 32, 32, 128, ["generate", "graph", "hf"]),
+    ("minimind-3 fp32, batch 1", "minimind-3", "float32", 1, 32, 128, ["generate", "fast", "graph", "hf"]),
+    ("minimind-3 bf16, batch 1, compiled", "minimind-3", "bfloat16", 1, 32, 128, ["graph", "fast_compiled", "graph_compiled"]),
+    ("minimind-3 bf16, batch 32, compiled", "minimind-3", "bfloat16", 32, 32, 128, ["graph", "graph_compiled"]),
+    ("minimind-3 bf16, batch 1, sampled", "minimind-3", "bfloat16", 1, 32, 128, ["generate", "graph", "upstream"]),
+    ("minimind-3-moe bf16, batch 1", "minimind-3-moe", "bfloat16", 1, 32, 128, ["generate", "graph"]),
+    ("minimind-3-moe bf16, batch 32", "minimind-3-moe", "bfloat16", 32, 32, 128, ["generate", "graph"]),
+    ("MiniMind2-Small bf16, batch 1", "MiniMind2-Small", "bfloat16", 1, 32, 128, ["generate", "fast", "graph", "hf"]),
 ]
+#: The training step is measured after this many decode rows (the rest are less central).
+TRAIN_AFTER = 3
 #: The sampling settings of the sampled run: upstream d65ef2c ``generate``'s defaults.
 SAMPLED = dict(do_sample=True, temperature=0.85, top_k=50, top_p=0.85)
 #: The dry run's tiny stand-in for every preset (the same layout switches, a few thousand parameters each).
 TINY = dict(hidden_size=64, num_hidden_layers=2, vocab_size=320, max_position_embeddings=128)
-NEEDS_CUDA = {"graph", "graph_compiled"}
-NEEDS_COMPILE = {"fast_compiled", "graph_compiled"}
+NEEDS_COMPILE = {"fast_compiled", "graph_compiled"}  # measured on a GPU only: minutes of compilation on a CPU
 
 
 def build_model(preset_name: str, dtype: str, device: torch.device, tiny: bool) -> "torch.nn.Module":
@@ -177,11 +182,10 @@ def decode_paths(model, prompt: torch.Tensor, new: int, paths: List[str], sample
     settings = SAMPLED if sampled else {}
     fns: Dict[str, Callable[[], torch.Tensor]] = {}
     skipped: Dict[str, str] = {}
+    decoders: Dict[str, Any] = {}
     batch = prompt.shape[0]
     for path in paths:
         try:
-            if path in NEEDS_CUDA and device.type != "cuda":
-                raise RuntimeError("needs a CUDA device (the dry run has none)")
             if path in NEEDS_COMPILE and device.type != "cuda":
                 raise RuntimeError("torch.compile is measured on the GPU only (minutes of compilation on a CPU)")
             if path in ("fast", "fast_compiled") and (batch != 1 or model.config.use_moe or sampled):
@@ -195,6 +199,7 @@ def decode_paths(model, prompt: torch.Tensor, new: int, paths: List[str], sample
                 decoder = GraphDecoder(model, cuda_graph=False if path == "static_eager" else None,
                                        compile=path == "graph_compiled")
                 fns[path] = lambda d=decoder: d.generate(prompt, new, **settings)
+                decoders[path] = decoder
             elif path == "hf":
                 from minimind_ref.hf import to_hf
 
@@ -209,17 +214,17 @@ def decode_paths(model, prompt: torch.Tensor, new: int, paths: List[str], sample
                 fns[path] = lambda t=theirs: t.generate(prompt, max_new_tokens=new, eos_token_id=None, **up)
         except Exception as err:  # recorded, not fatal: the other paths are still measured
             skipped[path] = f"{type(err).__name__}: {err}"[:300]
-    return fns, skipped
+    return fns, skipped, decoders
 
 
 def decode_ladder(device: torch.device, bandwidth: float, upstream_file: Optional[str], tiny: bool,
-                  save: Callable[[], None], rows: List[Dict[str, Any]]) -> None:
+                  save: Callable[[], None], rows: List[Dict[str, Any]], runs: List[tuple]) -> None:
     from minimind_ref.graph_decode import GraphDecoder
     from minimind_ref.params import count_parameters
 
     from .common import interleaved
 
-    for name, preset_name, dtype, batch, prompt_len, new, paths in DECODE_RUNS:
+    for name, preset_name, dtype, batch, prompt_len, new, paths in runs:
         if tiny:
             prompt_len, new, batch = 8, 8, min(batch, 4)
         row: Dict[str, Any] = {"run": name, "preset": preset_name, "dtype": dtype, "batch": batch,
@@ -232,7 +237,8 @@ def decode_ladder(device: torch.device, bandwidth: float, upstream_file: Optiona
             row["bound_tok_s"] = batch * bandwidth / row["bytes_per_token"]  # every row's token per step
             prompt = torch.randint(0, model.config.vocab_size, (batch, prompt_len),
                                    generator=torch.Generator().manual_seed(1)).to(device)
-            fns, row["skipped"] = decode_paths(model, prompt, new, paths, "sampled" in name, upstream_file, device)
+            fns, row["skipped"], decoders = decode_paths(model, prompt, new, paths, "sampled" in name, upstream_file,
+                                                         device)
             outs: Dict[str, torch.Tensor] = {}
             for path, fn in list(fns.items()):  # first calls: capture, compilation, lazy initialisation
                 try:
@@ -249,6 +255,8 @@ def decode_ladder(device: torch.device, bandwidth: float, upstream_file: Optiona
                 entry = row["paths"][path]
                 entry.update(time=stats, tok_s=batch * new / stats["median_s"])
                 entry["fraction_of_bound"] = entry["tok_s"] / row["bound_tok_s"]
+                if path in decoders:  # what GraphDecoder ran: "cuda graph", or the fallback off CUDA
+                    entry["path_ran"] = decoders[path].last_path
                 if reference is not None and "sampled" not in name:
                     got = outs[path][:, :reference.shape[1]].to(reference.device)
                     entry["identical_tokens"] = bool(torch.equal(got, reference))
@@ -376,10 +384,11 @@ def bench(out_dir: Path, upstream_file: Optional[str], quick: bool) -> Dict[str,
         res["errors"].append(f"bandwidth: {type(err).__name__}: {err}")
     read = res.get("bandwidth", {}).get("read_GBps", float("nan")) * 1e9
     save()
-    for section, run in (("decode", lambda: decode_ladder(device, read, upstream_file, tiny, save, res["decode"])),
-                         ("train", lambda: res.__setitem__("train", training(
-                             device, upstream_file, tiny,
-                             peak_bf16_tflops(res["environment"]["device_name"]) if device.type == "cuda" else None)))):
+    peak = peak_bf16_tflops(res["environment"]["device_name"]) if device.type == "cuda" else None
+    jobs = [("decode", lambda: decode_ladder(device, read, upstream_file, tiny, save, res["decode"], DECODE_RUNS[:TRAIN_AFTER])),
+            ("train", lambda: res.__setitem__("train", training(device, upstream_file, tiny, peak))),
+            ("decode", lambda: decode_ladder(device, read, upstream_file, tiny, save, res["decode"], DECODE_RUNS[TRAIN_AFTER:]))]
+    for section, run in jobs:
         try:
             run()
         except Exception as err:
@@ -438,6 +447,8 @@ def not_measured(record: Dict[str, Any]) -> List[str]:
     missing = []
     if record.get("dry_run", True):
         missing.append("every GPU figure: this record is a dry run without CUDA (tiny models on the CPU)")
+    measured = {row["run"] for row in record.get("decode", [])}
+    missing += [f"decode {run[0]}: not run (the time budget ran out first)" for run in DECODE_RUNS if run[0] not in measured]
     for row in record.get("decode", []):
         for path, why in row.get("skipped", {}).items():
             missing.append(f"decode {row['run']}: {path} ({why})")

@@ -56,9 +56,11 @@ Shapes: ``input_ids [b, s]`` (``attention_mask [b, s]``, left padding) -> ``[b, 
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -451,6 +453,19 @@ def graph_generate(model: MiniMindForCausalLM, input_ids: torch.Tensor, max_new_
     """``GraphDecoder(model).generate(input_ids, max_new_tokens, **kwargs)`` (the weights are laid out
     again, and on a GPU a graph captured, at every call: keep a ``GraphDecoder`` to decode often)."""
     return GraphDecoder(model).generate(input_ids, max_new_tokens, **kwargs)
+
+
+#: Where the record of the device check's GPU run ships (``make gpu-check``; benchmarks/gpu_check.py).
+GPU_RECORD = Path(__file__).parent / "reference_outputs" / "gpu_record.json"
+
+
+def gpu_record() -> Optional[Dict[str, Any]]:
+    """The shipped record of a GPU run of the device check, or None while none has been committed
+    (a dry run's record without CUDA does not count: it holds no GPU figure)."""
+    if not GPU_RECORD.is_file():
+        return None
+    record = json.loads(GPU_RECORD.read_text(encoding="utf-8"))
+    return None if record.get("dry_run", True) else record
 
 
 def count_ops(fn: Callable[[], Any]) -> Dict[str, int]:

@@ -71,7 +71,7 @@ UPSTREAM=$(ls "$CARRY"/upstream/model_minimind_d65ef2c.py 2>/dev/null || true)
 
 # --- 2. the benchmarks (the record is written after every measurement: a timeout keeps what was measured)
 echo "== 2. benchmarks ($(left)s left)"
-timeout -k 15 $(( $(left) * 2 / 5 )) "$PY" -m benchmarks.gpu_check bench --out "$OUT_DIR" ${UPSTREAM:+--upstream "$UPSTREAM"}
+timeout -k 15 $(( $(left) / 2 )) "$PY" -m benchmarks.gpu_check bench --out "$OUT_DIR" ${UPSTREAM:+--upstream "$UPSTREAM"}
 echo "   bench exit status $?"
 
 # --- 3./4. the GPU suite, once per transformers major
