@@ -375,7 +375,9 @@ class GraphDecoder:
         s = Sampling(bool(do_sample), float(temperature), int(top_k), float(top_p), float(repetition_penalty),
                      eos_token_id, pad)
         static = (self.cuda_graph or self.compiled) and generator is None and steps > 1
-        with torch.no_grad():
+        # the static buffers outlive the call (and a graph records them): ordinary tensors, under no_grad;
+        # the eager path's live for one call, under inference_mode (less bookkeeping per operator)
+        with torch.no_grad() if static else torch.inference_mode():
             return self._generate(input_ids, attention_mask, steps, s, generator, static)
 
     def _generate(self, input_ids: torch.Tensor, mask: Optional[torch.Tensor], steps: int, s: Sampling,
