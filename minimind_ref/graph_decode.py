@@ -66,6 +66,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from .fast_decode import rms_norm
 from .ffn import ACTIVATIONS
 from .generation import _check_left_padding, _check_token_id, check_sampling_settings, top_k_filter, top_p_filter
 from .model import MiniMindForCausalLM
@@ -219,11 +220,7 @@ class GraphDecoder:
     # --- one step ------------------------------------------------------------------------------
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.cast_after_weight:  # minimind-3 (d65ef2c): the gain in fp32, then the cast
-            return (weight * normed).type_as(x)
-        return weight * normed.type_as(x)
+        return rms_norm(x, weight, self.eps, self.cast_after_weight)
 
     def _ffn(self, x: torch.Tensor, gate_up_t: torch.Tensor, down_t: torch.Tensor) -> torch.Tensor:
         gate_up = x @ gate_up_t

@@ -17,23 +17,14 @@ import minimind_ref as mm
 from minimind_ref.fast_decode import FastDecoder
 from minimind_ref.generation import next_token_logits
 from minimind_ref.graph_decode import GraphDecoder, Sampling, _State, count_ops, graph_generate
+from test_fast_decode import minimind3_model, small_model
 
 VOCAB = 300
 
 
 def model_of(generation: str, seed: int = 0, **overrides) -> mm.MiniMindForCausalLM:
-    """A small model of either generation; minimind-3's QK-norm gains randomised so a skipped one shows."""
-    torch.manual_seed(seed)
-    small = dict(hidden_size=64, num_hidden_layers=3, vocab_size=VOCAB, max_position_embeddings=96)
-    if generation == "MiniMind2":
-        small.update(num_attention_heads=8, num_key_value_heads=2)
-    cfg = mm.MiniMindConfig(generation=generation, **{**small, **overrides})
-    model = mm.MiniMindForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(("q_norm.weight", "k_norm.weight")):
-                p.uniform_(0.5, 2.0)
-    return model
+    """test_fast_decode's small models: MiniMind2 (8:2 heads), or minimind-3 with random QK-norm gains."""
+    return (small_model if generation == "MiniMind2" else minimind3_model)(seed, **overrides)
 
 
 def prompt(batch: int, length: int, seed: int) -> torch.Tensor:
@@ -215,7 +206,7 @@ def test_static_loop_stops_at_eos_as_generate(check_every):
 def test_compiled_static_step_gives_the_same_tokens():
     """compile=True on the CPU: no graph, the compiled static step is called once per token, with
     generate's tokens; a generator of one's own falls back to the eager step."""
-    model = model_of("minimind-3", seed=13)
+    model = model_of("minimind-3", seed=13, num_hidden_layers=1)  # one layer: compiles faster, same code
     ids = prompt(2, 6, seed=13)
     decoder = GraphDecoder(model, compile=True, capacity_multiple=32)
     try:
