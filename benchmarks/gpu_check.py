@@ -417,24 +417,51 @@ def _junit(path: Path) -> List[Dict[str, Any]]:
     return tests
 
 
+_VERBOSE = re.compile(r"(PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) (tests/\S+::\S+)")
+
+
+def _verbose_lines(log: str, pass_name: str) -> List[Dict[str, Any]]:
+    """The outcome of each test from pytest's ``-v`` lines of one pass in the log (no times, no properties)."""
+    start = log.find(f"pass {pass_name} (")
+    if start < 0:
+        return []
+    end = log.find("   pass ", start + 1)
+    outcomes: Dict[str, str] = {}
+    for word, test in _VERBOSE.findall(log[start:end if end > 0 else len(log)]):
+        outcomes[test] = {"PASSED": "passed", "FAILED": "failed", "ERROR": "error", "SKIPPED": "skipped"}.get(word, word.lower())
+    return [{"test": test.replace("/", ".").replace(".py::", "::"), "outcome": outcome, "seconds": None, "message": "",
+             "properties": {}} for test, outcome in outcomes.items()]
+
+
 def summarize(out_dir: Path) -> Dict[str, Any]:
     """``bench.json``, the pytest passes' junit files and their exit statuses -> ``gpu_record.json``."""
     bench_path = out_dir / "bench.json"
     record: Dict[str, Any] = json.loads(bench_path.read_text()) if bench_path.exists() else {"errors": ["no bench.json"]}
     passes = json.loads((out_dir / "passes.json").read_text()) if (out_dir / "passes.json").exists() else []
     record["suite"] = []
+    log = (out_dir / "gpu_check.log").read_text(encoding="utf-8", errors="replace") if (out_dir / "gpu_check.log").exists() else ""
     for p in passes:
-        tests = _junit(out_dir / p["junit"])
+        tests, source = _junit(out_dir / p["junit"]), "junit"
+        if not tests and p.get("status") != "not run":  # stopped before pytest wrote its junit file: the -v lines
+            tests, source = _verbose_lines(log, p["name"]), "log (no junit file: the pass was stopped)"
         counts = {o: sum(t["outcome"] == o for t in tests) for o in ("passed", "failed", "error", "skipped")}
-        record["suite"].append({**p, "counts": counts, "tests": tests})
+        record["suite"].append({**p, "counts": counts, "tests": tests, "results_from": source})
     cpu = json.loads(CPU_TIMINGS.read_text()) if CPU_TIMINGS.exists() else {"seconds": {}, "machine": {}}
+    logged = {}
+    if (out_dir / "chapters.jsonl").exists():  # written as each chapter ends (tests/test_gpu.py)
+        for line in (out_dir / "chapters.jsonl").read_text(encoding="utf-8").splitlines():
+            entry = json.loads(line)
+            logged.setdefault(entry["chapter"], entry)  # the first pass's
     chapters = []
     first = record["suite"][0]["tests"] if record["suite"] else []
     for name, cpu_s in sorted(cpu["seconds"].items()):
         test = next((t for t in first if f"[{name}.ipynb]" in t["test"]), None)
-        cuda_s = float(test["properties"]["cuda_seconds"]) if test and "cuda_seconds" in test["properties"] else None
-        chapters.append({"chapter": name, "cpu_s": cpu_s, "cuda_s": cuda_s,
-                         "outcome": test["outcome"] if test else "not run",
+        cuda_s = float(test["properties"]["cuda_seconds"]) if test and "cuda_seconds" in test.get("properties", {}) else None
+        outcome = test["outcome"] if test else "not run"
+        if name in logged and (cuda_s is None or outcome == "not run"):
+            cuda_s = cuda_s if cuda_s is not None else (logged[name]["cuda_seconds"] if logged[name]["outcome"] == "passed" else None)
+            outcome = logged[name]["outcome"] if outcome == "not run" else outcome
+        chapters.append({"chapter": name, "cpu_s": cpu_s, "cuda_s": cuda_s, "outcome": outcome,
                          "cuda_over_cpu": cuda_s / cpu_s if cuda_s and cpu_s else None})
     record["chapters"] = {"cpu_machine": cpu.get("machine", {}), "rows": chapters}
     record["not_measured"] = not_measured(record)

@@ -398,3 +398,25 @@ def test_gpu_check_script_is_valid_bash_with_the_promised_flags():
     text = script.read_text()
     for flag in ("-m gpu", "-v", "--timeout", "--durations=0", "--junitxml", "gpu_check.log", "summarize"):
         assert flag in text, flag
+
+
+def test_summarize_keeps_what_a_stopped_pass_finished(tmp_path):
+    """A pass stopped by the time budget writes no junit file: the outcomes come from its -v lines in the
+    log, and the chapters it finished from chapters.jsonl (written as each chapter ends)."""
+    from benchmarks.gpu_check import summarize
+
+    (tmp_path / "bench.json").write_text(json.dumps(fake_gpu_bench()))
+    (tmp_path / "passes.json").write_text(json.dumps([{"name": "installed", "status": 137, "junit": "junit-installed.xml"}]))
+    (tmp_path / "gpu_check.log").write_text(
+        "== 3. GPU suite\n   pass installed (transformers, tokenizers: 5.17.0 0.23.2), 200s\n"
+        "[gw0] [ 10%] PASSED tests/test_gpu.py::test_chapter_runs_on_cuda[02_rope.ipynb] \n"
+        "[gw1] [ 20%] FAILED tests/test_gpu.py::test_fp32_training_on_cuda_equals_cpu \n"
+        "!!! KeyboardInterrupt !!!\n== 4. GPU suite, transformers 4.57.6\n")
+    (tmp_path / "chapters.jsonl").write_text(json.dumps({"chapter": "02_rope", "outcome": "passed", "cuda_seconds": 9.5,
+                                                         "pass": "installed"}) + "\n")
+    record = summarize(tmp_path)
+    suite = record["suite"][0]
+    assert suite["counts"] == {"passed": 1, "failed": 1, "error": 0, "skipped": 0} and suite["results_from"].startswith("log")
+    rows = {r["chapter"]: r for r in record["chapters"]["rows"]}
+    assert rows["02_rope"]["cuda_s"] == 9.5 and rows["02_rope"]["outcome"] == "passed"
+    assert rows["03_attention"]["outcome"] == "not run"

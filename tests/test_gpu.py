@@ -93,11 +93,23 @@ def test_chapter_runs_on_cuda(path, tmp_path, monkeypatch, record_property):
     try:
         client.execute()
         record_property("cuda_seconds", round(time.perf_counter() - start, 1))
+        _log_chapter(path, "passed", time.perf_counter() - start)
     except CellExecutionError as err:
+        _log_chapter(path, "failed", time.perf_counter() - start)
         failed = next((i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
                        and any(out.get("output_type") == "error" for out in cell.get("outputs", []))), None)
         source = nb.cells[failed].source[:600] if failed is not None else ""
         pytest.fail(f"{path.name} failed on CUDA in cell {failed} ({err.ename}: {err.evalue}):\n{source}", pytrace=False)
+
+
+def _log_chapter(path: Path, outcome: str, seconds: float) -> None:
+    """One line per chapter in the file ``MINIMIND_GPU_CHAPTER_LOG`` names (the device check sets it):
+    written as each chapter ends, so a run stopped by its time budget keeps the chapters it finished."""
+    log = os.environ.get("MINIMIND_GPU_CHAPTER_LOG")
+    if log:
+        with open(log, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"chapter": path.stem, "outcome": outcome, "cuda_seconds": round(seconds, 1),
+                                 "pass": os.environ.get("MINIMIND_GPU_PASS", "")}) + "\n")
 
 
 # --- training --------------------------------------------------------------------------------

@@ -7,7 +7,8 @@
 #      with the transformers and tokenizers installed there;
 #   4. again, with transformers 4.57.6 / tokenizers 0.22 / huggingface_hub 0.36 first on the path
 #      (.gpu/tf4-wheels), for the tests that touch them, while the time budget allows;
-#   5. one log (gpu_check.log) and one JSON record (gpu_record.json) in the output folder: Python,
+#   5. one log (gpu_check.log) and one JSON record (gpu_record.json) in the output folder (beside the
+#      parts it is made of: bench.json, passes.json, junit-*.xml, chapters.jsonl): Python,
 #      torch, transformers and GPU, per-test results and timings, each chapter's CUDA time beside its
 #      CPU time, the benchmarks, and the list of what was not measured.
 # Without CUDA it is a dry run: the GPU tests skip, the benchmarks run tiny models on the CPU, and
@@ -89,14 +90,15 @@ run_pass() {  # run_pass NAME SECONDS [pytest selection args...]
     local tf
     tf=$("$PY" -c "import transformers, tokenizers; print(transformers.__version__, tokenizers.__version__)" 2>&1 | tail -1)
     echo "   pass $name (transformers, tokenizers: $tf), ${seconds}s"
-    timeout -s INT -k 20 "$seconds" "$PY" -m pytest tests/test_gpu.py -m gpu -v -rs --durations=0 \
+    MINIMIND_GPU_PASS=$name MINIMIND_GPU_CHAPTER_LOG="$OUT_DIR/chapters.jsonl" \
+    timeout -s INT -k 40 "$seconds" "$PY" -m pytest tests/test_gpu.py -m gpu -v -rs --durations=0 \
         -n "$WORKERS" --timeout "$TEST_TIMEOUT" -o addopts="-p no:cacheprovider" --junitxml "$OUT_DIR/$junit" "$@"
     status=$?
     printf '{"name": "%s", "status": %s, "versions": "%s", "workers": %s, "timeout_s": %s, "junit": "%s"},\n' \
         "$name" "$status" "$tf" "$WORKERS" "$TEST_TIMEOUT" "$junit" >> "$PASSES"
 }
 echo "== 3. GPU suite, the installed transformers ($(left)s left)"
-run_pass installed $(( $(left) * 3 / 4 ))
+run_pass installed $(( $(left) * 3 / 4 - 40 ))
 echo "== 4. GPU suite, transformers 4.57.6 ($(left)s left)"
 if [ -d "$CARRY/tf4-wheels" ]; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SCRATCH/tf4" "$CARRY"/tf4-wheels/*.whl
@@ -108,7 +110,7 @@ names = [p.stem for p in sorted(pathlib.Path("notebooks").glob("*.ipynb"))
 print(" or ".join(names + ["training"]))
 EOF
 )
-    PYTHONPATH="$SCRATCH/tf4:$PYTHONPATH" run_pass transformers4 $(( $(left) - 25 )) -k "$selection"
+    PYTHONPATH="$SCRATCH/tf4:$PYTHONPATH" run_pass transformers4 $(( $(left) - 60 )) -k "$selection"
 else
     echo "   no $CARRY/tf4-wheels (make gpu-wheels): pass not run"
     printf '{"name": "transformers4", "status": "not run", "reason": "no tf4-wheels carried", "junit": "junit-transformers4.xml"},\n' >> "$PASSES"
