@@ -2,6 +2,7 @@
 #   make test     - set up, then run every test (package, checks, student editions, book, browser;
 #                   then nbval on every chapter in the Colab-like environment, see below)
 #   make test-gpu - the chapters, the training tests and the DDP test on CUDA (skipped without a GPU)
+#   make gpu-check - the prepared device check (tools/gpu_check.sh): suite, benchmarks, one log and one record
 #   make book     - set up, then execute the notebooks and build the site into _build/html
 #   make student  - regenerate the student editions (student/, student/zh/) from notebooks/ and locales/
 #   make i18n     - update the translation catalogs (locales/) from the English sources; coverage
@@ -26,10 +27,10 @@ COLAB_PYTHON ?= $(PYTHON)
 CHROMIUM := /usr/bin/chromium
 APT_GET  := DEBIAN_FRONTEND=noninteractive apt-get
 
-.PHONY: i18n venv test test-package test-colab test-gpu test-fast book student execute timings report publish vendor browser clean help
+.PHONY: i18n venv test test-package test-colab test-gpu gpu-wheels gpu-check test-fast book student execute timings report publish vendor browser clean help
 
 help:
-	@echo "make test | make test-gpu | make book | make student | make publish | make execute NB=notebooks/01_normalization.ipynb | make timings | make report | make bench | make clean"
+	@echo "make test | make test-gpu | make gpu-check | make book | make student | make publish | make execute NB=notebooks/01_normalization.ipynb | make timings | make report | make bench | make clean"
 
 # torch==2.13.0 goes in first and the constraints file holds it there for everything after.
 $(STAMP): pyproject.toml requirements/dev.txt requirements/constraints.txt
@@ -81,6 +82,21 @@ test-colab: $(STAMP)
 # DDP over nccl with 2+ GPUs (tests/test_gpu.py). Without CUDA every test is skipped.
 test-gpu: $(STAMP)
 	$(BIN)/python -m pytest tests -m gpu -o addopts="-p no:cacheprovider" -rs
+
+# The prepared device check (issue 36). Here, with a network: `make gpu-wheels` puts into .gpu/ (ignored)
+# the wheels a bare GPU image lacks, transformers 4.57.6 for the second pass, and upstream d65ef2c's model
+# file. On the GPU machine (no network, no .venv: its python3), from the repository root with .gpu/ beside
+# it: `make gpu-check` runs tools/gpu_check.sh (under 8 minutes on one H100-class GPU) and writes
+# gpu_check.log and gpu_record.json into GPU_OUT. Without CUDA it is a dry run (everything skips or runs
+# tiny on the CPU, and the record says so). A record from a GPU goes to
+# minimind_ref/reference_outputs/gpu_record.json; `python -m benchmarks.gpu_check report` then renders the
+# Performance page's GPU table from it.
+GPU_PYTHON = $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+GPU_OUT ?= $(if $(OUT),$(OUT),_build/gpu_check)
+gpu-wheels:
+	PYTHON=$(GPU_PYTHON) tools/gpu_wheels.sh
+gpu-check:
+	PYTHON=$(GPU_PYTHON) tools/gpu_check.sh $(GPU_OUT)
 
 # Package tests only (no notebooks, no book): the quick loop while editing minimind_ref.
 test-fast: $(STAMP)

@@ -14,6 +14,7 @@ module             what                                        chapter
 ``model``          MiniMindBlock, MiniMindModel, ...ForCausalLM 05
 ``generation``     generate, sampling filters                  06
 ``cache``          KV-cache format, preallocated GrowingKV      06
+``graph_decode``   GraphDecoder: static KV cache, CUDA graphs   06
 ``moe``            MoEGate, MOEFeedForward, aux losses,         07
                    minimind-3's router
 ``params``         count_parameters, parameter_breakdown       05

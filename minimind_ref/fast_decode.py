@@ -37,6 +37,16 @@ import torch.nn.functional as F
 from .model import MiniMindForCausalLM
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, cast_after_weight: bool) -> torch.Tensor:
+    """``RMSNorm.forward`` as a function over the last dimension (statistics in float32; the cast back
+    after the gain when ``cast_after_weight``, minimind-3, else before it, MiniMind2)."""
+    xf = x.float()
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if cast_after_weight:  # minimind-3 (d65ef2c): the gain in fp32, then the cast
+        return (weight * normed).type_as(x)
+    return weight * normed.type_as(x)
+
+
 class FastDecoder:
     """Greedy decoding of one sequence with fused, transposed weights and a static cache."""
 
@@ -93,11 +103,7 @@ class FastDecoder:
         return weights + cache
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.cast_after_weight:  # minimind-3 (d65ef2c): the gain in fp32, then the cast
-            return (weight * normed).type_as(x)
-        return weight * normed.type_as(x)
+        return rms_norm(x, weight, self.eps, self.cast_after_weight)
 
     def _qk_norm(self, q: torch.Tensor, k: torch.Tensor, i: int):
         """minimind-3: each head of ``q`` ``[heads, head_dim]`` and ``k`` ``[kv_heads, head_dim]`` RMS-normalized."""

@@ -273,3 +273,150 @@ def test_a_merged_run_keeps_the_earlier_environment():
     text = report.render(res)
     assert "except the sections measured separately" in text and "Section `generations` was measured separately" in text
     assert "**CPU Y**" in text
+
+
+# --- the device check's record and the Performance page's GPU table ------------------------------
+
+def fake_gpu_bench() -> dict:
+    from benchmarks.gpu_check import DECODE_RUNS
+
+    paths = {"generate": {"tok_s": 150.0, "fraction_of_bound": 0.005, "identical_tokens": True, "vs_hf": 1.5,
+                          "time": stats(1.0), "first_call_s": 1.0},
+             "graph": {"tok_s": 3000.0, "fraction_of_bound": 0.1, "identical_tokens": False, "agreeing_new_tokens": 0.5,
+                       "vs_hf": 30.0, "time": stats(0.05), "first_call_s": 2.0, "path_ran": "cuda graph"},
+             "hf": {"tok_s": 100.0, "fraction_of_bound": 0.003, "identical_tokens": True, "vs_hf": 1.0,
+                    "time": stats(1.5), "first_call_s": 1.0}}
+    return {"dry_run": False, "tiny": False, "date": "2026-12-01", "errors": [],
+            "environment": {"python": "3.12.3", "torch": "2.11.0+cu130", "transformers": "5.17.0", "tokenizers": "0.23.2",
+                            "device_name": "NVIDIA H100 80GB HBM3", "cuda": "13.0"},
+            "bandwidth": {"read_GBps": 3000.0, "copy_GBps": 2800.0, "mbytes": 1024},
+            "decode": [{"run": DECODE_RUNS[0][0], "paths": paths, "skipped": {"upstream": "FileNotFoundError: no file"}}],
+            "train": {"batch": 16, "seq_len": 512, "peak_bf16_tflops": 989.5, "skipped": {},
+                      "variants": {"ours": {"losses": [8.8, 8.7, 8.6], "tokens_per_s": 1e6, "mfu": 0.39, "vs_upstream": 1.6},
+                                   "upstream": {"losses": [8.8, 8.7, 8.6], "tokens_per_s": 6.25e5, "mfu": 0.24,
+                                                "vs_upstream": 1.0}}}}
+
+
+def test_gpu_table_without_a_record_says_nothing_was_measured():
+    from benchmarks.gpu_check import render
+
+    for record in (None, {**fake_gpu_bench(), "dry_run": True}):
+        text = render(record)
+        assert "No GPU figures have been measured yet" in text and "make gpu-check" in text
+        assert "tokens/s" not in text
+
+
+def test_gpu_table_from_a_record_names_device_versions_date_and_what_is_missing():
+    from benchmarks.gpu_check import not_measured, render
+
+    record = fake_gpu_bench()
+    record["not_measured"] = not_measured(record)
+    text = render(record)
+    for piece in ("NVIDIA H100 80GB HBM3", "2026-12-01", "torch 2.11.0+cu130", "transformers 5.17.0", "3,000 GB/s",
+                  "| minimind-3 bf16, batch 1 | `GraphDecoder` (CUDA graph) | 3,000 | 10.0% | 30.00x | no (50% of new tokens) |",
+                  "| ours | 1,000,000 | 39.0% | 1.60x | 8.8000, 8.7000, 8.6000 |", "upstream (FileNotFoundError: no file)",
+                  "minimind-3 bf16, batch 32: not run (the time budget ran out first)", "training step"):
+        assert piece in text, piece
+    assert not any("training step" in m for m in record["not_measured"])
+
+
+def test_summarize_joins_bench_pytest_and_cpu_timings(tmp_path):
+    from benchmarks.gpu_check import summarize
+
+    (tmp_path / "bench.json").write_text(json.dumps(fake_gpu_bench()))
+    (tmp_path / "passes.json").write_text(json.dumps([
+        {"name": "installed", "status": 1, "junit": "junit-installed.xml"},
+        {"name": "transformers4", "status": "not run", "reason": "10s left", "junit": "junit-transformers4.xml"}]))
+    (tmp_path / "junit-installed.xml").write_text(
+        '<testsuites><testsuite>'
+        '<testcase classname="tests.test_gpu" name="test_chapter_runs_on_cuda[06_kv_cache.ipynb]" time="12.5">'
+        '<properties><property name="cuda_seconds" value="11.0"/></properties></testcase>'
+        '<testcase classname="tests.test_gpu" name="test_chapter_runs_on_cuda[08_training.ipynb]" time="180">'
+        '<failure message="Failed: Timeout &gt;180.0s">...</failure></testcase>'
+        '<testcase classname="tests.test_gpu" name="test_two_nccl_processes_match_one_gpu" time="0">'
+        '<skipped message="DDP over nccl needs 2 or more GPUs"/></testcase>'
+        '</testsuite></testsuites>')
+    record = summarize(tmp_path)
+    assert json.loads((tmp_path / "gpu_record.json").read_text()) == record
+    installed = record["suite"][0]
+    assert installed["counts"] == {"passed": 1, "failed": 1, "error": 0, "skipped": 1}
+    assert "Timeout" in installed["tests"][1]["message"]
+    rows = {r["chapter"]: r for r in record["chapters"]["rows"]}
+    cpu = json.loads((ROOT / "book" / "notebook_timings.json").read_text())["seconds"]
+    assert rows["06_kv_cache"]["cuda_s"] == 11.0 and rows["06_kv_cache"]["cuda_over_cpu"] == pytest.approx(11.0 / cpu["06_kv_cache"])
+    assert rows["08_training"]["outcome"] == "failed" and rows["08_training"]["cuda_s"] is None
+    assert rows["01_normalization"]["outcome"] == "not run"
+    assert any("transformers4: not run (10s left)" in m for m in record["not_measured"])
+
+
+def test_peak_table_and_mfu():
+    from benchmarks.gpu_check import mfu, peak_bf16_tflops
+
+    assert peak_bf16_tflops("NVIDIA H100 80GB HBM3") == peak_bf16_tflops("NVIDIA H200") == 989.5
+    assert peak_bf16_tflops("NVIDIA H100 PCIe") == 756.5 and peak_bf16_tflops("NVIDIA H100 NVL") == 835.5
+    assert peak_bf16_tflops("NVIDIA A100-SXM4-80GB") == 312.0 and peak_bf16_tflops("NVIDIA L4") == 121.0
+    assert peak_bf16_tflops("NVIDIA L40S") == 362.05 and peak_bf16_tflops("NVIDIA A10G") is None
+    assert peak_bf16_tflops("Tesla T4") is None and mfu(10, 1.0, None) is None
+    assert mfu(64_000_000, 1e6, 989.5) == pytest.approx(6 * 64e6 * 1e6 / 989.5e12)
+
+
+def test_committed_gpu_table_comes_from_the_committed_record():
+    from benchmarks.gpu_check import RECORD, TABLE, render
+
+    record = json.loads(RECORD.read_text()) if RECORD.exists() else None
+    assert TABLE.read_text(encoding="utf-8") == render(record), (
+        "benchmarks/results/gpu_table.md is stale: run `python -m benchmarks.gpu_check report`")
+    page = (ROOT / "book" / "performance.md").read_text(encoding="utf-8")
+    assert "../benchmarks/results/gpu_table.md" in page
+    if record is not None:  # a committed record is a GPU run's, never a dry run's
+        assert record["dry_run"] is False and record["environment"]["device_name"]
+
+
+def test_gpu_benchmarks_dry_run_on_the_cpu():
+    """The device check's benchmarks on tiny models without CUDA: the CPU fallbacks give generate's
+    tokens, what needs a GPU (or minutes of compilation) is listed as skipped, the losses agree."""
+    from benchmarks.gpu_check import DECODE_RUNS, decode_ladder, training
+
+    cpu = torch.device("cpu")
+    rows = []
+    decode_ladder(cpu, 1e10, None, True, lambda: None, rows, [DECODE_RUNS[0], DECODE_RUNS[3]])
+    first, compiled = rows
+    assert {"generate", "static_eager", "graph"} <= set(first["paths"]) and "upstream" in first["skipped"]
+    assert first["paths"]["graph"]["path_ran"] == "eager"  # no CUDA: the eager fallback
+    assert all(e["identical_tokens"] for e in first["paths"].values())
+    assert set(compiled["skipped"]) == {"fast_compiled", "graph_compiled"}
+    train = training(cpu, None, tiny=True, peak=None)
+    assert set(train["variants"]) == {"ours"} and set(train["skipped"]) == {"ours_compiled", "upstream"}
+    assert train["losses_agree"] and train["variants"]["ours"]["tokens_per_s"] > 0
+
+
+def test_gpu_check_script_is_valid_bash_with_the_promised_flags():
+    import subprocess
+
+    script = ROOT / "tools" / "gpu_check.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    text = script.read_text()
+    for flag in ("-m gpu", "-v", "--timeout", "--durations=0", "--junitxml", "gpu_check.log", "summarize"):
+        assert flag in text, flag
+
+
+def test_summarize_keeps_what_a_stopped_pass_finished(tmp_path):
+    """A pass stopped by the time budget writes no junit file: the outcomes come from its -v lines in the
+    log, and the chapters it finished from chapters.jsonl (written as each chapter ends)."""
+    from benchmarks.gpu_check import summarize
+
+    (tmp_path / "bench.json").write_text(json.dumps(fake_gpu_bench()))
+    (tmp_path / "passes.json").write_text(json.dumps([{"name": "installed", "status": 137, "junit": "junit-installed.xml"}]))
+    (tmp_path / "gpu_check.log").write_text(
+        "== 3. GPU suite\n   pass installed (transformers, tokenizers: 5.17.0 0.23.2), 200s\n"
+        "[gw0] [ 10%] PASSED tests/test_gpu.py::test_chapter_runs_on_cuda[02_rope.ipynb] \n"
+        "[gw1] [ 20%] FAILED tests/test_gpu.py::test_fp32_training_on_cuda_equals_cpu \n"
+        "!!! KeyboardInterrupt !!!\n== 4. GPU suite, transformers 4.57.6\n")
+    (tmp_path / "chapters.jsonl").write_text(json.dumps({"chapter": "02_rope", "outcome": "passed", "cuda_seconds": 9.5,
+                                                         "pass": "installed"}) + "\n")
+    record = summarize(tmp_path)
+    suite = record["suite"][0]
+    assert suite["counts"] == {"passed": 1, "failed": 1, "error": 0, "skipped": 0} and suite["results_from"].startswith("log")
+    rows = {r["chapter"]: r for r in record["chapters"]["rows"]}
+    assert rows["02_rope"]["cuda_s"] == 9.5 and rows["02_rope"]["outcome"] == "passed"
+    assert rows["03_attention"]["outcome"] == "not run"

@@ -20,6 +20,12 @@ device tolerances:
   the 8 steps within 0.1 of it (about 2 % of ln 300, the initial loss: AdamW's normalised steps
   amplify the rounding of small gradients), and a 30-step run lowers the loss as much as the CPU
   test demands (tests/test_train.py).
+* **The CUDA-graph decoder** (``minimind_ref.graph_decode``): on small models of both generations,
+  dense and MoE, batch 1 and 3 with left padding and an end-of-sequence token, the graph path's
+  greedy tokens equal ``generate``'s in fp32 (TF32 off, so both sum float32 products; they may
+  differ only where two logits tie to rounding, which these seeds avoid); sampling with top-k 1 is
+  greedy, a seeded sampled run repeats; ``compile=True`` replays inductor's kernels with the same
+  tokens. The timings of the device check are in ``benchmarks/gpu_check.py``, not here.
 * **DDP over nccl** (2+ GPUs): two processes under torchrun follow one process on one GPU with the
   same global batch, in fp32: losses within rtol = atol = 1e-4, weights within 1e-3 (the same mean
   computed in another order, as tests/test_ddp.py checks on the CPU at 1e-5 / 1e-4; cuBLAS also
@@ -33,6 +39,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import nbformat
@@ -69,7 +76,9 @@ def cpu_run(tiny_data):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_chapter_runs_on_cuda(path, tmp_path, monkeypatch):
+def test_chapter_runs_on_cuda(path, tmp_path, monkeypatch, record_property):
+    """Also records the chapter's seconds on CUDA (``cuda_seconds``, kernel start included) for the
+    device check's record, which sets them beside the CPU seconds of book/notebook_timings.json."""
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
 
@@ -80,13 +89,27 @@ def test_chapter_runs_on_cuda(path, tmp_path, monkeypatch):
         "assert pick_device().type == 'cuda', f'the chapter ran on {pick_device()}, not on CUDA'"))
     client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
                             resources={"metadata": {"path": str(tmp_path)}})
+    start = time.perf_counter()
     try:
         client.execute()
+        record_property("cuda_seconds", round(time.perf_counter() - start, 1))
+        _log_chapter(path, "passed", time.perf_counter() - start)
     except CellExecutionError as err:
+        _log_chapter(path, "failed", time.perf_counter() - start)
         failed = next((i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
                        and any(out.get("output_type") == "error" for out in cell.get("outputs", []))), None)
         source = nb.cells[failed].source[:600] if failed is not None else ""
         pytest.fail(f"{path.name} failed on CUDA in cell {failed} ({err.ename}: {err.evalue}):\n{source}", pytrace=False)
+
+
+def _log_chapter(path: Path, outcome: str, seconds: float) -> None:
+    """One line per chapter in the file ``MINIMIND_GPU_CHAPTER_LOG`` names (the device check sets it):
+    written as each chapter ends, so a run stopped by its time budget keeps the chapters it finished."""
+    log = os.environ.get("MINIMIND_GPU_CHAPTER_LOG")
+    if log:
+        with open(log, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"chapter": path.stem, "outcome": outcome, "cuda_seconds": round(seconds, 1),
+                                 "pass": os.environ.get("MINIMIND_GPU_PASS", "")}) + "\n")
 
 
 # --- training --------------------------------------------------------------------------------
@@ -114,6 +137,67 @@ def test_bf16_autocast_training_on_cuda(tiny_data, cpu_run):
     assert all(math.isfinite(g) for g in h["grad_norm"])
     assert sum(h["loss"][-5:]) / 5 < h["loss"][0] - 1.5, h["loss"]
     assert h["eval_loss"][1] < h["eval_loss"][0]
+
+
+# --- the CUDA-graph decoder -------------------------------------------------------------------
+
+def _decode_model(generation: str, seed: int, **overrides):
+    import minimind_ref as mm
+
+    torch.manual_seed(seed)
+    small = dict(hidden_size=64, num_hidden_layers=3, vocab_size=300, max_position_embeddings=128)
+    if generation == "MiniMind2":
+        small.update(num_attention_heads=8, num_key_value_heads=2)
+    return mm.MiniMindForCausalLM(mm.MiniMindConfig(generation=generation, **small, **overrides)).cuda().eval()
+
+
+@pytest.mark.parametrize("generation,moe", [("MiniMind2", False), ("minimind-3", False), ("MiniMind2", True),
+                                            ("minimind-3", True)])
+def test_graph_decoder_greedy_equals_generate_on_cuda(generation, moe):
+    from minimind_ref.graph_decode import GraphDecoder
+
+    model = _decode_model(generation, 1, use_moe=moe)
+    decoder = GraphDecoder(model)
+    for batch in (1, 3):
+        ids = torch.randint(0, 300, (batch, 7), generator=torch.Generator().manual_seed(batch)).cuda()
+        mask = torch.ones_like(ids)
+        mask[-1, :2] = 0
+        expected = model.generate(ids, attention_mask=mask, max_new_tokens=40)
+        assert torch.equal(decoder.generate(ids, 40, attention_mask=mask), expected)
+        assert decoder.last_path == "cuda graph"
+        eos = int(expected[0, 7 + 10])
+        assert torch.equal(decoder.generate(ids, 40, attention_mask=mask, eos_token_id=eos),
+                           model.generate(ids, attention_mask=mask, max_new_tokens=40, eos_token_id=eos))
+
+
+def test_graph_decoder_sampling_on_cuda():
+    from minimind_ref.graph_decode import GraphDecoder
+
+    model = _decode_model("minimind-3", 2)
+    decoder = GraphDecoder(model)
+    ids = torch.randint(0, 300, (4, 5), generator=torch.Generator().manual_seed(0)).cuda()
+    assert torch.equal(decoder.generate(ids, 24, do_sample=True, top_k=1), model.generate(ids, max_new_tokens=24))
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(5)  # the graph draws from the device's default generator
+        runs.append(decoder.generate(ids, 24, do_sample=True, temperature=0.9, top_p=0.9, repetition_penalty=1.2))
+    assert torch.equal(runs[0], runs[1]) and decoder.last_path == "cuda graph"
+    seeded = decoder.generate(ids, 8, do_sample=True, generator=torch.Generator("cuda").manual_seed(1))
+    assert seeded.shape == (4, 13) and decoder.last_path == "eager"  # a generator of one's own: no graph
+
+
+@pytest.mark.slow
+def test_compiled_graph_decoder_on_cuda():
+    from minimind_ref.graph_decode import GraphDecoder
+
+    model = _decode_model("minimind-3", 3)
+    ids = torch.randint(0, 300, (1, 6), generator=torch.Generator().manual_seed(3)).cuda()
+    try:
+        decoder = GraphDecoder(model, compile=True)
+        assert torch.equal(decoder.generate(ids, 32), model.generate(ids, max_new_tokens=32))
+        assert decoder.last_path == "compiled cuda graph"
+    finally:
+        torch._dynamo.reset()
 
 
 # --- DDP over nccl ---------------------------------------------------------------------------
