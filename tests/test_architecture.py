@@ -30,7 +30,7 @@ FLOORS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("layers", ("minimind_ref.norm", "minimind_ref.rope", "minimind_ref.cache", "minimind_ref.attention",
                 "minimind_ref.ffn", "minimind_ref.moe")),
     ("decoding", ("minimind_ref.generation",)),
-    ("model", ("minimind_ref.model", "minimind_ref.params", "minimind_ref.fast_decode")),
+    ("model", ("minimind_ref.model", "minimind_ref.params", "minimind_ref.fast_decode", "minimind_ref.graph_decode")),
     ("model files", ("minimind_ref.checkpoint", "minimind_ref.hf", "minimind_ref.pretrained", "minimind_ref")),
     ("training", ("minimind_ref.distributed", "minimind_ref.run_state", "minimind_ref.train")),
     ("fine-tuning", ("minimind_ref.sft",)),
