@@ -31,8 +31,9 @@ Shapes, as upstream's ``dataset/lm_dataset.py`` reads them (jingyaogong/minimind
 * SFT: ``{"conversations": [{"role": "user", "content": ...}, {"role": "assistant", ...}, ...]}``
 * DPO: ``{"chosen": [messages...], "rejected": [messages...]}`` (same prompt, different last turn)
 * RL prompts: ``{"conversations": [..., {"role": "assistant", "content": reference answer}]}``
-  (the last turn is the reference the verifiable reward checks; upstream's RLAIF data put a
-  placeholder there because its reward comes from a reward model)
+  (the last turn is the reference the verifiable reward checks; upstream's RLAIF data leave it
+  blank because the policy samples the reply during training (``d65ef2c:README_en.md:479``), and
+  its reward model needs no reference answer)
 
 ``save_jsonl`` / ``load_jsonl`` write and read these files, so the same loaders work on MiniMind's
 real files. Every split is a pure function of ``(n, seed, split)``.

@@ -10,7 +10,7 @@ of 8, ``c090b69:model/model_lora.py:21-32``): adapters of rank 16 go on **every*
 whose weight is square. In MiniMind2 (8 query heads, 2 key/value heads)
 and minimind-3 (8 : 4) those are ``self_attn.q_proj`` and ``self_attn.o_proj`` of every layer:
 ``k_proj``/``v_proj`` are narrower, the MLP and ``lm_head`` are rectangular, and the MoE gate is a
-bare parameter. There is no scaling factor (scale 1) and no dropout. The course keeps PEFT's
+bare parameter (MiniMind2) or a rectangular ``nn.Linear`` (minimind-3, ``d65ef2c:model/model_minimind.py:152``). There is no scaling factor (scale 1) and no dropout. The course keeps PEFT's
 scaling as an option: ``apply_lora(model, rank, alpha=...)`` multiplies the path by ``alpha / rank``
 (``scale`` sets the factor directly).
 

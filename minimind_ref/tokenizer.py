@@ -3,7 +3,8 @@
 MiniMind trains its 6,400-token vocabulary with the Hugging Face ``tokenizers`` library
 (upstream's ``train_tokenizer.py``): a ``BPE`` model, a ``ByteLevel`` pre-tokenizer (so
 any text, any language, maps onto 256 byte symbols and nothing is ever "unknown"), a
-``ByteLevel`` decoder, and three special tokens with fixed ids::
+``ByteLevel`` decoder, and three special tokens with fixed ids (MiniMind2's, at c090b69; minimind-3's
+``d65ef2c:trainer/train_tokenizer.py:10`` reserves 36, ids 0-2 unchanged)::
 
     0 <|endoftext|>   padding / end of text
     1 <|im_start|>    beginning of a message (MiniMindConfig.bos_token_id)
