@@ -70,9 +70,13 @@ Tested with transformers 4.57.6 (the pinned environment of ``make test``) and th
 that dict), the Qwen3-MoE expert count is written ``num_local_experts``, the experts of a live
 Qwen3-MoE model are fused, the rotary module lost ``rope_init_fn`` (the copy rebuilds the module
 instead), and ``torch_dtype`` became ``dtype`` (4.57 knows both; only ``dtype`` is used here).
-Transformers 4.57 itself cannot read a Qwen3-MoE folder written by 5.x (it ignores
-``num_local_experts`` and builds 128 experts); ``minimind_ref.load_hf_dir`` reads it in either
-environment, and ``from_hf`` refuses such a model with the reason.
+Transformers 4.57 itself misreads folders written by 5.x: it ignores ``rope_parameters`` (a Llama or
+Qwen3 folder then runs with its default ``rope_theta`` of 10000, other logits) and ``num_local_experts``
+(a Qwen3-MoE folder fails with a size mismatch: it builds 128 experts). ``minimind_ref.load_hf_dir``
+reads such folders in either environment (it needs no transformers), and ``from_hf`` refuses a model so
+misread, saying why (its config then holds both spellings with different values). Folders written by
+upstream's converter under transformers 5 have ``rope_theta`` (the converter rewrites it) but
+``num_local_experts`` for the MoE.
 """
 
 from __future__ import annotations
@@ -156,9 +160,13 @@ def rope_theta_of(raw: Mapping[str, Any]) -> Optional[float]:
     rope = _rope_parameters(raw)
     top, nested = raw.get("rope_theta"), rope.get("rope_theta")
     if top is not None and nested is not None and float(top) != float(nested):
-        raise ValueError(f"the config gives rope_theta={top!r} and rope_parameters['rope_theta']={nested!r}: two "
-                         "values for one field (transformers 4 writes the first, transformers 5 the second). Keep the "
-                         "one the model was trained with and delete the other.")
+        raise ValueError(
+            f"the config gives rope_theta={top!r} and rope_parameters['rope_theta']={nested!r}: two values for one field "
+            "(transformers 4 writes the first, transformers 5 the second). "
+            + ("transformers 4 does not read rope_parameters, so a folder written by transformers 5 loads there with its "
+               "default rope_theta of 10000 (and other logits): load the folder with minimind_ref.load_hf_dir (no "
+               "transformers needed), or use transformers >= 5. " if float(top) == _QWEN3_DEFAULTS["rope_theta"] else "")
+            + "Keep the value the model was trained with and delete the other.")
     theta = top if top is not None else nested
     return None if theta is None else float(theta)
 

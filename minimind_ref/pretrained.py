@@ -453,15 +453,19 @@ def load_hf_dir(folder: PathLike, dtype: Optional[torch.dtype] = torch.float32,
             f"{folder} has no config.json, so it is not a Hugging Face model folder (for a .pth file use load_pth)."
         )
     raw = read_json(cfg_path, "config.json")
-    config = config_from_hf(raw)
+    with warnings.catch_warnings(record=True) as said:  # said after the weights are checked (below)
+        warnings.simplefilter("always")
+        config = config_from_hf(raw)
     # Llama / Qwen3 with tie_word_embeddings: transformers ties the head to the embedding (a stored
     # lm_head.weight is ignored). Otherwise a stored head must equal the embedding.
     embedding_wins = raw.get("model_type") in ("llama", "qwen3", "qwen3_moe") and bool(raw.get("tie_word_embeddings", False))
     state = _as_state_dict(_per_expert(read_hf_weights(folder, map_location)), folder)
-    if raw.get("model_type") in ("qwen3", "qwen3_moe"):
+    if raw.get("model_type") in ("qwen3", "qwen3_moe"):  # a missing field whose default the weights contradict
         from .hf import qwen3_defaults_against_weights
 
         qwen3_defaults_against_weights(raw, state, folder)
+    for warning in said:
+        warnings.warn(f"{folder}: {warning.message}", warning.category, stacklevel=2)
     state = _tie(state, folder, embedding_wins) if config.tie_word_embeddings else _untied(state, folder)
     return _build(config, state, dtype, map_location, folder, check_finite)
 
