@@ -362,3 +362,26 @@ def test_no_deprecation_warnings_from_the_package():
             assert deprecations(lambda: H.from_hf(H.to_hf(model))) == []
     finally:
         library.removeHandler(handler)
+
+
+# ---------------------------------------------------------------------- make bench's transformers sections
+def test_benchmark_sections_that_use_transformers_run(monkeypatch):
+    """benchmarks.bench_hf and bench_fast (make bench) on a tiny model with the installed transformers: same
+    tokens as minimind_ref, prefill logits within float rounding (the compiled path and the bandwidth probe,
+    which do not touch transformers, are replaced by their eager / fixed stand-ins to keep this quick)."""
+    pytest.importorskip("transformers")
+    from benchmarks import bench_fast, bench_hf
+    from minimind_ref.fast_decode import FastDecoder
+
+    def tiny(device):
+        return tiny_model(vocab_size=61).to(device)
+
+    for module in (bench_hf, bench_fast):
+        monkeypatch.setattr(module, "small_model", tiny)
+    monkeypatch.setattr(bench_fast, "FastDecoder", lambda model, compile=False: FastDecoder(model))
+    monkeypatch.setattr(bench_fast, "bandwidths", lambda device, repeats: {"read_GBps": 1.0})
+    cpu = torch.device("cpu")
+    res = bench_hf.compare(cpu, prefill_len=16, decode_tokens=4, batches=(1, 2), prompt_lens=(3,), repeats=5,
+                           prefill_repeats=5)
+    assert res["prefill_max_abs_diff"] < 1e-4 and all(row["identical_tokens"] for row in res["decode"])
+    assert bench_fast.fast_decode(cpu, prompt_len=3, new_tokens=4, repeats=5)["identical_tokens"]
