@@ -9,7 +9,7 @@ embeddings, and a minimind-3 model *is* a Qwen3 (dense) or Qwen3-MoE model.
 Needs the optional extra ``pip install minimind-ref[hf]`` (``transformers``). The state-dict
 keys are identical (upstream kept transformers' names: d65ef2c's ``scripts/convert_model.py``
 loads its ``.pth`` into ``Qwen3ForCausalLM`` with ``strict=True``), so conversion is a config
-translation plus ``load_state_dict``. Not convertible: MiniMind2's MoE (Llama has no experts,
+translation plus ``load_state_dict`` (and, for a live transformers-5 Qwen3-MoE, fusing the experts). Not convertible: MiniMind2's MoE (Llama has no experts,
 Qwen3-MoE no shared expert and another router), YaRN-scaled RoPE (transformers' YaRN computes
 different frequencies and attention factor than MiniMind's), and QK-norm without Qwen3.
 
@@ -29,8 +29,8 @@ minimind-3 field by field (``QWEN3_FIELDS``, ``QWEN3_MOE_FIELDS``):
                                                                             (MiniMind2's order): same in fp32,
                                                                             rounding differs in bf16/fp16
 ``tie_word_embeddings``             ``tie_word_embeddings``                 transformers' default is false
-``rope_theta``                      ``rope_theta`` (4.x),                   no scaling (``rope_type`` default)
-                                    ``rope_parameters["rope_theta"]`` (5.x)
+``rope_theta``                      ``rope_theta`` (4.x), its key in        no scaling (``rope_type`` default)
+                                    ``rope_parameters`` (5.x)
 ``flash_attn``                      ``attn_implementation``                 ``"sdpa"`` / ``"eager"``
 ``num_experts`` (n_routed_experts)  ``num_experts`` (4.x),                  both spellings read; both present
                                     ``num_local_experts`` (5.x)             and different is an error
@@ -41,9 +41,10 @@ minimind-3 field by field (``QWEN3_FIELDS``, ``QWEN3_MOE_FIELDS``):
 ``router_aux_loss_coef``            ``router_aux_loss_coef``                same name; the *loss* differs: Qwen3-MoE
                                                                             averages loads over all layers before
                                                                             the product, minimind-3 sums per layer
-``mlp.experts.{e}.gate_proj`` ...   4.x: the same keys; 5.x: two fused      ``fuse_experts`` / ``split_fused_experts``
-                                    3-D parameters ``experts.gate_up_proj``  (a folder may hold either layout;
-                                    (gate rows first) and ``down_proj``     transformers 5 saves per-expert keys)
+``mlp.experts.{e}.gate_proj`` ...   4.x: the same keys; 5.x (live model):   ``fuse_experts`` /
+                                    two fused 3-D parameters                ``split_fused_experts`` (a folder
+                                    ``experts.gate_up_proj`` (gate rows     may hold either layout; transformers
+                                    first) and ``experts.down_proj``        5 saves per-expert keys)
 every layer MoE                     ``decoder_sparse_step=1``,
                                     ``mlp_only_layers=[]``
 ``n_shared_experts=0``              (no shared expert)                      refused when > 0

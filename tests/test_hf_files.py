@@ -385,3 +385,53 @@ def test_benchmark_sections_that_use_transformers_run(monkeypatch):
                            prefill_repeats=5)
     assert res["prefill_max_abs_diff"] < 1e-4 and all(row["identical_tokens"] for row in res["decode"])
     assert bench_fast.fast_decode(cpu, prompt_len=3, new_tokens=4, repeats=5)["identical_tokens"]
+
+
+# ---------------------------------------------------------------------- what the chapters say about transformers' generate()
+def _processors_built(transformers, **settings):
+    """The logits processors transformers' generate() builds for ``settings`` (class names, in order)."""
+    from transformers.generation import utils
+
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)).eval()
+    built, original = [], utils.GenerationMixin._get_logits_processor
+
+    def record(self, *args, **kwargs):
+        processors = original(self, *args, **kwargs)
+        built.extend(processors)
+        return processors
+
+    utils.GenerationMixin._get_logits_processor = record
+    try:
+        model.generate(torch.tensor([[1, 2]]), max_new_tokens=1, pad_token_id=0, **settings)
+    finally:
+        utils.GenerationMixin._get_logits_processor = original
+    return built
+
+
+def test_generate_samples_as_the_chapters_say():
+    """Chapter 06: minimind_ref.generation applies the penalty, the temperature, top-k and top-p in the order
+    of transformers' generate() and with the same results (top-p's boundary included); chapter 12: a
+    sampling generate() without top_k keeps the 50 most likely tokens. Checked on the installed
+    transformers (4.57 in the pinned passes, the newest in make test-current)."""
+    transformers = pytest.importorskip("transformers")
+    from minimind_ref import generation as G
+
+    built = _processors_built(transformers, do_sample=True, temperature=0.7, top_k=10, top_p=0.9, repetition_penalty=1.3)
+    assert [type(p).__name__ for p in built] == ["RepetitionPenaltyLogitsProcessor", "TemperatureLogitsWarper",
+                                                 "TopKLogitsWarper", "TopPLogitsWarper"]
+    defaults = _processors_built(transformers, do_sample=True, temperature=0.8)
+    assert [p.top_k for p in defaults if type(p).__name__ == "TopKLogitsWarper"] == [50]
+    g = torch.Generator().manual_seed(0)
+    logits, previous = torch.randn(4, 64, generator=g) * 3, torch.randint(0, 64, (4, 9), generator=g)
+    theirs = transformers.LogitsProcessorList([
+        transformers.RepetitionPenaltyLogitsProcessor(1.3), transformers.TemperatureLogitsWarper(0.7),
+        transformers.TopKLogitsWarper(10), transformers.TopPLogitsWarper(0.9)])(previous, logits.clone())
+    ours = G.next_token_logits(logits, previous, temperature=0.7, top_k=10, top_p=0.9, repetition_penalty=1.3)
+    assert torch.equal(torch.isinf(ours), torch.isinf(theirs))
+    torch.testing.assert_close(ours[~torch.isinf(ours)], theirs[~torch.isinf(theirs)], rtol=1e-6, atol=1e-6)
+    # top-p's boundary on probabilities exact in binary: the more likely tokens sum to exactly top_p
+    boundary = torch.log(torch.tensor([[0.5, 0.25, 0.125, 0.125]]))
+    kept_theirs = ~torch.isinf(transformers.TopPLogitsWarper(0.75)(previous[:1], boundary.clone()))
+    assert torch.equal(kept_theirs, ~torch.isinf(G.top_p_filter(boundary, 0.75)))
+    assert kept_theirs.tolist() == [[True, True, False, False]]
