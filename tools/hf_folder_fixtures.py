@@ -26,6 +26,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "data" / "hf_folders"
+sys.path.insert(0, str(ROOT / "tools"))
+
+from upstream_fixtures import save_reference  # noqa: E402 (tools/, beside this file)
 
 _SHAPE = dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
               max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=True, attention_bias=False)
@@ -76,11 +79,7 @@ def main(argv=None) -> int:
     reference["transformers"] = transformers.__version__
     reference["note"] = (f"Folders written by transformers {transformers.__version__}'s save_pretrained (torch "
                          f"{torch.__version__}, CPU, fp16 files); fp32 logits from transformers; made by tools/hf_folder_fixtures.py.")
-    torch.save(reference, out / "reference.pt")
-    for path in sorted(out.rglob("*")):
-        if path.is_file():
-            print(f"{path.relative_to(out)}  {path.stat().st_size:,} bytes")
-    print(reference["note"])
+    save_reference(out, reference)
     return 0
 
 

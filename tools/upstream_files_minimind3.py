@@ -52,7 +52,7 @@ OUT = ROOT / "tests" / "data" / "upstream_minimind3_files"
 sys.path.insert(0, str(ROOT / "tests"))
 
 import _upstream_files as U  # noqa: E402
-from upstream_fixtures import load_module, randomize  # noqa: E402 (tools/, beside this file)
+from upstream_fixtures import load_module, randomize, save_reference  # noqa: E402 (tools/, beside this file)
 
 #: name -> (upstream MiniMindConfig keywords, what to convert). The vocabulary is the test tokenizer's.
 _V = U.len_vocab_minimind3()
@@ -149,11 +149,7 @@ def main(argv=None) -> int:
         f"Upstream minimind-3 (model/model_minimind.py and scripts/convert_model.py, d65ef2c) with transformers "
         f"{transformers.__version__}, torch {torch.__version__} on CPU; logits in fp32 from the fp16 files; "
         "made by tools/upstream_files_minimind3.py.")
-    torch.save(reference, out / "reference.pt")
-    for path in sorted(out.rglob("*")):
-        if path.is_file():
-            print(f"{path.relative_to(out)}  {path.stat().st_size:,} bytes")
-    print(reference["note"])
+    save_reference(out, reference)
     return 0
 
 

@@ -85,6 +85,15 @@ def randomize(model: torch.nn.Module, generator: torch.Generator) -> None:
             p.copy_(1 + 0.3 * noise if name.endswith("norm.weight") else 0.2 * noise)
 
 
+def save_reference(out: Path, reference: Dict[str, Any]) -> None:
+    """Write ``reference`` (with its ``note``) to ``out/reference.pt`` and list every file of ``out``."""
+    torch.save(reference, out / "reference.pt")
+    for path in sorted(out.rglob("*")):
+        if path.is_file():
+            print(f"{path.relative_to(out)}  {path.stat().st_size:,} bytes")
+    print(reference["note"])
+
+
 def run_case(upstream, kwargs: Dict[str, Any], seed: int) -> Dict[str, Any]:
     g = torch.Generator().manual_seed(seed)
     config = upstream.MiniMindConfig(**kwargs)
