@@ -267,7 +267,7 @@ def copy_with_stubs(path: Path, dest: Path, lang: Optional[str] = None) -> int:
 
 def run_notebooks(env: Path, notebooks: Sequence[Path], workdir: Path, tmp: Path, workers: int,
                   translated: Sequence[Path] = (), lang: str = "zh_CN", kernel_env: Optional[Dict[str, str]] = None,
-                  stubs: bool = True) -> int:
+                  stubs: bool = True, say=log) -> int:
     """nbval on ``notebooks`` and on the ``lang`` editions of ``translated`` (copied as zh_NN_topic.ipynb),
     kernels started with ``kernel_env`` (default ``KERNEL_ENV``); ``stubs``: each exercise check must also
     fail on its student stub (tools/nbval_stubs.py)."""
@@ -294,8 +294,8 @@ def run_notebooks(env: Path, notebooks: Sequence[Path], workdir: Path, tmp: Path
         args += ["-p", "no:xdist"]
     args += order
     shown = ("ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "MPLBACKEND", "MINIMIND_DEVICE")
-    log("kernel settings: " + " ".join(f"{k}={kernel_env.get(k, '(unset)')}" for k in shown))
-    log(f"running nbval on {len(names)} notebook(s) ({len(translated)} of them in {lang}) in {workdir} "
+    say("kernel settings: " + " ".join(f"{k}={kernel_env.get(k, '(unset)')}" for k in shown))
+    say(f"running nbval on {len(names)} notebook(s) ({len(translated)} of them in {lang}) in {workdir} "
         f"with {min(workers, len(names))} worker(s)"
         + (f", and the {exercises} exercise checks on their student stubs" if stubs else ""))
     return subprocess.run([str(a) for a in args], cwd=workdir, env=clean_env(tmp, kernel_env)).returncode

@@ -255,7 +255,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             log(f"package tests {'passed' if code == 0 else 'FAILED'}; {time.perf_counter() - start:.0f} s so far")
         if not args.no_chapters:
             chapters = colab_like.run_notebooks(env, notebooks, workdir, tmp, args.workers, kernel_env=NATIVE_ENV,
-                                                stubs=False)
+                                                stubs=False, say=log)
             chapters = chapters or colab_like.left_behind(tmp, workdir, [nb.name for nb in notebooks],
                                                           "the current-releases run")
             code = code or chapters
