@@ -1,6 +1,7 @@
 # MiniMind from Zero: every target creates or reuses .venv and installs what it needs.
 #   make test     - set up, then run every test (package, checks, student editions, book, browser;
-#                   then nbval on every chapter in the Colab-like environment, see below)
+#                   then nbval on every chapter in the Colab-like environment; then the package tests
+#                   and every chapter with the newest releases, natively: see below)
 #   make test-gpu - the chapters, the training tests and the DDP test on CUDA (skipped without a GPU)
 #   make gpu-check - the prepared device check (tools/gpu_check.sh): suite, benchmarks, one log and one record
 #   make book     - set up, then execute the notebooks and build the site into _build/html
@@ -27,7 +28,7 @@ COLAB_PYTHON ?= $(PYTHON)
 CHROMIUM := /usr/bin/chromium
 APT_GET  := DEBIAN_FRONTEND=noninteractive apt-get
 
-.PHONY: i18n venv test test-package test-colab test-gpu gpu-wheels gpu-check test-fast book student execute timings report publish vendor browser clean help
+.PHONY: i18n venv test test-package test-colab test-current test-gpu gpu-wheels gpu-check test-fast book student execute timings report publish vendor browser clean help
 
 help:
 	@echo "make test | make test-gpu | make gpu-check | make book | make student | make publish | make execute NB=notebooks/01_normalization.ipynb | make timings | make report | make bench | make clean"
@@ -43,9 +44,10 @@ $(STAMP): pyproject.toml requirements/dev.txt requirements/constraints.txt
 
 venv: $(STAMP)
 
-# `make test` is two passes, each WORKERS processes wide, each process single-threaded
+# `make test` is three passes, each WORKERS processes wide. All passes always run; make fails if any
+# failed. The first two are pinned (requirements/dev.txt) and every process is single-threaded
 # (OMP_NUM_THREADS=1: two workers fill two cores without oversubscribing them, and the run does not
-# depend on the core count). Both passes always run; make fails if either failed.
+# depend on the core count).
 #  1. test-package: pytest on tests/ in .venv (package, exercise checks with their planted
 #     mistakes, notebook structure and prose numbers, student editions, the book build from the
 #     stored outputs, the browser look at a page, DDP), under pytest-xdist (`--dist loadgroup`:
@@ -60,6 +62,13 @@ venv: $(STAMP)
 #     Each chapter executes once per `make test`, and that one run proves the stored outputs, the
 #     stubs, the package data and the Colab install. It fails if the chapters leave minimind_*
 #     entries in their TMPDIR or files in their folder.
+#  3. test-current: tools/current_releases.py creates .current-venv afresh with torch 2.13.0 and the
+#     NEWEST release of everything else the course uses (transformers, tokenizers, huggingface_hub,
+#     numpy, matplotlib, ipywidgets, ipykernel, ...: resolved at run time, never pinned; a release that
+#     breaks the course is skipped only through the dated allow-list requirements/current-exceptions.txt),
+#     prints the versions, proves the wheel's [course,hf,hub] extras install beside them without changing
+#     any, then runs the package tests and nbval on every chapter natively: the CPU's own SIMD level and
+#     thread count (no ATEN_CPU_CAPABILITY, no OMP_NUM_THREADS), so every chapter is proven both ways.
 #     CONTRIBUTING.md ("How make test spends its time") has the measured budget.
 # OMP_WAIT_POLICY=PASSIVE: idle OpenMP threads sleep instead of spinning, so a test process, a
 # notebook kernel and the DDP workers cannot starve each other (numbers are unchanged).
@@ -67,6 +76,7 @@ test: $(STAMP) browser vendor
 	@status=0; \
 	$(MAKE) --no-print-directory test-package || status=1; \
 	$(MAKE) --no-print-directory test-colab || status=1; \
+	$(MAKE) --no-print-directory test-current || status=1; \
 	if [ $$status -ne 0 ]; then echo "make test: FAILED (see the failures above)"; fi; \
 	exit $$status
 
@@ -76,6 +86,9 @@ test-package: $(STAMP) browser vendor
 
 test-colab: $(STAMP)
 	$(BIN)/python tools/colab_like.py --python $(COLAB_PYTHON) --workers $(WORKERS) $(if $(ZH_CHAPTERS),--zh $(ZH_CHAPTERS))
+
+test-current: $(STAMP) browser vendor
+	$(BIN)/python tools/current_releases.py --python $(COLAB_PYTHON) --workers $(WORKERS)
 
 # The GPU path (nothing in `make test` needs it): every chapter executed on CUDA (outputs not
 # compared: the stored ones are CPU outputs), training with bf16 autocast and its tolerances, and
@@ -147,7 +160,7 @@ browser:
 		|| { $(APT_GET) update && $(APT_GET) install -y --no-install-recommends fonts-wqy-zenhei; }; }
 
 clean:
-	rm -rf _build .pytest_cache _vendor .colab-venv
+	rm -rf _build .pytest_cache _vendor .colab-venv .current-venv
 
 # The stage report (book/performance.md includes it): mean and range over the seeds of every stage's
 # held-out evaluation, from the record the seeded rebuild wrote (minimind_ref/checkpoints/stage_seeds.json;

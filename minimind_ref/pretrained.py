@@ -87,6 +87,7 @@ import json
 import os
 import re
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -331,8 +332,8 @@ def config_from_hf(raw: Mapping[str, Any]) -> MiniMindConfig:
     """The ``MiniMindConfig`` of a ``config.json`` dict, Llama or MiniMind layout.
 
     Llama: the fields ``convert_torch2transformers_llama`` sets, with transformers' defaults for
-    what is missing (``rope_theta`` 10000, ``tie_word_embeddings`` false); both the
-    ``rope_theta`` key and transformers-5's ``rope_parameters`` are read. A Llama that MiniMind
+    what is missing (``rope_theta`` 10000, with a warning; ``tie_word_embeddings`` false); both the
+    ``rope_theta`` key and transformers-5's ``rope_parameters`` are read (both, different: an error). A Llama that MiniMind
     cannot express (biases, ``head_dim`` other than hidden / heads, RoPE scaling) is a
     ``ValueError`` listing why. Qwen3 / Qwen3-MoE (minimind-3's ``convert_torch2transformers``):
     see ``_config_from_qwen3``. MiniMind: ``MiniMindConfig``'s own keys of either commit (d65ef2c's
@@ -361,41 +362,20 @@ def config_from_hf(raw: Mapping[str, Any]) -> MiniMindConfig:
 
 
 def _config_from_llama(raw: Mapping[str, Any]) -> MiniMindConfig:
-    needed = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-    missing = [k for k in needed if k not in raw]
-    if missing:
-        raise ValueError(f"Llama config.json lacks {missing}; it cannot describe a MiniMind2 model.")
-    heads = raw["num_attention_heads"]
-    rope = raw.get("rope_parameters") or {}
-    rope_theta = raw.get("rope_theta", rope.get("rope_theta", 10000.0))
-    problems = []
-    if raw.get("attention_bias") or raw.get("mlp_bias"):
-        problems.append("attention_bias/mlp_bias must be false")
-    if raw.get("head_dim") not in (None, raw["hidden_size"] // heads):
-        problems.append(f"head_dim {raw['head_dim']} must equal hidden_size / num_attention_heads")
-    if raw.get("rope_scaling") or rope.get("rope_type", "default") != "default":
-        problems.append("RoPE scaling is not supported (MiniMind2 folders have none)")
-    if raw.get("pretraining_tp", 1) != 1:
-        problems.append("pretraining_tp must be 1")
-    if problems:
-        raise ValueError("cannot express this Llama config as MiniMind2: " + "; ".join(problems) + ".")
-    eos = raw.get("eos_token_id", 2)
-    return MiniMindConfig(
-        vocab_size=raw["vocab_size"], hidden_size=raw["hidden_size"], intermediate_size=raw["intermediate_size"],
-        num_hidden_layers=raw["num_hidden_layers"], num_attention_heads=heads,
-        num_key_value_heads=raw.get("num_key_value_heads") or heads, hidden_act=raw.get("hidden_act", "silu"),
-        max_position_embeddings=raw.get("max_position_embeddings", 2048), rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
-        rope_theta=float(rope_theta), bos_token_id=raw.get("bos_token_id", 1),
-        eos_token_id=eos[0] if isinstance(eos, (list, tuple)) else eos,
-    )
+    """MiniMind2 from a ``LlamaConfig`` dict of either transformers major version (``minimind_ref.hf.config_from_llama_dict``)."""
+    from .hf import config_from_llama_dict
+
+    return config_from_llama_dict(raw)
 
 
 def _config_from_qwen3(raw: Mapping[str, Any]) -> MiniMindConfig:
-    """minimind-3 from a ``Qwen3Config`` / ``Qwen3MoeConfig`` dict, with transformers' 4.57 defaults for
-    what is missing (``head_dim`` 128, ``rope_theta`` 10000, ``tie_word_embeddings`` false,
-    ``norm_topk_prob`` false, ``router_aux_loss_coef`` 0.001, ``rms_norm_eps`` 1e-6) and MiniMind's
-    token ids 1/2 when there are none. A Qwen3 that minimind-3 cannot express is a ``ValueError``
-    listing why (see ``minimind_ref.hf.qwen3_problems``)."""
+    """minimind-3 from a ``Qwen3Config`` / ``Qwen3MoeConfig`` dict written by transformers 4 or 5 or by
+    upstream's converter, with transformers' defaults for what is missing (``head_dim`` 128, or hidden /
+    heads for Qwen3-MoE, ``rope_theta`` 10000, ``tie_word_embeddings`` false, ``norm_topk_prob`` false:
+    each with a warning naming it; ``router_aux_loss_coef`` 0.001, ``rms_norm_eps`` 1e-6) and MiniMind's
+    token ids 1/2 when there are none. A Qwen3 that minimind-3 cannot express, or whose fields contradict
+    each other (``num_experts`` / ``num_local_experts``), is a ``ValueError`` listing why
+    (``minimind_ref.hf.config_from_qwen3_dict``)."""
     from .hf import config_from_qwen3_dict
 
     return config_from_qwen3_dict(raw)
@@ -471,6 +451,16 @@ def read_hf_weights(folder: PathLike, map_location: Union[str, torch.device] = "
     raise FileNotFoundError(f"{folder} holds no weights: expected one of {', '.join(_WEIGHT_FILES)}.")
 
 
+def _per_expert(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """A folder's state with transformers 5's fused Qwen3-MoE experts (if any) split per expert, as
+    MiniMind stores them (``minimind_ref.hf.split_fused_experts``; needs no transformers)."""
+    if not any(k.endswith((".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")) for k in state):
+        return state
+    from .hf import split_fused_experts
+
+    return split_fused_experts(state)
+
+
 def load_hf_dir(folder: PathLike, dtype: Optional[torch.dtype] = torch.float32,
                 map_location: Union[str, torch.device] = "cpu", check_finite: bool = True,
                 tie_word_embeddings: Optional[bool] = None) -> MiniMindForCausalLM:
@@ -488,8 +478,16 @@ def load_hf_dir(folder: PathLike, dtype: Optional[torch.dtype] = torch.float32,
             f"{folder} has no config.json, so it is not a Hugging Face model folder (for a .pth file use load_pth)."
         )
     raw = read_json(cfg_path, "config.json")
-    config = config_from_hf(raw)
-    state = _as_state_dict(read_hf_weights(folder, map_location), folder)
+    with warnings.catch_warnings(record=True) as said:  # said after the weights are checked (below)
+        warnings.simplefilter("always")
+        config = config_from_hf(raw)
+    state = _as_state_dict(_per_expert(read_hf_weights(folder, map_location)), folder)
+    if raw.get("model_type") in ("qwen3", "qwen3_moe"):  # a missing field whose default the weights contradict
+        from .hf import qwen3_defaults_against_weights
+
+        qwen3_defaults_against_weights(raw, state, folder)
+    for warning in said:
+        warnings.warn(f"{folder}: {warning.message}", warning.category, stacklevel=2)
     declared, declared_by = raw.get("tie_word_embeddings"), f"{cfg_path}"  # a missing field declares nothing
     if declared is not None and not isinstance(declared, bool):
         raise TypeError(f"{cfg_path}: tie_word_embeddings must be true or false (a JSON boolean), got {declared!r}.")
@@ -615,7 +613,8 @@ class UpstreamTokenizer:
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = False,
                             tokenize: bool = False, **kwargs: Any) -> Union[str, List[int]]:
-        """The folder's chat template rendered for ``messages`` (``tokenize=True``: its ids).
+        """The folder's chat template rendered for ``messages`` (``tokenize=True``: its ids, a list, as
+        transformers 4 returns them; transformers 5 returns a ``BatchEncoding`` whose ``input_ids`` is that list).
 
         ``kwargs`` reach the template as variables, as in transformers: ``tools=[...]`` (both
         generations' templates list them in the system turn), ``open_thinking=True`` (minimind-3,
@@ -786,7 +785,9 @@ def _load_local(path: Path, model: str, stage: str, dtype: Optional[torch.dtype]
             return load_pth(pth_dir / filename, dtype, map_location), load_tokenizer_dir(_find_tokenizer(folders, generation))
     for hf_dir in (path / model, path):
         if stage == "full_sft" and (hf_dir / "config.json").is_file():
-            cfg = config_from_hf(read_json(hf_dir / "config.json", "config.json"))
+            with warnings.catch_warnings():  # a missing field is reported once, by load_hf_dir below
+                warnings.simplefilter("ignore")
+                cfg = config_from_hf(read_json(hf_dir / "config.json", "config.json"))
             if (cfg.hidden_size, cfg.use_moe, cfg.generation) == (hidden, moe, generation):
                 return (load_hf_dir(hf_dir, dtype, map_location),
                         load_tokenizer_dir(_find_tokenizer([hf_dir, path], generation)))

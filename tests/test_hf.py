@@ -58,7 +58,7 @@ def test_unconvertible_models_raise():
 
 
 # ---------------------------------------------------------------------- minimind-3 <-> Qwen3 / Qwen3-MoE
-from minimind_ref.hf import from_hf, to_hf, to_hf_qwen3_config  # noqa: E402
+from minimind_ref.hf import from_hf, rope_is_scaled, rope_theta_of, to_hf, to_hf_qwen3_config  # noqa: E402
 
 
 def minimind3(seed: int = 0, **overrides) -> mm.MiniMindForCausalLM:
@@ -129,7 +129,9 @@ def test_qwen3_config_mapping():
     q = to_hf_qwen3_config(c)
     assert isinstance(q, transformers.Qwen3MoeConfig)
     assert (q.head_dim, q.num_attention_heads, q.num_key_value_heads, q.rms_norm_eps) == (80, 8, 4, 1e-6)
-    assert (q.tie_word_embeddings, q.rope_theta, q.rope_scaling, q.attention_bias) == (False, 1e6, None, False)
+    raw = q.to_dict()  # RoPE: rope_theta + rope_scaling=None (transformers 4), rope_parameters (5)
+    assert (q.tie_word_embeddings, rope_theta_of(raw), rope_is_scaled(raw), q.attention_bias) == (False, 1e6, False, False)
+    assert raw.get("rope_scaling") is None and raw.get("rope_parameters", {}).get("rope_type", "default") == "default"
     assert (q.num_experts, q.num_experts_per_tok, q.norm_topk_prob, q.moe_intermediate_size) == (4, 2, False, 1024)
     assert (q.router_aux_loss_coef, q.decoder_sparse_step, q.mlp_only_layers) == (5e-4, 1, [])
     assert not q.use_sliding_window and q.sliding_window is None

@@ -182,13 +182,13 @@ def ensure_env(env: Path, python: str, wheel: Path) -> None:
     stamp.write_text(json.dumps(wanted, indent=1), encoding="utf-8")
 
 
-def install_wheel(env: Path, wheel: Path, outside: Path) -> str:
-    """Install the fresh wheel (not editable) and prove what the chapters import is there."""
+def install_wheel(env: Path, wheel: Path, outside: Path, extra: str = EXTRA) -> str:
+    """Install the fresh wheel (not editable) and prove what the chapters import (the ``extra``) is there."""
     pip(env, "install", "-q", "--no-deps", "--force-reinstall", wheel, what=f"installing {wheel.name}")
     try:
-        pip(env, "install", "-q", "--no-index", f"{wheel}[{EXTRA}]", what=f"checking the [{EXTRA}] extra")
+        pip(env, "install", "-q", "--no-index", f"{wheel}[{extra}]", what=f"checking the [{extra}] extra")
     except ColabLikeError as err:
-        raise ColabLikeError(f"{err}\nThe environment lacks a dependency of minimind-ref[{EXTRA}]: "
+        raise ColabLikeError(f"{err}\nThe environment lacks a dependency of minimind-ref[{extra}]: "
                              f"delete {env} and run again.") from None
     pip(env, "check", what="pip check (the environment's dependencies are consistent)")
     where = run([env_python(env), "-c", "import minimind_ref, torch; print(minimind_ref.__file__); print(torch.__version__)"],
@@ -203,10 +203,16 @@ def install_wheel(env: Path, wheel: Path, outside: Path) -> str:
 
 # --- 3. the run ---------------------------------------------------------------------------
 
-def clean_env(tmp: Path) -> Dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "MPLBACKEND", "VIRTUAL_ENV", "PYTHONHOME", "JUPYTER_PATH")}
-    env.update(KERNEL_ENV)
+#: Settings of the caller's environment that never reach a kernel (each run sets its own).
+DROPPED = ("PYTHONPATH", "MPLBACKEND", "VIRTUAL_ENV", "PYTHONHOME", "JUPYTER_PATH", "ATEN_CPU_CAPABILITY",
+           "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def clean_env(tmp: Path, kernel_env: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """The environment of a notebook run: the caller's without ``DROPPED``, plus ``kernel_env``
+    (default ``KERNEL_ENV``, this run's), with ``TMPDIR`` the run's private temporary folder."""
+    env = {k: v for k, v in os.environ.items() if k not in DROPPED}
+    env.update(KERNEL_ENV if kernel_env is None else kernel_env)
     env["TMPDIR"] = str(tmp)
     env[tempdir_guard.ENV] = str(tmp)
     return env
@@ -260,14 +266,24 @@ def copy_with_stubs(path: Path, dest: Path, lang: Optional[str] = None) -> int:
 
 
 def run_notebooks(env: Path, notebooks: Sequence[Path], workdir: Path, tmp: Path, workers: int,
-                  translated: Sequence[Path] = (), lang: str = "zh_CN") -> int:
-    """nbval on ``notebooks`` and on the ``lang`` editions of ``translated`` (copied as zh_NN_topic.ipynb)."""
-    exercises = sum(copy_with_stubs(nb, workdir / nb.name) for nb in notebooks)
-    exercises += sum(copy_with_stubs(nb, workdir / translated_name(nb), lang) for nb in translated)
+                  translated: Sequence[Path] = (), lang: str = "zh_CN", kernel_env: Optional[Dict[str, str]] = None,
+                  stubs: bool = True, say=log) -> int:
+    """nbval on ``notebooks`` and on the ``lang`` editions of ``translated`` (copied as zh_NN_topic.ipynb),
+    kernels started with ``kernel_env`` (default ``KERNEL_ENV``); ``stubs``: each exercise check must also
+    fail on its student stub (tools/nbval_stubs.py)."""
+    kernel_env = KERNEL_ENV if kernel_env is None else kernel_env
+    if stubs:
+        exercises = sum(copy_with_stubs(nb, workdir / nb.name) for nb in notebooks)
+        exercises += sum(copy_with_stubs(nb, workdir / translated_name(nb), lang) for nb in translated)
+    else:
+        exercises = 0
+        for nb in notebooks:
+            shutil.copy2(nb, workdir / nb.name)
     names = [nb.name for nb in notebooks] + [translated_name(nb) for nb in translated]
     ini = workdir.parent / "pytest.ini"  # beside the folder, which holds nothing but the notebooks
     ini.write_text("[pytest]\naddopts =\n", encoding="utf-8")
-    shutil.copy2(STUB_PLUGIN, workdir.parent / "conftest.py")  # the stub checks (tools/nbval_stubs.py)
+    if stubs:
+        shutil.copy2(STUB_PLUGIN, workdir.parent / "conftest.py")  # the stub checks (tools/nbval_stubs.py)
     order = sorted(names, key=lambda n: n.removeprefix("zh_"), reverse=True)  # later chapters are the longest: start them first
     args = [env_python(env), "-m", "pytest", "-c", ini, "--rootdir", workdir.parent, "-p", "no:cacheprovider",
             "--nbval", "--nbval-current-env", f"--nbval-cell-timeout={CELL_TIMEOUT_S}", "-q", "-rfE", "--durations=5",
@@ -277,12 +293,29 @@ def run_notebooks(env: Path, notebooks: Sequence[Path], workdir: Path, tmp: Path
     else:
         args += ["-p", "no:xdist"]
     args += order
-    log("kernel settings: " + " ".join(f"{k}={v}" for k, v in KERNEL_ENV.items() if k in
-                                        ("ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "MPLBACKEND", "MINIMIND_DEVICE")))
-    log(f"running nbval on {len(names)} notebook(s) ({len(translated)} of them in {lang}) in {workdir} "
-        f"with {min(workers, len(names))} worker(s), "
-        f"and the {exercises} exercise checks on their student stubs")
-    return subprocess.run([str(a) for a in args], cwd=workdir, env=clean_env(tmp)).returncode
+    shown = ("ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "MPLBACKEND", "MINIMIND_DEVICE")
+    say("kernel settings: " + " ".join(f"{k}={kernel_env.get(k, '(unset)')}" for k in shown))
+    say(f"running nbval on {len(names)} notebook(s) ({len(translated)} of them in {lang}) in {workdir} "
+        f"with {min(workers, len(names))} worker(s)"
+        + (f", and the {exercises} exercise checks on their student stubs" if stubs else ""))
+    return subprocess.run([str(a) for a in args], cwd=workdir, env=clean_env(tmp, kernel_env)).returncode
+
+
+def left_behind(tmp: Path, workdir: Path, ran: Sequence[str], label: str) -> int:
+    """1 (after saying what) when the chapters left ``minimind_*`` entries in their temporary folder or
+    files in their own folder beside the notebooks ``ran``; else 0."""
+    code = 0
+    left = tempdir_guard.leftovers(tmp)
+    if left:
+        print(tempdir_guard.leftover_message(left, label), flush=True)
+        code = 1
+    written = sorted(p.name for p in workdir.iterdir() if p.name not in set(ran))
+    if written:
+        print(f"the chapters wrote into their own folder and left it there: {', '.join(written)} "
+              "(a learner's folder must stay as it was: write scratch files to a temporary folder "
+              "and remove them)", flush=True)
+        code = 1
+    return code
 
 
 def translated_name(path: Path) -> str:
@@ -317,17 +350,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.setup_only:
             return 0
         code = run_notebooks(env, notebooks, workdir, tmp, args.workers, translated)
-        left = tempdir_guard.leftovers(tmp)
-        if left:
-            print(tempdir_guard.leftover_message(left, "the Colab-like run"), flush=True)
-            code = code or 1
         ran = {nb.name for nb in notebooks} | {translated_name(nb) for nb in translated}
-        written = sorted(p.name for p in workdir.iterdir() if p.name not in ran)
-        if written:
-            print(f"the chapters wrote into their own folder and left it there: {', '.join(written)} "
-                  "(a learner's folder must stay as it was: write scratch files to a temporary folder "
-                  "and remove them)", flush=True)
-            code = code or 1
+        code = code or left_behind(tmp, workdir, ran, "the Colab-like run")
         log(f"{'passed' if code == 0 else 'FAILED'} in {time.perf_counter() - start:.0f} s")
         return code
     except ColabLikeError as err:

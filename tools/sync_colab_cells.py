@@ -10,8 +10,11 @@ anywhere else. A fork that publishes the book sets ``repository.url`` (and ``htm
 itself, runs this tool and ``make student``, and commits.
 
 The cell installs ``minimind-ref[course]``: the package plus everything a chapter imports besides
-torch and numpy (see ``[project.optional-dependencies]`` in pyproject.toml). When pip fails, the
-cell prints pip's last lines and says what to set, instead of a traceback.
+torch and numpy (see ``[project.optional-dependencies]`` in pyproject.toml), with pip's default
+strategy, which keeps every installed package that satisfies the requirements (none has an upper
+bound), so nothing is downgraded and Colab's torch and transformers stay; its comment says so, and
+``tools/current_releases.py`` proves it with the newest releases. When pip fails, the cell prints
+pip's last lines and says what to set, instead of a traceback.
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ EXTRA = "course"
 
 TEMPLATE = '''\
 # Colab only: install the course package and what the chapters import. Does nothing anywhere else.
+# pip keeps what Colab has: it adds only what is missing or older than the course needs (torch>=2.1,
+# numpy, tokenizers>=0.15, tqdm, matplotlib, ipywidgets>=8), never downgrades a package, and leaves
+# Colab's torch and transformers as they are (no chapter needs transformers).
 # Written by tools/sync_colab_cells.py from repository.url in the book's _config.yml.
 import subprocess, sys
 if "google.colab" in sys.modules:

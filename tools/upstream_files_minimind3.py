@@ -2,6 +2,10 @@
 
     python tools/upstream_files_minimind3.py --upstream /path/to/minimind   # a checkout at d65ef2c
     # writes tests/data/upstream_minimind3_files/
+    .venv-t5/bin/python tools/upstream_files_minimind3.py --upstream /path/to/minimind --converted-only \
+        --out tests/data/upstream_minimind3_files_transformers5
+    # the same conversions under transformers 5 (an environment with it, e.g. transformers 5.24.0):
+    # only the converted folders and reference.pt (the .pth files are the same bytes as above)
 
 What upstream does, done with upstream's code (``model/model_minimind.py`` and
 ``scripts/convert_model.py`` of the checkout; they need ``transformers``, the project's ``.venv``
@@ -48,7 +52,7 @@ OUT = ROOT / "tests" / "data" / "upstream_minimind3_files"
 sys.path.insert(0, str(ROOT / "tests"))
 
 import _upstream_files as U  # noqa: E402
-from upstream_fixtures import load_module, randomize  # noqa: E402 (tools/, beside this file)
+from upstream_fixtures import load_module, randomize, save_reference  # noqa: E402 (tools/, beside this file)
 
 #: name -> (upstream MiniMindConfig keywords, what to convert). The vocabulary is the test tokenizer's.
 _V = U.len_vocab_minimind3()
@@ -85,6 +89,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--upstream", required=True, type=Path, help="a checkout of jingyaogong/minimind at d65ef2c")
     p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--converted-only", action="store_true",
+                   help="write the converted folders and reference.pt only (the .pth files go to a scratch folder)")
     args = p.parse_args(argv)
     checkout = args.upstream.resolve()
     upstream = load_module(checkout / "model" / "model_minimind.py", "model.model_minimind")
@@ -108,7 +114,7 @@ def main(argv=None) -> int:
             randomize(model, g)
             # the trainers' save (train_pretrain.py, train_full_sft.py, ... at d65ef2c)
             moe_suffix = "_moe" if config.use_moe else ""
-            pth = out / f"full_sft_{config.hidden_size}{moe_suffix}.pth"
+            pth = (scratch if args.converted_only else out) / f"full_sft_{config.hidden_size}{moe_suffix}.pth"
             state_dict = model.state_dict()
             torch.save({k: v.half().cpu() for k, v in state_dict.items()}, pth)
             # upstream's model on the file's (fp16) values, computed in fp32
@@ -138,15 +144,12 @@ def main(argv=None) -> int:
                 else:
                     entry["folders"][folder.name] = {"kind": kind}
             reference["cases"][name] = entry
+    reference["transformers"] = transformers.__version__
     reference["note"] = (
         f"Upstream minimind-3 (model/model_minimind.py and scripts/convert_model.py, d65ef2c) with transformers "
         f"{transformers.__version__}, torch {torch.__version__} on CPU; logits in fp32 from the fp16 files; "
         "made by tools/upstream_files_minimind3.py.")
-    torch.save(reference, out / "reference.pt")
-    for path in sorted(out.rglob("*")):
-        if path.is_file():
-            print(f"{path.relative_to(out)}  {path.stat().st_size:,} bytes")
-    print(reference["note"])
+    save_reference(out, reference)
     return 0
 
 

@@ -103,6 +103,15 @@ def cached_decode(model, ids: torch.Tensor, prompt: int):
     return torch.cat(pieces, 1), past
 
 
+def save_reference(out: Path, reference: Dict[str, Any]) -> None:
+    """Write ``reference`` (with its ``note``) to ``out/reference.pt`` and list every file of ``out``."""
+    torch.save(reference, out / "reference.pt")
+    for path in sorted(out.rglob("*")):
+        if path.is_file():
+            print(f"{path.relative_to(out)}  {path.stat().st_size:,} bytes")
+    print(reference["note"])
+
+
 def run_case(upstream, kwargs: Dict[str, Any], seed: int) -> Dict[str, Any]:
     g = torch.Generator().manual_seed(seed)
     config = upstream.MiniMindConfig(**kwargs)
