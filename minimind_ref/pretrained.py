@@ -488,7 +488,9 @@ def load_hf_dir(folder: PathLike, dtype: Optional[torch.dtype] = torch.float32,
         qwen3_defaults_against_weights(raw, state, folder)
     for warning in said:
         warnings.warn(f"{folder}: {warning.message}", warning.category, stacklevel=2)
-    declared, declared_by = raw.get("tie_word_embeddings"), f"{cfg_path}"  # a missing field declares nothing
+    declared, declared_by = raw.get("tie_word_embeddings"), f"{cfg_path}"  # a missing field declares nothing...
+    if declared is None and raw.get("model_type") in ("qwen3", "qwen3_moe"):  # ...but Qwen3's default (warned above)
+        declared, declared_by = config.tie_word_embeddings, f"transformers' default for {cfg_path} (it has no tie_word_embeddings)"
     if declared is not None and not isinstance(declared, bool):
         raise TypeError(f"{cfg_path}: tie_word_embeddings must be true or false (a JSON boolean), got {declared!r}.")
     if tie_word_embeddings is not None:
