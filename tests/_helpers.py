@@ -185,9 +185,9 @@ def _number_forms(value) -> set:
     v = float(value)
     if v != v or v in (float("inf"), float("-inf")):
         return forms
-    for spec in (".6g", ".4g", ".3g"):
+    for spec in (".6g", ".4g"):
         text = format(v, spec)
-        if len(text.lstrip("-").replace(".", "").lstrip("0")) >= 2:  # 0.5 or 2 would match too much
+        if len(text.lstrip("-").replace(".", "").lstrip("0")) >= 3:  # 0.5 or 4.1 would match too much
             forms.add(text)
     return forms
 
@@ -220,7 +220,8 @@ def answer_shown(message: str, expected=()) -> list:
         if f'show_solution("{number}")' not in last:
             problems.append(f"the last line does not say how to ask for the solution: {last!r}")
     if number and not core._VALUES.get(number, (True, ""))[0]:
-        numbers = set(_re.findall(r"(?<![\w.])-?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?", message))
+        text = _re.sub(r"^\[[^\]]*\]", "", message)  # not the exercise's own number in "[Exercise 4.1 silu]"
+        numbers = set(_re.findall(r"(?<![\w.])-?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?", text))
         for value in expected:
             hit = _number_forms(value) & numbers
             if hit:
