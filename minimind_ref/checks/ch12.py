@@ -295,7 +295,7 @@ def check_advantages_once(group_advantages: Callable[..., Any], lone_success_adv
         outcomes_f.append(Outcome(case, as_number(got[1], name, case, integer=False, what="a failure's advantage"),
                                   failure, _lone_mistakes(size, False)))
     hint = ("the group's mean and population std follow from G alone when one reward is 1 and the others 0; put them "
-            "into d65ef2c's normalisation (section 4 says what it keeps of c090b69's and what it drops).")
+            "into d65ef2c's normalisation (section 2 says what it keeps of c090b69's and what it drops).")
     check_numbers(f"{name} (the success's advantage)", outcomes_s, hint, rel_tol=2e-3)
     check_numbers(f"{name} (a failure's advantage)", outcomes_f, hint, rel_tol=2e-3)
 
@@ -323,7 +323,7 @@ def check_advantages_once(group_advantages: Callable[..., Any], lone_success_adv
                  "so that group gets advantage 0.")
         check_close(got, expected, name=name, rtol=1e-5, atol=1e-5, check_dtype=False, mistakes=mistakes, case=case,
                     hint="d65ef2c keeps only c090b69's first step, with the population std: compare your steps with "
-                         "section 4 (the rows of one group sit next to each other).")
+                         "section 2 (the rows of one group sit next to each other).")
     return ("the lone success predicted for groups of 2 to 128; advantages for groups of 2 to 8 and a group with no "
             "spread")
 
@@ -369,7 +369,7 @@ def _check_cispo_loss(fn: Callable[..., Any], name: str) -> str:
             "the KL term with the wrong sign": lambda p: seq(-(torch.clamp(ratio(p), max=eps_high).detach() * a * p
                                                                + beta * kl(p))),
         }
-        hint = ("compare with CISPO's per-token term of section 5: which factors carry the gradient, where the weight "
+        hint = ("compare with CISPO's per-token term of section 4: which factors carry the gradient, where the weight "
                 "is capped, the k3 penalty; average over each row's mask, then over rows.")
         expected = loss(lp.detach())
         mistakes = {k: (lambda f=f: f(lp).detach()) for k, f in forms.items()}
