@@ -70,7 +70,7 @@ DROPPABLE_CALLS = {"detach", "float", "clone", "item", "contiguous", "half", "lo
                    "squeeze", "unsqueeze", "abs", "sqrt", "exp", "log", "mean", "sum", "transpose", "t", "flatten",
                    "reshape", "view", "softmax", "sigmoid", "clamp", "clamp_min", "cumsum", "sort", "values"}
 COMMUTATIVE = {"min", "max", "minimum", "maximum", "add", "mul", "isclose", "allclose", "equal", "fmax", "fmin",
-               "logical_and", "logical_or", "hypot"}
+               "logical_and", "logical_or", "hypot", "transpose", "swapaxes", "swapdims"}  # transpose(a, b) = (b, a)
 
 
 # ------------------------------------------------------------------------------------------ mutants

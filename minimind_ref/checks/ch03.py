@@ -141,7 +141,13 @@ def check_scaled_dot_product_attention(fn: Callable[..., torch.Tensor]) -> str:
         got = call(fn, q, k, v, mask=mask, name=name, case=case, hint=crash, check_inputs=True)
         check_close(got, expected, name=name, case=case, hint=hint,
                     mistakes=_sdpa_mistakes(q, k, v, mask))
-    return "matches torch.nn.functional.scaled_dot_product_attention"
+    # the leading axes are "...": no batch axis at all (q [heads, s, d]) is an input too
+    q, k, v = (torch.randn(3, n, 8, generator=g) for n in (4, 6, 6))
+    case = "q (3, 4, 8), k and v (3, 6, 8): no batch axis, 4 queries over 6 keys"
+    got = call(fn, q, k, v, mask=None, name=name, case=case, hint=crash, check_inputs=True)
+    check_close(got, F.scaled_dot_product_attention(q, k, v), name=name, case=case, hint=hint,
+                mistakes=_sdpa_mistakes(q, k, v, None))
+    return "matches torch.nn.functional.scaled_dot_product_attention, with and without a batch axis"
 
 
 # ----------------------------------------------------------------------------- 3.3 causal mask
