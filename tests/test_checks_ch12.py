@@ -178,6 +178,20 @@ def lone_success(group_size):
     return math.sqrt(group_size - 1), -1 / math.sqrt(group_size - 1)
 
 
+def test_group_advantages_without_the_batch_epsilon_is_caught_on_a_batch_without_spread():
+    def no_eps(r, g):
+        mean, std = _grouped(r, g)
+        a = ((r - mean) / (std + 1e-4)).clamp(-10, 10)
+        return (a - a.mean()) / a.std()
+    check_fails(ch12.check_group_advantages, no_eps, "NaN", "every group's rewards all equal")
+
+
+def test_group_advantages_with_the_lower_clamp_moved_is_caught_on_a_lone_failure():
+    check_fails(ch12.check_group_advantages,
+                lambda r, g: _batch(((r - _grouped(r, g)[0]) / (_grouped(r, g)[1] + 1e-4)).clamp(-11, 10)),
+                "one with a single failure")
+
+
 def test_advantages_once_reference_passes_and_mistakes_are_named(capsys):
     ch12.check_advantages_once(grpo.group_advantages, lone_success)
     assert capsys.readouterr().out.startswith("✓")
@@ -281,6 +295,9 @@ GROUP_MISTAKES = {
     # issue 37: a bound met exactly tells "<=" from "<"
     "this looks like the bound taken as strict": lambda p, lim: _first_group(lambda g: p ** g + (1 - p) ** g < lim),
     "this looks like the chance that at least one sample differs": lambda p, lim: _first_group(lambda g: 1 - p ** g - (1 - p) ** g <= lim),
+    "this looks like a group of 1 allowed": lambda p, lim: next(g for g in range(1, 65) if p ** g + (1 - p) ** g <= lim)
+    if lim >= 1 else ch12.smallest_group_reference(p, lim),
+    "this looks like no cap at 64": lambda p, lim: next(g for g in range(2, 10_000) if p ** g + (1 - p) ** g <= lim),
     "expected an int": lambda p, lim: float(ch12.smallest_group_reference(p, lim)),
 }
 

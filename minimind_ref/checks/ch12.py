@@ -38,9 +38,11 @@ def _lone_success_case(size: int) -> torch.Tensor:
     (G - 1) / sqrt(G), above 10 for G >= 102, so upstream's clamp acts; the second is half 1, half 0
     (z-scores near +-1). Two groups of different shapes keep the clamp visible after the batch
     normalisation (a batch of two distinct values would standardise to the same numbers either way)."""
-    rewards = torch.zeros(2, size)
+    rewards = torch.zeros(3, size)
     rewards[0, 3] = 1.0
     rewards[1, 1::2] = 1.0
+    rewards[2] = 1.0
+    rewards[2, 5] = 0.0  # a lone failure: its z-score is -(G - 1) / sqrt(G), cut at -10
     return rewards.flatten()
 
 
@@ -58,8 +60,10 @@ def check_group_advantages(group_advantages: Callable[..., Any]) -> str:
               f"{groups} group(s) of {size}" + (", the last group's rewards all equal" if flat else ""))
              for seed, (groups, size, flat) in enumerate([(3, 4, True), (2, 8, False), (4, 2, False), (1, 6, False)])]
     lone = 128
-    cases.append((_lone_success_case(lone), lone, f"2 groups of {lone}, one of them with a single success (its "
-                  f"z-score is {(lone - 1) / lone ** 0.5:.1f}: the clamp acts)"))
+    cases.append((_lone_success_case(lone), lone, f"3 groups of {lone}, one with a single success and one with a single "
+                  f"failure (z-scores of +-{(lone - 1) / lone ** 0.5:.1f}: the clamp acts on both sides)"))
+    cases.append((torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.5]), 3,
+                  "3 groups of 3, every group's rewards all equal (the whole batch has no spread)"))
     for rewards, size, case in cases:
         got = call(group_advantages, rewards.clone(), size, name=name, case=case, check_inputs=True)
         expected = ref_grpo.group_advantages(rewards, size, **ref_grpo.C090B69_ADVANTAGES)
@@ -342,7 +346,9 @@ def _check_cispo_loss(fn: Callable[..., Any], name: str) -> str:
     for seed, (rows, length, beta, eps_high) in enumerate([(4, 7, 0.1, 5.0), (6, 5, 0.0, 1.5), (3, 9, 0.5, 2.0),
                                                            (5, 8, 0.04, 5.0)]):
         lp, old, ref, adv, mask = _ratio_case(seed + 31, rows, length)
-        case = f"{rows} completions, beta={beta}, epsilon_high={eps_high}"
+        if seed == 1:
+            mask[2] = 0  # a completion without a token that counts: its count is clamped at 1, its loss is 0
+        case = f"{rows} completions, beta={beta}, epsilon_high={eps_high}" + (", one row's mask empty" if seed == 1 else "")
         pol = lp.clone().requires_grad_(True)
         got = call(fn, pol, old.clone(), ref.clone(), adv.clone(), mask.clone(), beta, eps_high, name=name, case=case)
         if not isinstance(got, torch.Tensor) or got.dim() != 0:
@@ -394,8 +400,8 @@ solution("12.6", "w = torch.exp(lp - old).clamp(max=eps_high).detach(); t = -(w 
                  "(torch.exp(ref - lp) - (ref - lp) - 1)); return ((t * mask).sum(1) / mask.sum(1).clamp(min=1)).mean()")
 
 
-solution("12.5", "return ((advantages[:, None] > 0) & (ratio > 1 + epsilon)) | ((advantages[:, None] < 0) & "
-                 "(ratio < 1 - epsilon)) | (advantages[:, None] == 0)")
+solution("12.5", "a = advantages[:, None]; flows = ((a > 0) & (ratio <= 1 + epsilon)) | ((a < 0) & (ratio >= 1 - "
+                 "epsilon)); return ~flows")
 
 
 def _surrogate_zero_grad(ratio: torch.Tensor, adv: torch.Tensor, eps: float) -> torch.Tensor:
@@ -507,11 +513,13 @@ solution("12.7", "return next(G for G in range(2, 65) if p**G + (1 - p)**G <= ma
 
 
 def _group_cases() -> list:
-    """(p, max_no_signal): p != 0.5 everywhere except where it matters least, so that counting only the all-right or
+    """(p, max_no_signal): p != 0.5, so that counting only the all-right or
     only the all-wrong groups, and one more than needed, give different answers; and two bounds that a group size
     meets exactly (0.25**2 + 0.75**2 = 0.625, 0.75**3 + 0.25**3 = 0.4375, exact in binary), where "at most" and
-    "below" differ."""
-    return [(0.25, 0.625), (0.75, 0.4375), (0.9, 0.2), (0.1, 0.5), (0.3, 0.3), (0.45, 0.05), (0.97, 0.5), (0.6, 0.1)]
+    "below" differ; a bound every group meets (the answer is the smallest size, 2) and one no group of up to 64
+    meets (the answer is 64)."""
+    return [(0.25, 0.625), (0.75, 0.4375), (0.9, 0.2), (0.1, 0.5), (0.3, 0.3), (0.45, 0.05), (0.97, 0.5), (0.6, 0.1),
+            (0.3, 1.0), (0.99, 0.5)]  # every group size is enough (G = 2); none up to 64 is (64)
 
 
 def _first_group(condition) -> int:
@@ -552,6 +560,10 @@ def check_smallest_group(smallest_group: Callable[..., Any]) -> str:
             "one more than needed (the first G that satisfies the bound is the answer)": expected + 1,
             "the bound taken as strict (a chance exactly at max_no_signal is allowed)":
                 _first_group(lambda g: no_signal_probability_reference(p, g) < limit),
+            "a group of 1 allowed (a group needs at least 2 samples to compare)":
+                next((g for g in range(1, 65) if no_signal_probability_reference(p, g) <= limit), 64),
+            "no cap at 64 (the exercise returns 64 when no group of up to 64 is enough)":
+                next(g for g in range(2, 10_000) if no_signal_probability_reference(p, g) <= limit),
         }
         outcomes.append(Outcome(case, got, expected, mistakes))
     check_numbers(name, outcomes, hint)
