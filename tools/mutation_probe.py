@@ -3,7 +3,8 @@ how many the check catches.
 
     python tools/mutation_probe.py                    # every chapter
     python tools/mutation_probe.py 04 12 --max 40     # some chapters, at most 40 mutants an exercise
-    python tools/mutation_probe.py 07 --list          # print the mutants (and which survived)
+    python tools/mutation_probe.py 07 --list          # print the mutants
+    python tools/mutation_probe.py 12 --stubs         # every check rejects the student edition's stub
 
 For each chapter the probe runs the notebook's code cells in one in-process IPython shell, in order,
 up to its last exercise check (matplotlib on the Agg backend, every check passing as the chapter
@@ -312,6 +313,7 @@ def mutants(source: str) -> List[Mutant]:
 
 
 # ------------------------------------------------------------------------------------------ running
+STUBS = False  # --stubs: the student edition's stub is the only "mutant" of each exercise
 class _Timeout(Exception):
     pass
 
@@ -392,6 +394,11 @@ def _probe_exercise(shell, number: str, src: str, check_src: str, max_mutants: i
 
     result = Result(number)
     made = mutants(src)
+    if STUBS:  # the student edition's stub: the one program every check must reject
+        sys.path.insert(0, str(ROOT / "tools"))
+        import make_student
+
+        made = [Mutant("the student edition's stub", make_student.stub_source(src, f"Exercise {number}", "stub"))]
     result.made = len(made)
     if len(made) > max_mutants:
         made = random.Random(f"{number}:{len(made)}").sample(made, max_mutants)
@@ -444,7 +451,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--exercise", action="append", help="only these exercises (e.g. 4.5)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--list", action="store_true", help="print every mutant of the chosen exercises and stop")
+    parser.add_argument("--stubs", action="store_true", help="plant the student edition's stub instead of the mutants")
     args = parser.parse_args(argv)
+    global STUBS
+    STUBS = args.stubs
     chapters = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
     if args.chapters:
         chapters = [p for p in chapters if p.name[:2] in {c.zfill(2) for c in args.chapters}]
