@@ -189,7 +189,7 @@ def test_group_advantages_without_the_batch_epsilon_is_caught_on_a_batch_without
 def test_group_advantages_with_the_lower_clamp_moved_is_caught_on_a_lone_failure():
     check_fails(ch12.check_group_advantages,
                 lambda r, g: _batch(((r - _grouped(r, g)[0]) / (_grouped(r, g)[1] + 1e-4)).clamp(-11, 10)),
-                "one with a single failure")
+                "one of them with a single failure")
 
 
 def test_advantages_once_reference_passes_and_mistakes_are_named(capsys):

@@ -38,11 +38,9 @@ def _lone_success_case(size: int) -> torch.Tensor:
     (G - 1) / sqrt(G), above 10 for G >= 102, so upstream's clamp acts; the second is half 1, half 0
     (z-scores near +-1). Two groups of different shapes keep the clamp visible after the batch
     normalisation (a batch of two distinct values would standardise to the same numbers either way)."""
-    rewards = torch.zeros(3, size)
+    rewards = torch.zeros(2, size)
     rewards[0, 3] = 1.0
     rewards[1, 1::2] = 1.0
-    rewards[2] = 1.0
-    rewards[2, 5] = 0.0  # a lone failure: its z-score is -(G - 1) / sqrt(G), cut at -10
     return rewards.flatten()
 
 
@@ -60,8 +58,12 @@ def check_group_advantages(group_advantages: Callable[..., Any]) -> str:
               f"{groups} group(s) of {size}" + (", the last group's rewards all equal" if flat else ""))
              for seed, (groups, size, flat) in enumerate([(3, 4, True), (2, 8, False), (4, 2, False), (1, 6, False)])]
     lone = 128
-    cases.append((_lone_success_case(lone), lone, f"3 groups of {lone}, one with a single success and one with a single "
-                  f"failure (z-scores of +-{(lone - 1) / lone ** 0.5:.1f}: the clamp acts on both sides)"))
+    cases.append((_lone_success_case(lone), lone, f"2 groups of {lone}, one of them with a single success (its "
+                  f"z-score is {(lone - 1) / lone ** 0.5:.1f}: the clamp acts)"))
+    # a lone failure (z-score -(G - 1) / sqrt(G), cut at -10) in a batch of its own: beside a lone success the two
+    # clamped groups would mirror each other and the batch mean would be 0 again
+    cases.append((1.0 - _lone_success_case(lone), lone, f"2 groups of {lone}, one of them with a single failure (its "
+                  f"z-score is -{(lone - 1) / lone ** 0.5:.1f}: the clamp acts)"))
     cases.append((torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.5]), 3,
                   "3 groups of 3, every group's rewards all equal (the whole batch has no spread)"))
     for rewards, size, case in cases:
