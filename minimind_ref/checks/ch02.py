@@ -228,6 +228,7 @@ _YARN_CASES = [
     (64, 8192, 1e6, {"factor": 4}),
     (64, 3000, 1e6, {"original_max_position_embeddings": 1024, "beta_slow": 2}),
     (96, 2049, 1e6, {"beta_fast": 16, "type": "yarn"}),
+    (64, 2048, 1e6, {"factor": 4}),  # exactly MiniMind's default length, which the dict does not give: no scaling
 ]
 
 
