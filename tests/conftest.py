@@ -72,9 +72,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 @pytest.fixture(autouse=True)
 def _check_failures_never_show_the_answer(request, monkeypatch):
     """In the tests of the exercise checks, every failure a check raises is inspected as it is
-    raised: it must not contain the exercise's worked solution, and it must end with the line that
-    says how to ask for it (``tests/_helpers.answer_shown``). So every planted mistake of every
-    chapter's tests also proves that the message does not give the answer away."""
+    raised (``tests/_helpers.answer_shown``): it must not contain the exercise's worked solution nor a
+    piece of its code (an operator with its operands, a call, a keyword argument, a subscript, as
+    derived from the registered solution), nor, for an exercise that hides the reference's values
+    (``expected_values(..., shown=False)``), the value the failing comparison expected; and it must end
+    with the line that says how to ask for the solution. So every planted mistake of every chapter's
+    tests also proves that the message does not give the answer away."""
     if not request.module.__name__.split(".")[-1].startswith(("test_checks", "test_i18n_checks")):
         yield
         return
@@ -85,10 +88,11 @@ def _check_failures_never_show_the_answer(request, monkeypatch):
     seen = []
 
     def inspected(name, what, hint):
+        expected = list(core._last_expected)
         try:
             original(name, what, hint)
         except core.ExerciseError as err:
-            seen.extend(answer_shown(str(err)))
+            seen.extend(answer_shown(str(err), expected))
             raise
 
     monkeypatch.setattr(core, "_fail", inspected)

@@ -262,8 +262,8 @@ WRONG = [
     (ch02.check_rotate_half, rotate_half_in_place, "changed its input (argument 1) in place"),
     (ch02.check_rotate_half, lambda x: x, "this looks like the input returned unchanged"),
     (ch02.check_rotate_half, rotate_half_float32, "dtype mismatch: expected torch.bfloat16"),
-    (ch02.check_precompute_freqs_cis, precompute_exponent_i_over_dim, "this looks like the exponent i/dim instead of 2i/dim"),
-    (ch02.check_precompute_freqs_cis, precompute_positive_exponent, "this looks like frequencies rope_base ** (+2i/dim)"),
+    (ch02.check_precompute_freqs_cis, precompute_exponent_i_over_dim, "this looks like the exponent of pair i taken as i/dim instead of 2i/dim"),
+    (ch02.check_precompute_freqs_cis, precompute_positive_exponent, "this looks like the exponent's sign flipped"),
     (ch02.check_precompute_freqs_cis, precompute_exponent_dim, "values differ"),
     (ch02.check_precompute_freqs_cis, precompute_interleaved, "this looks like each angle repeated in place"),
     (ch02.check_precompute_freqs_cis, precompute_half_width, "this looks like half-width tables"),
@@ -272,7 +272,7 @@ WRONG = [
     (ch02.check_precompute_freqs_cis, precompute_one_row_too_many, "this looks like positions 0 .. end (one row too many)"),
     (ch02.check_precompute_freqs_cis, precompute_float64, "dtype mismatch: expected torch.float32, got torch.float64"),
     (ch02.check_precompute_freqs_cis, lambda dim, end, base: precompute_ok(dim, end, base)[0], "expected a pair (cos, sin)"),
-    (ch02.check_apply_rotary_pos_emb, apply_minus, "this looks like x * cos - rotate_half(x) * sin"),
+    (ch02.check_apply_rotary_pos_emb, apply_minus, "this looks like the sine term subtracted"),
     (ch02.check_apply_rotary_pos_emb, apply_interleaved, "this looks like the interleaved rotate_half"),
     (ch02.check_apply_rotary_pos_emb, apply_q_only, "this looks like this tensor returned without rotation"),
     (ch02.check_apply_rotary_pos_emb, apply_q_only, "(on the k result for q"),
@@ -285,11 +285,11 @@ WRONG = [
     (ch02.check_apply_rotary_pos_emb, apply_no_unsqueeze, "(on q (2, 7, 8, 64)"),
     (ch02.check_apply_rotary_pos_emb, apply_in_place, "changed its input (argument 1) in place"),
     (ch02.check_apply_rotary_pos_emb, apply_returns_one, "expected a pair (q_embed, k_embed)"),
-    (ch02.check_yarn_frequencies, yarn_always, "this looks like YaRN applied although end / original_max = 2048/2048 is not > 1"),
-    (ch02.check_yarn_frequencies, yarn_ge, "this looks like YaRN applied although end / original_max = 2048/2048"),
+    (ch02.check_yarn_frequencies, yarn_always, "this looks like YaRN applied although the table (2048 positions) is not longer than original_max_position_embeddings (2048)"),
+    (ch02.check_yarn_frequencies, yarn_ge, "this looks like YaRN applied although the table (2048 positions)"),
     (ch02.check_yarn_frequencies, yarn_inverted_ramp, "this looks like the ramp reversed"),
     (ch02.check_yarn_frequencies, yarn_uniform, "this looks like every frequency divided by factor (no ramp)"),
-    (ch02.check_yarn_frequencies, yarn_never, "this looks like YaRN left out although end / original_max = 32768/2048 > 1"),
+    (ch02.check_yarn_frequencies, yarn_never, "this looks like YaRN left out although the table (32768 positions) is longer than original_max_position_embeddings (2048)"),
     (ch02.check_yarn_frequencies, yarn_multiplies, "this looks like frequencies multiplied by factor instead of divided"),
     (ch02.check_yarn_frequencies, yarn_hard_coded_defaults, "this looks like MiniMind's default values used instead"),
     (ch02.check_yarn_frequencies, yarn_float64, "dtype mismatch: expected torch.float32, got torch.float64"),
@@ -313,7 +313,8 @@ def test_wrong_version_message_names_expected_and_hint():
     with pytest.raises(AssertionError) as info:
         ch02.check_precompute_freqs_cis(precompute_exponent_i_over_dim)
     msg = str(info.value)
-    assert "expected" in msg and "hint:" in msg and "2i / dim" in msg
+    assert "expected" in msg and "hint:" in msg and "the exponent of each pair" in msg
+    assert "rope_base **" not in msg and "arange(" not in msg
     assert msg.index("this looks like") < msg.index("hint:") < msg.index('show_solution("2.2")')
 
 

@@ -246,7 +246,7 @@ def gqa_no_causal(attn, x, cos, sin, attention_mask=None, past_key_value=None):
 
 # (check, wrong answer, text the failure must contain: the named mistake, or the failing input)
 WRONG = [
-    (ch03.check_stable_softmax, naive_softmax, "this looks like exp(x) without subtracting the maximum"),
+    (ch03.check_stable_softmax, naive_softmax, "this looks like the exponentials taken without subtracting the maximum"),
     (ch03.check_stable_softmax, naive_softmax, "NaN"),
     (ch03.check_stable_softmax, softmax_wrong_axis, "this looks like a softmax over dimension 0 instead of dim=-1"),
     (ch03.check_stable_softmax, softmax_ignores_dim, "this looks like a softmax over dimension 1 instead of dim=0"),
@@ -254,10 +254,10 @@ WRONG = [
     (ch03.check_stable_softmax, softmax_global_max, "this looks like the maximum of the whole tensor subtracted"),
     (ch03.check_stable_softmax, softmax_in_place, "changed its input (argument 1) in place"),
     (ch03.check_stable_softmax, softmax_no_keepdim, "raised RuntimeError"),
-    (ch03.check_stable_softmax, softmax_no_keepdim, "keepdim=True"),
-    (ch03.check_stable_softmax, softmax_no_normalise, "this looks like exp(x - max) without dividing by the sum"),
+    (ch03.check_stable_softmax, softmax_no_keepdim, "keep the reduced dimension"),
+    (ch03.check_stable_softmax, softmax_no_normalise, "this looks like the exponentials returned without dividing by their sum"),
     (ch03.check_scaled_dot_product_attention, sdpa_no_scale, "this looks like no scaling"),
-    (ch03.check_scaled_dot_product_attention, sdpa_scale_by_d, "this looks like scores divided by d instead of sqrt(d)"),
+    (ch03.check_scaled_dot_product_attention, sdpa_scale_by_d, "this looks like scores divided by head_dim instead of by its square root"),
     (ch03.check_scaled_dot_product_attention, sdpa_query_axis, "this looks like the softmax over the query axis"),
     (ch03.check_scaled_dot_product_attention, sdpa_ignores_mask, "this looks like the mask ignored"),
     (ch03.check_scaled_dot_product_attention, sdpa_returns_weights, "this looks like the attention weights returned"),
@@ -275,7 +275,7 @@ WRONG = [
     (ch03.check_repeat_kv, repeat_on_wrong_axis, "this looks like the sequence axis (dim 1) repeated"),
     (ch03.check_repeat_kv, repeat_last_axis, "this looks like the last axis (head_dim) repeated"),
     (ch03.check_repeat_kv, repeat_identity, "this looks like the input returned unchanged"),
-    (ch03.check_gqa_attention, make_gqa(scale=False), "this looks like no 1/sqrt(head_dim) scaling"),
+    (ch03.check_gqa_attention, make_gqa(scale=False), "this looks like no scaling of the scores by the square root of head_dim"),
     (ch03.check_gqa_attention, make_gqa(repeat=repeat_tiled), "this looks like the KV heads tiled"),
     (ch03.check_gqa_attention, make_gqa(pad_value=float("-inf")), "this looks like padding added as -inf"),
     (ch03.check_gqa_attention, make_gqa(pad_value=float("-inf")), "NaN"),
@@ -463,15 +463,15 @@ def test_qk_norm_mistakes_are_named(wrong, message):
 
 
 BOUND_WRONG = [
-    (lambda q, k: q.shape[0] * q.abs().max().item() * k.abs().max().item(), "the division by sqrt(head_dim) forgotten"),
-    (lambda q, k: q.abs().max().item() * k.abs().max().item(), "this looks like max|g_q| max|g_k| (the length"),
-    (lambda q, k: q.abs().max().item() * k.abs().max().item() / q.shape[0] ** 0.5, "max|g_q| max|g_k| / sqrt(d)"),
-    (lambda q, k: q.shape[0] ** 0.5, "this looks like sqrt(d) without the gains"),
-    (lambda q, k: q.shape[0] ** 0.5 * (q * k).abs().max().item(), "that holds at equal positions only"),
-    (lambda q, k: q.norm().item() * k.norm().item() / q.shape[0] ** 0.5, "the norms of the gains"),
-    (lambda q, k: q.shape[0] ** 0.5 * q.abs().mean().item() * k.abs().mean().item(), "mean|g_q| mean|g_k|"),
-    (lambda q, k: q.shape[0] ** 0.5 * q.max().item() * k.max().item(), "without absolute values"),
-    (lambda q, k: [1.0], "expected a number (float)"),
+    (lambda q, k: q.shape[0] * q.abs().max().item() * k.abs().max().item(), "attention's division of the logits forgotten"),
+    (lambda q, k: q.abs().max().item() * k.abs().max().item(), "this looks like the length of a normalized head vector taken as 1 (it is not"),
+    (lambda q, k: q.abs().max().item() * k.abs().max().item() / q.shape[0] ** 0.5, "taken as 1, and attention's division applied on top"),
+    (lambda q, k: q.shape[0] ** 0.5, "this looks like the gains left out"),
+    (lambda q, k: q.shape[0] ** 0.5 * (q * k).abs().max().item(), "the two gains multiplied coordinate by coordinate"),
+    (lambda q, k: q.norm().item() * k.norm().item() / q.shape[0] ** 0.5, "the lengths of the gain vectors used"),
+    (lambda q, k: q.shape[0] ** 0.5 * q.abs().mean().item() * k.abs().mean().item(), "the mean size of the gains used"),
+    (lambda q, k: q.shape[0] ** 0.5 * q.max().item() * k.max().item(), "without their absolute values"),
+    (lambda q, k: [1.0], "expected a number (the bound), got list"),
 ]
 
 

@@ -107,11 +107,11 @@ def _swiglu_in_place(x, g, u, d):
 
 # (check, wrong answer, text the failure must contain: the named mistake, or the failing input)
 WRONG = [
-    (ch04.check_silu, torch.sigmoid, "this looks like sigmoid(x) alone"),
+    (ch04.check_silu, torch.sigmoid, "this looks like the sigmoid alone"),
     (ch04.check_silu, torch.relu, "this looks like ReLU"),
     (ch04.check_silu, F.gelu, "this looks like GELU"),
-    (ch04.check_silu, lambda x: x * torch.sigmoid(-x), "this looks like x * sigmoid(-x)"),
-    (ch04.check_silu, lambda x: x / (1 + torch.exp(x)), "this looks like x * sigmoid(-x)"),
+    (ch04.check_silu, lambda x: x * torch.sigmoid(-x), "this looks like the sign inside the sigmoid flipped"),
+    (ch04.check_silu, lambda x: x / (1 + torch.exp(x)), "this looks like the sign inside the sigmoid flipped"),
     (ch04.check_silu, lambda x: (x * torch.sigmoid(x)).float(), "dtype mismatch: expected torch.float64, got torch.float32"),
     (ch04.check_silu, _inplace_silu, "changed its input (argument 1) in place"),
     (ch04.check_silu, lambda x: (x * torch.sigmoid(x)).tolist(), "expected a torch.Tensor"),
@@ -119,12 +119,12 @@ WRONG = [
     (ch04.check_silu, _silu_exp_form, "the gradient autograd computes through your silu"),
     (ch04.check_silu, _silu_detached, "does not depend on x through autograd"),
     # gradient: forgetting the product rule, the sigmoid's own derivative, the function itself
-    (ch04.check_silu_grad, torch.sigmoid, "this looks like sigmoid(x) alone"),
-    (ch04.check_silu_grad, lambda x: torch.sigmoid(x) * (1 - torch.sigmoid(x)), "this looks like sigmoid'(x) = s * (1 - s) alone"),
+    (ch04.check_silu_grad, torch.sigmoid, "this looks like the sigmoid alone"),
+    (ch04.check_silu_grad, lambda x: torch.sigmoid(x) * (1 - torch.sigmoid(x)), "this looks like the derivative of the sigmoid alone"),
     (ch04.check_silu_grad, F.silu, "this looks like SiLU itself"),
-    (ch04.check_silu_grad, lambda x: torch.sigmoid(x) * (1 + x * torch.sigmoid(x)), "this looks like s + x * s * s"),
-    (ch04.check_silu_grad, lambda x: torch.sigmoid(x) + x * (1 - torch.sigmoid(x)), "this looks like s + x * (1 - s)"),
-    (ch04.check_silu_grad, _silu_grad_exp_form, "this looks like (1 + e + x e) / (1 + e)**2"),
+    (ch04.check_silu_grad, lambda x: torch.sigmoid(x) * (1 + x * torch.sigmoid(x)), "this looks like the sigmoid's derivative taken as the sigmoid squared"),
+    (ch04.check_silu_grad, lambda x: torch.sigmoid(x) + x * (1 - torch.sigmoid(x)), "this looks like a factor of the sigmoid missing"),
+    (ch04.check_silu_grad, _silu_grad_exp_form, "this looks like the derivative written with exponentials"),
     (ch04.check_silu_grad, _silu_grad_exp_form, "NaN"),
     (ch04.check_silu_grad, _silu_grad_in_place, "changed its input (argument 1) in place"),
     # SwiGLU: gate/up swapped, activation on the wrong branch / both / none, ReLU instead of SiLU
@@ -142,37 +142,42 @@ WRONG = [
     (ch04.check_swiglu_ffn, lambda x, g, u, d: F.silu(F.linear(x, g)) * F.linear(x, u), "this looks like the down projection left out"),
     (ch04.check_swiglu_ffn, lambda x, g, u, d: (F.silu(x @ g) * (x @ u)) @ d, "mat1 and mat2 shapes cannot be multiplied"),
     (ch04.check_swiglu_ffn, lambda x, g, u, d: (F.silu(x @ g) * (x @ u)) @ d, "(on x (2, 5, 32), w_gate and w_up (96, 32)"),
-    (ch04.check_swiglu_ffn, lambda x, g, u, d: (F.silu(x @ g) * (x @ u)) @ d, "x @ w.T"),
+    (ch04.check_swiglu_ffn, lambda x, g, u, d: (F.silu(x @ g) * (x @ u)) @ d, "needs it transposed"),
     (ch04.check_swiglu_ffn, _swiglu_in_place, "changed its input (argument 2) in place"),
     # intermediate size: rounding down, to nearest, not at all, a float, 4x, Llama's 256
     (ch04.check_intermediate_size, lambda h: 64 * math.floor(int(8 * h / 3) / 64), "this looks like rounding down"),
-    (ch04.check_intermediate_size, lambda h: 64 * round(int(8 * h / 3) / 64), "round() for this width"),
-    (ch04.check_intermediate_size, lambda h: int(8 * h / 3), "this looks like 8h/3 without rounding"),
+    (ch04.check_intermediate_size, lambda h: 64 * round(int(8 * h / 3) / 64), "this looks like rounding to the nearest multiple of 64 instead of up"),
+    (ch04.check_intermediate_size, lambda h: int(8 * h / 3), "this looks like eight thirds of the width without rounding"),
     (ch04.check_intermediate_size, lambda h: 64.0 * math.ceil(int(8 * h / 3) / 64), "expected an int"),
-    (ch04.check_intermediate_size, lambda h: 4 * h, "this looks like 4h"),
+    (ch04.check_intermediate_size, lambda h: 4 * h, "this looks like four times the width"),
     (ch04.check_intermediate_size, lambda h: 256 * math.ceil(int(8 * h / 3) / 256), "this looks like rounding up to a multiple of 256"),
-    (ch04.check_intermediate_size, lambda h: 64 * (int(8 * h / 3) // 64 + 1), "plus one more 64"),
+    (ch04.check_intermediate_size, lambda h: 64 * (int(8 * h / 3) // 64 + 1), "one multiple of 64 too many"),
     # minimind-3's width and FFN parameters (4.5): the width rule, then the count
-    (ch04.check_minimind3_ffn, _pi_ffn(lambda h: math.floor(h * math.pi / 64) * 64), "this looks like rounding h * pi down"),
-    (ch04.check_minimind3_ffn, _pi_ffn(lambda h: 64 * (int(h * math.pi) // 64)), "this looks like rounding h * pi down"),
-    (ch04.check_minimind3_ffn, _pi_ffn(lambda h: round(h * math.pi / 64) * 64), "this looks like rounding h * pi to the nearest"),
+    (ch04.check_minimind3_ffn, _pi_ffn(lambda h: math.floor(h * math.pi / 64) * 64), "this looks like rounding h times pi down"),
+    (ch04.check_minimind3_ffn, _pi_ffn(lambda h: 64 * (int(h * math.pi) // 64)), "this looks like rounding h times pi down"),
+    (ch04.check_minimind3_ffn, _pi_ffn(lambda h: round(h * math.pi / 64) * 64), "this looks like rounding h times pi to the nearest"),
     (ch04.check_minimind3_ffn, _pi_ffn(intermediate_size), "this looks like MiniMind2's 8/3 rule"),
     (ch04.check_minimind3_ffn, _pi_ffn(lambda h: math.ceil(int(math.pi) * h / 64) * 64), "this looks like pi taken as 3"),
-    (ch04.check_minimind3_ffn, _pi_ffn(lambda h: math.ceil(h * int(math.pi) / 64) * 64), "an int() around pi"),
-    (ch04.check_minimind3_ffn, _pi_ffn(lambda h: math.ceil(h * math.pi)), "this looks like h * pi rounded up to a whole number"),
-    (ch04.check_minimind3_ffn, _pi_ffn(lambda h: int(h * math.pi)), "this looks like h * pi truncated"),
-    (ch04.check_minimind3_ffn, _pi_ffn(lambda h: math.ceil(h * 3.14 / 64) * 64), "this looks like pi approximated as 3.14"),
+    (ch04.check_minimind3_ffn, _pi_ffn(lambda h: math.ceil(h * int(math.pi) / 64) * 64), "this looks like pi taken as 3"),
+    (ch04.check_minimind3_ffn, _pi_ffn(lambda h: math.ceil(h * math.pi)), "this looks like h times pi rounded up to a whole number"),
+    (ch04.check_minimind3_ffn, _pi_ffn(lambda h: int(h * math.pi)), "this looks like h times pi truncated to a whole number, not rounded up"),
+    (ch04.check_minimind3_ffn, _pi_ffn(lambda h: math.ceil(h * 3.14 / 64) * 64), "this looks like pi approximated as 3.14:"),
+    # issue 37: truncating h * pi to an int before rounding up is named as such, not as "pi approximated as 3.14"
+    (ch04.check_minimind3_ffn, _pi_ffn(lambda h: math.ceil(int(h * math.pi) / 64) * 64),
+     "this looks like h times pi truncated to a whole number before rounding up to a multiple of 64"),
+    (ch04.check_minimind3_ffn, _pi_ffn(lambda h: math.ceil(h * 3.25 / 64) * 64), "this looks like a multiplier of 3.25"),
     (ch04.check_minimind3_ffn, _pi_ffn(lambda h: math.ceil(h * 22 / 7 / 64) * 64), "this looks like pi approximated as 22/7"),
-    (ch04.check_minimind3_ffn, _pi_ffn(lambda h: math.ceil(h * math.pi / 64) * 64.0), "intermediate_size must be an int"),
+    (ch04.check_minimind3_ffn, _pi_ffn(lambda h: math.ceil(h * math.pi / 64) * 64.0), "expected an int (intermediate_size), got float"),
     (ch04.check_minimind3_ffn, _pi_ffn(_PI, lambda h, m, n: 2 * h * m * n), "this looks like two matrices per layer"),
     (ch04.check_minimind3_ffn, _pi_ffn(_PI, lambda h, m, n: 3 * h * m), "this looks like one layer's FFN only"),
     (ch04.check_minimind3_ffn, _pi_ffn(_PI, lambda h, m, n: h * m * n), "this looks like one matrix per layer"),
     (ch04.check_minimind3_ffn, _pi_ffn(_PI, lambda h, m, n: (3 * h * m + 2 * m + h) * n), "this looks like a bias on every matrix"),
-    # at hidden 768, 8h/3 = 2048 exactly, so 8 h^2 per layer is the 8/3 width's count: that is the name it gets
-    (ch04.check_minimind3_ffn, _pi_ffn(_PI, lambda h, m, n: 8 * h * h * n), "this looks like the parameters of MiniMind2's 8/3"),
+    # at hidden 768, 8h/3 = 2048 exactly, so 8 h^2 per layer is the 8/3 width's count there; over every width only
+    # the 4x FFN explains it, and that is the name it gets
+    (ch04.check_minimind3_ffn, _pi_ffn(_PI, lambda h, m, n: 8 * h * h * n), "this looks like the 4x-wide two-matrix FFN"),
     (ch04.check_minimind3_ffn, _pi_ffn(_PI, lambda h, m, n: 3 * h * intermediate_size(h) * n),
      "this looks like the parameters of MiniMind2's 8/3 width"),
-    (ch04.check_minimind3_ffn, _pi_ffn(_PI, lambda h, m, n: 3.0 * h * m * n), "ffn_parameters must be an int"),
+    (ch04.check_minimind3_ffn, _pi_ffn(_PI, lambda h, m, n: 3.0 * h * m * n), "expected an int (ffn_parameters), got float"),
     (ch04.check_minimind3_ffn, lambda h, n: _PI(h), "expected a pair (intermediate_size, ffn_parameters)"),
 ]
 
@@ -190,6 +195,7 @@ def test_failure_messages_carry_a_hint_and_how_to_ask_last():
     with pytest.raises(AssertionError) as err:
         ch04.check_intermediate_size(lambda h: 64 * (int(8 * h / 3) // 64))
     text = str(err.value)
-    assert "expected 1408, got 1344" in text and "hint:" in text
+    assert "got 1,344 (on hidden_size=512), which is not the reference's: yours is smaller" in text and "hint:" in text
+    assert "1408" not in text and "1,408" not in text, "4.4 hides the expected width (a closed form of hidden_size)"
     assert text.index("this looks like") < text.index("hint:") < text.index('show_solution("4.4")')
     assert "math.ceil" not in text, "the solution (math.ceil) is shown only on request"

@@ -272,7 +272,7 @@ def count_off_by_some(config, tie_word_embeddings=True):
     (count_ffn_4x, "4x-wide two-matrix MLP"),
     (count_no_o_proj, "the o_proj matrix left out"),
     (count_no_embedding, "the embedding matrix left out"),
-    (count_off_by_some, "a difference of +7"),
+    (count_off_by_some, "which is not the reference's: yours is larger"),
     (lambda c, tie_word_embeddings=True: float(count_dense_parameters(c, tie_word_embeddings)), "expected an int"),
     (lambda c: count_dense_parameters(c), "your function raised TypeError"),
 ])
@@ -388,7 +388,16 @@ def m3_the_published_number(hidden_size, num_hidden_layers, use_moe=False, vocab
     (_m3_plus(lambda h, L, V, d, w, moe: L * 3 * h * w if moe else 0), "a shared expert added"),
     (_m3_plus(lambda h, L, V, d, w, moe: -L * 4 * h if moe else 0), "the router left out"),
     (_m3_plus(lambda h, L, V, d, w, moe: -L * 9 * h * w if moe else 0), "only the expert a token uses counted"),
-    (m3_the_published_number, "a difference of"),
+    (m3_the_published_number, "which is not the reference's"),
+    # issue 37: widths that 8 heads of hidden_size // 8 do not fill (260, 1012) catch q_proj/o_proj as hidden x hidden
+    (lambda hidden_size, num_hidden_layers, use_moe=False, vocab_size=6400:
+         minimind3_parameters(hidden_size, num_hidden_layers, use_moe, vocab_size)
+         + num_hidden_layers * 2 * hidden_size * (hidden_size - 8 * (hidden_size // 8)),
+     "this looks like q_proj and o_proj counted as hidden x hidden"),
+    (lambda hidden_size, num_hidden_layers, use_moe=False, vocab_size=6400:
+         minimind3_parameters(hidden_size, num_hidden_layers, use_moe, vocab_size)
+         + num_hidden_layers * 2 * hidden_size * (hidden_size // 2 - 4 * (hidden_size // 8)),
+     "this looks like k_proj and v_proj counted as hidden x hidden / 2"),
     (_m3_plus(lambda h, L, V, d, w, moe: 0.5), "expected an int"),
     (lambda hidden_size, num_hidden_layers: 0, "your function raised TypeError"),
 ])

@@ -223,7 +223,7 @@ def rope_last_rows(cos, sin, past_len, n_new):
     (rope_offset_zero, "positions restarting at 0"),
     (rope_off_by_one, "an off-by-one start"),
     (rope_ends_at_past_len, "ending at past_len, not starting there"),
-    (rope_whole_prefix, "the whole prefix"),
+    (rope_whole_prefix, "every row up to the last new position"),
     (rope_swapped, "cos and sin swapped"),
     (rope_last_rows, "the last n_new rows of the table"),
 ])
@@ -416,7 +416,7 @@ def _ctx(per_token=None, weights=None, rounding=lambda a, d: a // d, clamp=True)
                                                                                         bytes_per_value, batch)),
      "expected an int"),
     (lambda config, memory_bytes, bytes_per_value=2, batch=1: longest_context_ref(config, memory_bytes) + 1,
-     "expected"),
+     "which is not the reference's: yours is larger"),
     (lambda config, memory_bytes: 0, "your function raised TypeError"),
 ])
 def test_context_mistakes_are_named(fn, fragment):

@@ -195,7 +195,7 @@ def shift_float_mask(ids, mask):
 
 
 @pytest.mark.parametrize("wrong, message", [
-    (shift_mask_unshifted, "the mask not shifted"),
+    (shift_mask_unshifted, "the mask cut like the inputs instead of like the targets"),
     (shift_swapped, "inputs and targets the other way round"),
     (shift_float_mask, "torch.long"),
     (lambda ids, mask: shift_reference(ids, mask)[:2], "three tensors"),
@@ -250,25 +250,10 @@ def test_the_exercises_are_numbered_in_the_order_the_chapter_asks_for_them():
     source = inspect.getsource(ch11)
     names = re.findall(r'@check\("Exercise (11\.\d) ([^"]+)"\)', source)
     assert names == [("11.1", "sequence_log_probs"), ("11.2", "shift_example"), ("11.3", "dpo_loss"),
-                     ("11.4", "implicit_rewards"), ("11.5", "summed dpo_loss"), ("11.6", "gradient_ratio")], names
+                     ("11.4", "implicit_rewards"), ("11.5", "gradient_ratio")], names
 
 
-# ---------------------------------------------------------------------- 11.5 / 11.6
-def test_summed_dpo_loss_reference_passes_and_mistakes_are_named(capsys):
-    ch11.check_summed_dpo_loss(dpo.dpo_loss)
-    assert capsys.readouterr().out.startswith("✓")
-    with pytest.raises(ExerciseError, match="not implemented"):
-        ch11.check_summed_dpo_loss(stub)
-    with pytest.raises(ExerciseError, match="this looks like the mean log-probability per reply token"):
-        ch11.check_summed_dpo_loss(mean_loss)
-    with pytest.raises(ExerciseError, match="this looks like the margin's sign reversed"):
-        ch11.check_summed_dpo_loss(lambda ref, pol, mask, beta: dpo.dpo_loss(ref.roll(ref.shape[0] // 2, 0),
-                                                                              pol.roll(pol.shape[0] // 2, 0),
-                                                                              mask.roll(mask.shape[0] // 2, 0), beta))
-    with pytest.raises(ExerciseError, match="gradient"):
-        ch11.check_summed_dpo_loss(lambda ref, pol, mask, beta: dpo.dpo_loss(ref, pol.detach(), mask, beta))
-
-
+# ---------------------------------------------------------------------- 11.5 the length effect
 def test_gradient_ratio_reference_passes_and_mistakes_are_named(capsys):
     ch11.check_gradient_ratio(ch11.gradient_ratio_reference)
     assert capsys.readouterr().out.startswith("✓")
@@ -280,5 +265,10 @@ def test_gradient_ratio_reference_passes_and_mistakes_are_named(capsys):
         ch11.check_gradient_ratio(lambda c, r, red: r / c)
     with pytest.raises(ExerciseError, match="this looks like no length effect under the mean"):
         ch11.check_gradient_ratio(lambda c, r, red: 1.0)
+    with pytest.raises(ExerciseError, match="this looks like the two reductions swapped"):
+        ch11.check_gradient_ratio(lambda c, r, red: 1.0 if red == "mean" else r / c)
     with pytest.raises(ExerciseError, match="expected a number"):
         ch11.check_gradient_ratio(lambda c, r, red: "1")
+    with pytest.raises(ExerciseError) as err:  # the measured ratio is the answer: it is not shown
+        ch11.check_gradient_ratio(lambda c, r, red: 2.5)
+    assert "yours is" in str(err.value) and "measured" not in str(err.value) and "0.25" not in str(err.value)

@@ -1,5 +1,7 @@
 """Chapter 12 checks accept the reference and reject stubs and the common mistakes, naming each."""
 
+import math
+
 import pytest
 import torch
 
@@ -119,7 +121,7 @@ LOSS_MISTAKES = {
     "one average over all masked tokens of the batch": lambda lp, ref, a, m, b: c090b69_loss(lp, ref, a, m, b, "token"),
     "no mask": lambda lp, ref, a, m, b: (-(_ratio(lp) * a[:, None] - b * _k3(lp, ref))).mean(),
     "missing the minus sign": lambda lp, ref, a, m, b: -c090b69_loss(lp, ref, a, m, b),
-    "exp(lp - lp) or exp(0)": lambda lp, ref, a, m, b: _seq(-(torch.exp(lp - lp) * a[:, None] - b * _k3(lp, ref)), m),
+    "a constant ratio of 1": lambda lp, ref, a, m, b: _seq(-(torch.exp(lp - lp) * a[:, None] - b * _k3(lp, ref)), m),
     "has no gradient": lambda lp, ref, a, m, b: c090b69_loss(lp.detach(), ref, a, m, b),
 }
 
@@ -170,44 +172,98 @@ def test_grpo_loss_cut_from_the_policy_says_so():
     assert "RuntimeError" not in msg and "NoneType" not in msg, msg
 
 
-# ---------------------------------------------------------------------- 12.4 d65ef2c's advantages
+# ---------------------------------------------------------------------- 12.4 d65ef2c's advantages, predicted then written
+def lone_success(group_size):
+    """The closed form: mean 1/G, population std sqrt(G - 1) / G."""
+    return math.sqrt(group_size - 1), -1 / math.sqrt(group_size - 1)
+
+
+def test_group_advantages_without_the_batch_epsilon_is_caught_on_a_batch_without_spread():
+    def no_eps(r, g):
+        mean, std = _grouped(r, g)
+        a = ((r - mean) / (std + 1e-4)).clamp(-10, 10)
+        return (a - a.mean()) / a.std()
+    check_fails(ch12.check_group_advantages, no_eps, "NaN", "every group's rewards all equal")
+
+
+def test_group_advantages_with_the_lower_clamp_moved_is_caught_on_a_lone_failure():
+    check_fails(ch12.check_group_advantages,
+                lambda r, g: _batch(((r - _grouped(r, g)[0]) / (_grouped(r, g)[1] + 1e-4)).clamp(-11, 10)),
+                "one of them with a single failure")
+
+
 def test_advantages_once_reference_passes_and_mistakes_are_named(capsys):
-    ch12.check_advantages_once(grpo.group_advantages)
+    ch12.check_advantages_once(grpo.group_advantages, lone_success)
     assert capsys.readouterr().out.startswith("✓")
-    check_fails(ch12.check_advantages_once, stub, "12.4", "not implemented")
-    check_fails(ch12.check_advantages_once, lambda r, g: grpo.group_advantages(r, g, unbiased=True),
-                "this looks like the sample std")
-    check_fails(ch12.check_advantages_once, c090b69_advantages, "this looks like a second normalisation")
-    check_fails(ch12.check_advantages_once, lambda r, g: grpo.group_advantages(r, g, normalize_batch=True),
-                "this looks like a second normalisation")
-    check_fails(ch12.check_advantages_once, lambda r, g: r - _grouped(r, g)[0], "not divided by the group std")
-    check_fails(ch12.check_advantages_once, lambda r, g: (r - _grouped(r, g)[0]) / _grouped(r, g, False)[1], "NaN")
+    check_fails(lambda f: ch12.check_advantages_once(f, lone_success), stub, "12.4", "not implemented")
+    check_fails(lambda f: ch12.check_advantages_once(grpo.group_advantages, f), stub, "12.4", "not implemented")
+    once = lambda f: ch12.check_advantages_once(f, lone_success)  # noqa: E731
+    check_fails(once, lambda r, g: grpo.group_advantages(r, g, unbiased=True), "this looks like the sample std")
+    check_fails(once, c090b69_advantages, "this looks like a second normalisation")
+    check_fails(once, lambda r, g: grpo.group_advantages(r, g, normalize_batch=True), "this looks like a second normalisation")
+    check_fails(once, lambda r, g: r - _grouped(r, g)[0], "not divided by the group std")
+    check_fails(once, lambda r, g: (r - _grouped(r, g)[0]) / _grouped(r, g, False)[1], "NaN")
+    check_fails(once, lambda r, g: (r - r.mean()) / (r.std(unbiased=False) + 1e-4),
+                "this looks like one mean and std over the whole batch")
 
 
-# ---------------------------------------------------------------------- 12.5 / 12.6 PPO's clip and CISPO
+PREDICTION_MISTAKES = {
+    "this looks like the sample std": lambda g: ((g - 1) / math.sqrt(g), -1 / math.sqrt(g)),
+    "this looks like c090b69's clamp to +-10 kept": lambda g: (min(math.sqrt(g - 1), 10.0), -1 / math.sqrt(g - 1)),
+    "this looks like the rewards minus the group mean, not divided by the std": lambda g: (1 - 1 / g, -1 / g),
+    "this looks like the success's and a failure's advantages swapped":
+        lambda g: (-1 / math.sqrt(g - 1), math.sqrt(g - 1)),
+    "this looks like a failure's advantage taken as minus the success's": lambda g: (math.sqrt(g - 1), -math.sqrt(g - 1)),
+    "expected a pair": lambda g: math.sqrt(g - 1),
+}
+
+
+@pytest.mark.parametrize("message", list(PREDICTION_MISTAKES))
+def test_lone_success_prediction_names_the_mistake(message):
+    msg = check_fails(lambda f: ch12.check_advantages_once(grpo.group_advantages, f), PREDICTION_MISTAKES[message],
+                      message)
+    assert "11.2" not in msg and "11.3" not in msg  # the predicted value of G = 128 (sqrt(127)) is not shown
+
+
+# ---------------------------------------------------------------------- 12.5 which tokens the clip silences
+def silenced(ratio, adv, eps):
+    a = adv[:, None]
+    return ((a > 0) & (ratio > 1 + eps)) | ((a < 0) & (ratio < 1 - eps)) | (a == 0)
+
+
+def test_silenced_reference_passes(capsys):
+    ch12.check_silenced_by_clip(silenced)
+    assert capsys.readouterr().out.startswith("✓")
+    check_fails(ch12.check_silenced_by_clip, stub, "12.5", "not implemented")
+
+
+SILENCED_MISTAKES = {
+    "only the tokens past the upper end counted": lambda r, a, e: ((a[:, None] > 0) & (r > 1 + e)) | (a[:, None] == 0),
+    "only the tokens past the lower end counted": lambda r, a, e: ((a[:, None] < 0) & (r < 1 - e)) | (a[:, None] == 0),
+    "the two ends swapped between the signs": lambda r, a, e: ((a[:, None] > 0) & (r < 1 - e)) | ((a[:, None] < 0) & (r > 1 + e))
+    | (a[:, None] == 0),
+    "every token outside the clip's range": lambda r, a, e: (r > 1 + e) | (r < 1 - e) | (a[:, None] == 0),
+    # issue 37: the ends of the clip themselves (ratio exactly 1 + epsilon, 1 - epsilon) tell > from >=
+    "the ends of the clip counted as outside it": lambda r, a, e: ((a[:, None] > 0) & (r >= 1 + e))
+    | ((a[:, None] < 0) & (r <= 1 - e)) | (a[:, None] == 0),
+    "the tokens with advantage 0 left out": lambda r, a, e: ((a[:, None] > 0) & (r > 1 + e)) | ((a[:, None] < 0) & (r < 1 - e)),
+    "the tokens that keep their gradient returned": lambda r, a, e: ~silenced(r, a, e),
+    "expected a bool tensor": lambda r, a, e: silenced(r, a, e).float(),
+}
+
+
+@pytest.mark.parametrize("message", list(SILENCED_MISTAKES))
+def test_silenced_names_the_mistake(message):
+    check_fails(ch12.check_silenced_by_clip, SILENCED_MISTAKES[message], message)
+
+
+# ---------------------------------------------------------------------- 12.6 CISPO
 def ppo_clip(lp, old, ref, a, m, b, eps):
     return grpo.grpo_loss(lp, old, ref, a, m, b, loss_type="grpo", epsilon=eps)
 
 
 def cispo(lp, old, ref, a, m, b, eps_high):
     return grpo.grpo_loss(lp, old, ref, a, m, b, loss_type="cispo", epsilon_high=eps_high)
-
-
-def test_ppo_clip_loss_reference_passes_and_mistakes_are_named(capsys):
-    ch12.check_ppo_clip_loss(ppo_clip)
-    assert capsys.readouterr().out.startswith("✓")
-    check_fails(ch12.check_ppo_clip_loss, stub, "12.5", "not implemented")
-    r = lambda lp, old: torch.exp(lp - old)  # noqa: E731
-    seq = lambda t, m: ((t * m).sum(1) / m.sum(1).clamp_min(1)).mean()  # noqa: E731
-    no_clip = lambda lp, old, ref, a, m, b, e: seq(-(r(lp, old) * a[:, None] - b * _k3(lp, ref)), m.float())
-    check_fails(ch12.check_ppo_clip_loss, no_clip, "this looks like no clipping at all")
-    check_fails(ch12.check_ppo_clip_loss, lambda lp, old, ref, a, m, b, e: ppo_clip(lp, lp.detach(), ref, a, m, b, e),
-                "this looks like the ratio against the current policy")
-    check_fails(ch12.check_ppo_clip_loss, lambda lp, old, ref, a, m, b, e: cispo(lp, old, ref, a, m, b, 5.0),
-                "this looks like CISPO's clamped, detached ratio")
-    maxed = lambda lp, old, ref, a, m, b, e: seq(-(torch.max(r(lp, old) * a[:, None], torch.clamp(r(lp, old), 1 - e, 1 + e)
-                                                              * a[:, None]) - b * _k3(lp, ref)), m.float())
-    check_fails(ch12.check_ppo_clip_loss, maxed, "this looks like max instead of min")
 
 
 def test_cispo_loss_reference_passes_and_mistakes_are_named(capsys):
@@ -227,12 +283,32 @@ def test_cispo_loss_reference_passes_and_mistakes_are_named(capsys):
 
 
 # ---------------------------------------------------------------------- 12.7 the group size
-def test_smallest_group_reference_passes_and_mistakes_are_named(capsys):
+def _first_group(condition):
+    return next((g for g in range(2, 65) if condition(g)), 64)
+
+
+GROUP_MISTAKES = {
+    "this looks like only the all-wrong case counted": lambda p, lim: _first_group(lambda g: (1 - p) ** g <= lim),
+    # issue 37: p != 0.5, so only the all-right case is told from only the all-wrong one and from one more than needed
+    "this looks like only the all-right case counted": lambda p, lim: _first_group(lambda g: p ** g <= lim),
+    "this looks like one more than needed": lambda p, lim: ch12.smallest_group_reference(p, lim) + 1,
+    # issue 37: a bound met exactly tells "<=" from "<"
+    "this looks like the bound taken as strict": lambda p, lim: _first_group(lambda g: p ** g + (1 - p) ** g < lim),
+    "this looks like the chance that at least one sample differs": lambda p, lim: _first_group(lambda g: 1 - p ** g - (1 - p) ** g <= lim),
+    "this looks like a group of 1 allowed": lambda p, lim: next(g for g in range(1, 65) if p ** g + (1 - p) ** g <= lim)
+    if lim >= 1 else ch12.smallest_group_reference(p, lim),
+    "this looks like no cap at 64": lambda p, lim: next(g for g in range(2, 10_000) if p ** g + (1 - p) ** g <= lim),
+    "expected an int": lambda p, lim: float(ch12.smallest_group_reference(p, lim)),
+}
+
+
+def test_smallest_group_reference_passes(capsys):
     ch12.check_smallest_group(ch12.smallest_group_reference)
     assert capsys.readouterr().out.startswith("✓")
     check_fails(ch12.check_smallest_group, stub, "12.7", "not implemented")
-    all_wrong = lambda p, lim: next(g for g in range(2, 65) if (1 - p) ** g <= lim)
-    check_fails(ch12.check_smallest_group, all_wrong, "this looks like only the all-wrong case counted")
-    one_more = lambda p, lim: ch12.smallest_group_reference(p, lim) + 1
-    check_fails(ch12.check_smallest_group, one_more, "this looks like one more than needed")
-    check_fails(ch12.check_smallest_group, lambda p, lim: float(ch12.smallest_group_reference(p, lim)), "expected an int")
+
+
+@pytest.mark.parametrize("message", list(GROUP_MISTAKES))
+def test_smallest_group_names_the_mistake(message):
+    msg = check_fails(ch12.check_smallest_group, GROUP_MISTAKES[message], message)
+    assert "expected 2" not in msg and "expected 3" not in msg, "12.7 hides the group size"

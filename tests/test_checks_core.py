@@ -243,3 +243,100 @@ def test_the_guard_of_the_check_tests_sees_a_give_away():
     assert any("solution of exercise 4.1" in p for p in answer_shown(leaked))
     assert any("last line" in p for p in answer_shown("[Exercise 4.1 silu] expected 1, got 2\n  hint: look again"))
     assert any("if you are stuck" in p for p in answer_shown("[Exercise 0.1] x\n  if you are stuck: y"))
+
+
+# ---------------------------------------------------------------------- what a failure may show (issue 37)
+import importlib  # noqa: E402
+
+from _helpers import answer_shown, fragments_in, solution_fragments  # noqa: E402
+from minimind_ref.checks import Outcome, check_numbers, core, expected_values, solution  # noqa: E402
+
+OUR_CHAPTERS = ("01", "02", "03", "04", "05", "06", "07", "08", "10", "11", "12")
+
+
+@pytest.fixture
+def exercise_0_97():
+    """A throw-away exercise 0.97 with a registered solution; removed again afterwards."""
+    solution("0.97", "d = h // 8; return next(G for G in range(2, 65) if p**G + (1 - p)**G <= max_no_signal)")
+    yield "Exercise 0.97 demo"
+    core._SOLUTIONS.pop("0.97", None)
+    core._VALUES.pop("0.97", None)
+
+
+def test_solution_fragments_are_operators_with_operands_calls_keywords_and_subscripts():
+    fragments = solution_fragments("weight * x / torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps); logits[:, :-1]")
+    assert ("weight", "*", "<name>") in fragments and (")", "+", "eps") in fragments
+    assert ("call", "rsqrt") in fragments and ("kw", "keepdim", "True") in fragments and "[:,:-1]" in fragments
+
+
+@pytest.mark.parametrize("message, leaks", [
+    ("try G = 2, 3, ... until p**G + (1 - p)**G <= max_no_signal", True),
+    ("head_dim = hidden_size // 8", True),          # a one-letter name of the solution stands for any name
+    ("use next(...) over the sizes", True),         # a call of the solution
+    ("the chance that all G rewards are equal must be within the bound", False),
+    ("8 query heads of head_dim values each", False),
+    ("the sum (of the two chances) is too large", False),  # "sum (" in prose is not a call
+])
+def test_the_guard_finds_the_solutions_code_in_a_message(exercise_0_97, message, leaks):
+    text = f"[{exercise_0_97}] {message}\n  stuck? minimind_ref.checks.show_solution(\"0.97\") prints a solution"
+    assert bool(answer_shown(text)) == leaks, answer_shown(text)
+
+
+def test_a_hidden_exercise_shows_no_expected_value(exercise_0_97):
+    expected_values("0.97", shown=False, why="a closed form of the case's numbers")
+    with pytest.raises(ExerciseError) as err:
+        check_equal(13_056, 14_592, name=exercise_0_97, case="minimind-3")
+    msg = str(err.value)
+    assert "14592" not in msg and "14,592" not in msg and "yours is smaller than the reference's" in msg
+    assert not answer_shown(msg, [14_592])
+    assert answer_shown(msg.replace("13,056", "14,592"), [14_592]), "the guard sees a hidden value in a message"
+    with pytest.raises(ExerciseError) as err:
+        check_close(torch.tensor(0.75), torch.tensor(0.123456), name=exercise_0_97)
+    assert "0.123456" not in str(err.value) and "yours is larger" in str(err.value)
+
+
+def test_a_shown_exercise_shows_the_expected_value(exercise_0_97):
+    expected_values("0.97", shown=True, why="one entry of random tensors")
+    with pytest.raises(ExerciseError, match="expected 14,592, got 13,056"):
+        check_equal(13_056, 14_592, name=exercise_0_97)
+
+
+def test_check_numbers_names_the_mistake_that_explains_every_case(exercise_0_97):
+    # on the first case both mistakes give 12; only "b" explains the second case too
+    outcomes = [Outcome("case 1", 12, 10, {"a": 12, "b": 12}), Outcome("case 2", 30, 20, {"a": 21, "b": 30})]
+    with pytest.raises(ExerciseError) as err:
+        check_numbers(exercise_0_97, outcomes)
+    assert "this looks like b:" in str(err.value) and "a:" not in str(err.value)
+    # two mistakes that agree on every case are both named; a mistake that does not apply to a case
+    # (None) must leave that case right
+    outcomes = [Outcome("case 1", 12, 10, {"a": 12, "b": 12}), Outcome("case 2", 20, 20, {"a": None, "b": 20})]
+    with pytest.raises(ExerciseError, match="this looks like a, or b"):
+        check_numbers(exercise_0_97, outcomes)
+    check_numbers(exercise_0_97, [Outcome("case", 2.0, 2.0 + 1e-9, {"a": 3.0})], rel_tol=1e-6)
+
+
+def test_every_exercise_declares_which_values_its_failures_show():
+    """Each exercise with a registered solution in this branch's chapters says whether its failures may
+    show the reference's values, and why (CONTRIBUTING.md, "What a failure may show")."""
+    for chapter in OUR_CHAPTERS:
+        importlib.import_module(f"minimind_ref.checks.ch{chapter}")
+    numbers = [n for n in core._SOLUTIONS if n.split(".")[0].zfill(2) in OUR_CHAPTERS]
+    assert len(numbers) >= 50, numbers
+    missing = [n for n in numbers if n not in core._VALUES]
+    assert not missing, f"exercises without expected_values(...): {missing}"
+    for number in numbers:
+        shown, why = core._VALUES[number]
+        assert isinstance(shown, bool) and len(why) > 20, (number, why)
+
+
+def test_expected_values_refuses_a_bad_declaration():
+    with pytest.raises(ValueError, match="like '9.1'"):
+        expected_values("ex 1", shown=True, why="because")
+    with pytest.raises(ValueError, match="say why"):
+        expected_values("0.96", shown=False, why=" ")
+
+
+def test_fragments_in_ignores_prose_that_looks_like_code():
+    fragments = solution_fragments("return max(0, (memory_bytes - weights) // per_token)")
+    assert not fragments_in("the weights (in bytes) leave room for the cache; max out the tokens", fragments)
+    assert fragments_in("(memory_bytes - weights) // per_token", fragments)

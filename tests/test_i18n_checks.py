@@ -294,7 +294,7 @@ CHAPTERS: Dict[str, Tuple[Callable, Callable, str, str]] = {
            "负号加在了前一半上"),
     "03": (ch03.check_scaled_dot_product_attention, _sdpa_unscaled, "this looks like no scaling",
            "k 和 v (2, 3, 5, 16)，无掩码，head_dim 16"),
-    "04": (ch04.check_silu, torch.sigmoid, "this looks like sigmoid(x) alone", "只有 sigmoid(x)"),
+    "04": (ch04.check_silu, torch.sigmoid, "this looks like the sigmoid alone", "只有 sigmoid（没有乘以 x）"),
     "05": (ch05.check_shifted_cross_entropy, _unshifted_loss, "this looks like no shift", "没有移位"),
     "06": (ch06.check_update_cache, _cache_new_first, "this looks like the new positions put before the cached ones",
            "新位置放在了缓存的位置前面"),

@@ -10,10 +10,10 @@ A failing check names the mistake it saw and gives a hint; for a worked solution
     minimind_ref.checks.show_solution("1.1")
 """
 
-from .core import (ExerciseError, call, check, check_close, check_equal, diagnose, exercise, expect_pair, fail, passed,
-                   seeded, show_solution, solution)
+from .core import (ExerciseError, Outcome, as_number, call, check, check_close, check_equal, check_numbers, diagnose,
+                   exercise, expect_pair, expected_values, fail, passed, seeded, show_solution, solution)
 
 __all__ = [
-    "ExerciseError", "call", "check", "check_close", "check_equal", "diagnose", "exercise", "expect_pair", "fail", "passed",
-    "seeded", "show_solution", "solution",
+    "ExerciseError", "Outcome", "as_number", "call", "check", "check_close", "check_equal", "check_numbers", "diagnose",
+    "exercise", "expect_pair", "expected_values", "fail", "passed", "seeded", "show_solution", "solution",
 ]

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from ..config import MiniMindConfig, minimind2_small
 from ..model import MiniMindForCausalLM
 from ..norm import RMSNorm
-from .core import call, check, check_close, check_equal, fail, seeded, solution
+from .core import Outcome, as_number, call, check, check_close, check_equal, check_numbers, expected_values, fail, seeded, solution
 
 __all__ = [
     "check_rms_norm",
@@ -68,12 +68,12 @@ def _cases_fp32() -> List[Tuple[str, torch.Tensor, torch.Tensor, float]]:
 
 
 # --------------------------------------------------------------------------- rms_norm
-_RMS_HINT = ("RMSNorm divides each vector (the last dimension) by the root of the mean of its squares, with eps "
-             "added under the root, and multiplies by the gain; nothing is subtracted.")
+_RMS_HINT = ("compare your steps with RMSNorm's definition in this chapter: which statistic of each vector (the last "
+             "dimension) you divide by, where eps enters, and whether the gain is applied.")
 solution("1.1", "weight * x / sqrt(mean(x**2, dim=-1, keepdim=True) + eps); torch.rsqrt(v) is 1 / sqrt(v) "
                 "and keepdim=True keeps the reduced dimension so it broadcasts against x.")
-_RMS_CRASH = ("a size mismatch usually means the mean of squares lost its last dimension: keep it "
-              "(keepdim=True) so it broadcasts against x.")
+_RMS_CRASH = ("a size mismatch usually means the mean of squares lost its last dimension: keep that dimension "
+              "(the reduction has an argument for it) so the statistic broadcasts against x.")
 
 
 def _rms_mistakes(x: torch.Tensor, w: torch.Tensor, eps: float) -> Dict[str, Callable[[], torch.Tensor]]:
@@ -83,14 +83,14 @@ def _rms_mistakes(x: torch.Tensor, w: torch.Tensor, eps: float) -> Dict[str, Cal
 
     return {
         "the eps argument ignored (always 1e-5)": lambda: w * x * torch.rsqrt(ms(x) + 1e-5),
-        "eps left out (x / sqrt(mean(x**2)): 0 / 0 on an all-zero row)": lambda: w * x / ms(x).sqrt(),
-        "eps added outside the square root (sqrt(mean(x**2)) + eps)": lambda: w * x / (ms(x).sqrt() + eps),
+        "eps left out (an all-zero row then divides 0 by 0)": lambda: w * x / ms(x).sqrt(),
+        "eps added outside the square root": lambda: w * x / (ms(x).sqrt() + eps),
         "the mean subtracted first (that is LayerNorm without a bias, not RMSNorm)":
             lambda: w * (x - x.mean(-1, keepdim=True)) * torch.rsqrt(ms(x - x.mean(-1, keepdim=True)) + eps),
         "the sum of squares instead of their mean": lambda: w * x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps),
         "the mean over the first dimension instead of the last": lambda: w * x * torch.rsqrt(ms(x, 0) + eps),
         "the gain (weight) left out": lambda: x * torch.rsqrt(ms(x) + eps),
-        "the square root left out (x / (mean(x**2) + eps))": lambda: w * x / (ms(x) + eps),
+        "the square root left out (divided by the mean of squares itself)": lambda: w * x / (ms(x) + eps),
     }
 
 
@@ -108,10 +108,10 @@ def check_rms_norm(fn: Callable[..., Any]) -> str:
     x = torch.randn(3, 40, generator=seeded(40)) * 1e-3
     label = "a call without eps (tiny activations)"
     got = call(fn, x, torch.ones(40), name=name, case=label,
-               hint="the exercise calls rms_norm(x, weight) too: give eps the default value 1e-5 "
-                    "(def rms_norm(x, weight, eps=1e-5)).")
+               hint="the exercise calls rms_norm(x, weight) without eps too: give eps the default value 1e-5 in "
+                    "the signature.")
     check_close(got, reference_rms_norm(x, torch.ones(40), 1e-5), name=name, case=label,
-                hint="give eps the default value 1e-5 (MiniMind's rms_norm_eps): def rms_norm(x, weight, eps=1e-5).")
+                hint="give eps the default value 1e-5 (MiniMind's rms_norm_eps) in the signature.")
     # bf16 in, bf16 weight: bf16 out (the formula in any precision passes at bf16 tolerance)
     xb = (torch.randn(4, 7, 128, generator=seeded(41)) * 3).to(torch.bfloat16)
     wb = (torch.rand(128, generator=seeded(42)) + 0.5).to(torch.bfloat16)
@@ -124,15 +124,15 @@ def check_rms_norm(fn: Callable[..., Any]) -> str:
 
 
 # --------------------------------------------------------------------------- layer_norm
-_LN_HINT = ("LayerNorm centres each vector (subtract its mean), divides by the root of its variance plus eps, then "
-            "scales by weight and adds bias; mean and variance are over the last dimension, and the variance "
-            "divides by d (the biased one).")
+_LN_HINT = ("compare your steps with LayerNorm's definition in this chapter: what is subtracted and from what, which "
+            "variance (torch.nn.functional.layer_norm's is the biased one), where eps enters, and the order of the "
+            "gain and the bias; every statistic is over the last dimension.")
 solution("1.2", "mean = x.mean(-1, keepdim=True); var = ((x - mean)**2).mean(-1, keepdim=True) "
                 "(or x.var(-1, unbiased=False, keepdim=True)); return (x - mean) / sqrt(var + eps) * weight + bias.")
 
 
-_LN_CRASH = ("a size mismatch usually means the mean or the variance lost its last dimension: keep it "
-             "(keepdim=True) so it broadcasts against x.")
+_LN_CRASH = ("a size mismatch usually means the mean or the variance lost its last dimension: keep that dimension "
+             "(the reductions have an argument for it) so they broadcast against x.")
 
 
 def _ln_mistakes(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float) -> Dict[str, Callable[[], torch.Tensor]]:
@@ -140,17 +140,18 @@ def _ln_mistakes(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float) 
     var = (x - mean).pow(2).mean(-1, keepdim=True)
     xhat = (x - mean) * torch.rsqrt(var + eps)
     return {
-        "the unbiased variance (divided by d - 1: torch's x.var default)":
+        "the unbiased variance (divided by one less than the number of values: torch's default for var)":
             lambda: (x - mean) * torch.rsqrt(x.var(-1, keepdim=True) + eps) * w + b,
-        "eps added outside the square root (std + eps)": lambda: (x - mean) / (var.sqrt() + eps) * w + b,
+        "eps added outside the square root (added to the standard deviation)":
+            lambda: (x - mean) / (var.sqrt() + eps) * w + b,
         "the eps argument ignored (always 1e-5)": lambda: (x - mean) * torch.rsqrt(var + 1e-5) * w + b,
         "no centring (that is RMSNorm plus a bias)": lambda: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w + b,
         "the mean subtracted inside the variance but not from x itself": lambda: x * torch.rsqrt(var + eps) * w + b,
         "the bias left out": lambda: xhat * w,
         "the gain (weight) left out": lambda: xhat + b,
-        "the bias added before scaling ((x_hat + bias) * weight)": lambda: (xhat + b) * w,
+        "the bias added before the scaling by the gain": lambda: (xhat + b) * w,
         "weight and bias swapped": lambda: xhat * b + w,
-        "the square root left out (divided by var + eps)": lambda: (x - mean) / (var + eps) * w + b,
+        "the square root left out (divided by the variance itself)": lambda: (x - mean) / (var + eps) * w + b,
     }
 
 
@@ -170,20 +171,20 @@ def check_layer_norm(fn: Callable[..., Any]) -> str:
     w, b = torch.ones(24), torch.zeros(24)
     label = "a call without eps (tiny activations)"
     got = call(fn, x, w, b, name=name, case=label,
-               hint="the exercise calls layer_norm(x, weight, bias) too: give eps the default value 1e-5.")
+               hint="the exercise calls layer_norm(x, weight, bias) without eps too: give eps the default value 1e-5.")
     check_close(got, F.layer_norm(x, (24,), w, b, 1e-5), name=name, case=label,
-                hint="give eps the default value 1e-5: def layer_norm(x, weight, bias, eps=1e-5).")
+                hint="give eps the default value 1e-5 in the signature.")
     return f"{count + 1} cases match torch.nn.functional.layer_norm"
 
 
 # --------------------------------------------------------------------------- fp16-safe rms_norm
 _SAFE_HINT_OVERFLOW = ("in float16, 300**2 = 90000 is already larger than the largest float16 number (65504): the "
                        "squares become inf, the mean is inf, and x / inf = 0. Compute the statistics in float32.")
-_SAFE_HINT_DTYPE = ("MiniMind casts the *normalized* value back to the input dtype and only then multiplies by the "
-                    "weight, so the result has the dtype torch's promotion of (x.dtype, weight.dtype) gives: "
-                    "fp16 x with an fp32 weight -> float32; fp16 x with an fp16 weight -> float16.")
-_SAFE_HINT_VALUES = ("the rounding steps must be MiniMind's: statistics and normalization in float32, one rounding "
-                     "of the normalized value to x.dtype, then the multiplication by the weight.")
+_SAFE_HINT_DTYPE = ("the result's dtype follows from where you cast back to x.dtype and where the weight multiplies: "
+                    "compare that order with MiniMind2's RMSNorm.forward as this chapter shows it; an fp16 x with an "
+                    "fp32 weight gives float32 there, with an fp16 weight float16.")
+_SAFE_HINT_VALUES = ("the rounding steps must be MiniMind2's: which values are computed in which precision, and how "
+                     "many times (and where) a value is rounded to x.dtype.")
 solution("1.3", "xf = x.float(); normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps); "
                 "return weight * normed.type_as(x).")
 
@@ -264,7 +265,7 @@ def _count_mistakes(model: torch.nn.Module, first_answer: Any) -> Dict[str, Any]
         "the two norms of each block without the final norm (model.norm)": 2 * layers,
         "one norm per block plus the final norm": layers + 1,
         "one norm per block": layers,
-        "a count of the model's top-level children only (use model.modules(), which goes into nested modules)":
+        "a count of the model's top-level children only (the norms sit inside nested modules)":
             len(list(model.children())),
         "a count of torch.nn.RMSNorm or torch.nn.LayerNorm modules (MiniMind's norm is minimind_ref.RMSNorm)": 0,
         "a count of every module": len(list(model.modules())),
@@ -282,21 +283,14 @@ def check_norm_count(fn: Callable[[torch.nn.Module], Any]) -> str:
     name = "Exercise 1.4 count_rmsnorm"
     hint = ("each block has one norm before attention and one before the feed-forward network, and the model has "
             "one more after the last block; count from the model rather than from that description.")
-    results = []
-    first = None
+    outcomes, results, first = [], [], None
     for index, (label, short, model) in enumerate(_count_models()):
         got = call(fn, model, name=name, case=label, hint="the argument is a MiniMindForCausalLM (an nn.Module).")
-        if isinstance(got, torch.Tensor) and got.numel() == 1 and not got.is_floating_point():
-            got = int(got.item())
-        if isinstance(got, bool) or not isinstance(got, int):
-            fail(name, f"expected an int, got {type(got).__name__}: {got!r:.80} (on {label})",
-                 "return a whole number (sum(...) of booleans is an int; int(...) converts other numbers).")
-        if index == 0:
-            first = got
-        mistakes = _count_mistakes(model, first if index > 0 else None)
-        check_equal(got, count_rmsnorm_modules(model), name=name, case=label, hint=hint,
-                    mistakes=mistakes)
+        got = as_number(got, name, label, integer=True, what="a number of modules")
+        first = got if index == 0 else first
+        outcomes.append(Outcome(label, got, count_rmsnorm_modules(model), _count_mistakes(model, first if index else None)))
         results.append(f"{short}: {got}")
+    check_numbers(name, outcomes, hint)
     return "; ".join(results)
 
 
@@ -318,37 +312,39 @@ def _norm_param_configs() -> List[Tuple[str, MiniMindConfig]]:
 
 
 def _norm_param_mistakes(c: MiniMindConfig) -> Dict[str, int]:
-    """Mistake -> the count it gives; mistakes that give the same count here are named together."""
+    """Mistake -> the count it gives on ``c`` (``check_numbers`` names the one that fits every config)."""
     h, layers, d = c.hidden_size, c.num_hidden_layers, c.head_dim
-    blocks = (2 * layers + 1) * h
-    qk = 2 * layers * d
-    merged: Dict[int, List[str]] = {}
-    for description, value in _norm_param_candidates(c, h, layers, d, blocks, qk).items():
-        merged.setdefault(value, []).append(description)
-    named: Dict[str, int] = {}
-    for value, names in merged.items():
-        text = names[0]
-        for other in names[1:]:
-            text = f"{text}, or {other}"
-        named[text] = value
-    return named
+    return _norm_param_candidates(c, h, layers, d, (2 * layers + 1) * h, 2 * layers * d)
 
 
 def _norm_param_candidates(c: MiniMindConfig, h: int, layers: int, d: int, blocks: int, qk: int) -> Dict[str, int]:
+    """What each planted mistake counts on config ``c``; the QK-norm mistakes change only the QK-norm part
+    (on a config without QK-norm they give the right count)."""
+    has = bool(c.qk_norm)
     return {
         "the two norms of each block and the final norm, without QK-norm's q_norm and k_norm gains": blocks,
-        "QK-norm counted although this config has qk_norm=False": blocks + 2 * layers * d,
+        "QK-norm counted although this config has qk_norm=False": blocks + qk,
         "one QK-norm gain per head (QK-norm has one gain of head_dim values for all query heads, one for all key "
-        "heads)": blocks + layers * (c.num_attention_heads + c.num_key_value_heads) * d,
+        "heads)": blocks + (layers * (c.num_attention_heads + c.num_key_value_heads) * d if has else 0),
         "QK-norm gains of hidden_size values (they have head_dim values: the norm runs over one head)":
-            blocks + 2 * layers * h,
-        "only q_norm counted (k_norm has a gain too)": blocks + layers * d,
-        "the final norm (model.norm) left out": 2 * layers * h + (qk if c.qk_norm else 0),
-        "one norm per block plus the final one": (layers + 1) * h + (qk if c.qk_norm else 0),
+            blocks + (2 * layers * h if has else 0),
+        "only q_norm counted (k_norm has a gain too)": blocks + (layers * d if has else 0),
+        "the final norm (model.norm) left out": 2 * layers * h + (qk if has else 0),
+        "one norm per block plus the final one": (layers + 1) * h + (qk if has else 0),
     }
 
 
 solution("1.5", "(2 * L + 1) * hidden_size, plus 2 * L * head_dim when config.qk_norm (L = num_hidden_layers)")
+
+
+expected_values("1.1", shown=True, why="one entry of RMSNorm of random tensors, whose entries the message does not "
+                "show: nothing to read the formula back from")
+expected_values("1.2", shown=True, why="one entry of LayerNorm of random tensors, whose entries the message does not show")
+expected_values("1.3", shown=True, why="one entry of RMSNorm of random fp16 tensors, whose entries the message does not show")
+expected_values("1.4", shown=False, why="the count of a model the case names: three counts give away how the count "
+                "grows with the layers")
+expected_values("1.5", shown=False, why="a closed form of the config's fields, which the case names: a few expected "
+                "counts are enough to fit the formula")
 
 
 @check("Exercise 1.5 rmsnorm_parameters")
@@ -361,15 +357,11 @@ def check_norm_parameters(fn: Callable[[MiniMindConfig], Any]) -> str:
     hint = ("list every RMSNorm the model has, where it sits and over how many values it normalizes (its gain has "
             "that many parameters); config.qk_norm says whether attention has its own two, config.head_dim how wide "
             "they are.")
-    results = []
+    outcomes = []
     for label, config in _norm_param_configs():
         got = call(fn, config, name=name, case=label, hint="the argument is a MiniMindConfig; read its fields.")
-        if isinstance(got, torch.Tensor) and got.numel() == 1 and not got.is_floating_point():
-            got = int(got.item())
-        if isinstance(got, bool) or not isinstance(got, int):
-            fail(name, f"expected an int, got {type(got).__name__}: {got!r:.80} (on {label})",
-                 "return a whole number of parameters (int(...) converts other numbers).")
-        check_equal(got, parameter_breakdown(config)["norms"], name=name, case=label, hint=hint,
-                    mistakes=_norm_param_mistakes(config))
-        results.append(got)
-    return f"minimind-3: {results[0]:,} norm parameters; MiniMind2-Small: {results[1]:,}; {len(results)} configs"
+        got = as_number(got, name, label, integer=True, what="a number of parameters")
+        outcomes.append(Outcome(label, got, parameter_breakdown(config)["norms"], _norm_param_mistakes(config)))
+    check_numbers(name, outcomes, hint)
+    return (f"minimind-3: {outcomes[0].got:,} norm parameters; MiniMind2-Small: {outcomes[1].got:,}; {len(outcomes)} "
+            "configs")

@@ -21,7 +21,7 @@ import torch
 from .. import rope
 from ..attention import Attention
 from ..config import YARN_ROPE_SCALING
-from .core import call, check, check_close, expect_pair, fail, seeded, solution
+from .core import call, check, check_close, expect_pair, expected_values, fail, seeded, solution
 
 __all__ = [
     "check_rotate_half",
@@ -63,14 +63,14 @@ def check_rotate_half(fn: Callable[[torch.Tensor], torch.Tensor]) -> str:
     """``fn(x)`` must equal ``minimind_ref.rope.rotate_half(x)`` on several shapes and dtypes, and
     leave ``x`` unchanged."""
     name = "Exercise 2.1 rotate_half"
-    hint = ("split the last dimension into a first half x1 and a second half x2 (pairs are (x[i], x[i + d/2])); "
-            "the result is the second half, negated, followed by the first half.")
+    hint = ("compare your output with rotate_half as section 5 defines it: which half comes first, and which one "
+            "carries the minus sign (the pairs are the dimensions i and i + d/2).")
     shapes = [(2,), (8,), (3, 6), (2, 5, 4, 64), (1, 3, 2, 96)]
     for n, shape in enumerate(shapes):
         x = torch.randn(shape, generator=seeded(100 + n))
         case = f"x of shape {shape}"
         got = call(fn, x, name=name, case=case, check_inputs=True,
-                   hint="slice the last dimension (x[..., :half]) and join with torch.cat(..., dim=-1).")
+                   hint="cut the last dimension into its two halves by slicing, and join the pieces along that dimension.")
         check_close(got, rope.rotate_half(x), name=name, case=case, hint=hint,
                     mistakes=_rotate_mistakes(x))
     x = torch.randn(2, 3, 16, generator=seeded(7)).to(torch.bfloat16)
@@ -105,9 +105,9 @@ def _table_mistakes(dim: int, end: int, base: float, which: int) -> Dict[str, Ca
     freqs = 1.0 / (base ** (i2 / dim))
     pos = torch.arange(end)
     return {
-        "the exponent i/dim instead of 2i/dim (torch.arange(dim // 2) / dim)":
+        "the exponent of pair i taken as i/dim instead of 2i/dim":
             lambda: _tables(1.0 / (base ** (torch.arange(dim // 2).float() / dim)), pos)[which],
-        "frequencies rope_base ** (+2i/dim) (the exponent's sign: they must fall from 1 towards 1/rope_base)":
+        "the exponent's sign flipped (the frequencies must fall from 1 towards 1/rope_base, not grow)":
             lambda: _tables(base ** (i2 / dim), pos)[which],
         "each angle repeated in place ([a0, a0, a1, a1, ...]: the interleaved layout) instead of the two halves "
         "[a0, a1, ..., a0, a1, ...]": lambda: _tables(freqs, pos, interleave=True)[which],
@@ -127,9 +127,8 @@ solution("2.2", "freqs = 1.0 / rope_base ** (torch.arange(0, dim, 2).float() / d
 def check_precompute_freqs_cis(fn: Callable[..., Any]) -> str:
     """``fn(dim, end, rope_base)`` must return ``(cos, sin)`` equal to ``minimind_ref``'s tables."""
     name = "Exercise 2.2 precompute_freqs_cis"
-    hint = ("frequency i is rope_base ** (-2i / dim) for i = 0 .. dim/2 - 1; the angle of position p is p times it "
-            "(float32, positions 0 .. end - 1); each table holds the cos (sin) of the angles twice along the last "
-            "dimension, once for each half.")
+    hint = ("compare with section 4's frequencies and section 5's tables: the exponent of each pair, which positions "
+            "the rows stand for, and how the angles fill the last dimension for the half-split layout.")
     for dim, end, base in _TABLE_CASES:
         case = f"precompute_freqs_cis(dim={dim}, end={end}, rope_base={base:g})"
         got = call(fn, dim, end, base, name=name, case=case,
@@ -141,7 +140,7 @@ def check_precompute_freqs_cis(fn: Callable[..., Any]) -> str:
         # (4e-4 at 2,048 positions, 1.6e-3 at 8,192), still far below what any layout or formula
         # mistake produces (differences of order 1).
         atol = max(1e-5, 2e-7 * end)
-        dtype_hint = "the tables are float32 (compute the angles with .float() tensors)."
+        dtype_hint = "the tables are float32: compute the angles in float32."
         for which, (got_t, ref_t, label) in enumerate(((cos, ref_cos, "cos"), (sin, ref_sin, "sin"))):
             wrong_dtype = isinstance(got_t, torch.Tensor) and got_t.dtype != ref_t.dtype
             check_close(got_t, ref_t, name=name, case=f"the {label} table of {case}", rtol=0, atol=atol,
@@ -159,7 +158,7 @@ def _apply_mistakes(q, k, cos, sin, which: int) -> Dict[str, Callable[[], torch.
         return v.to(x.dtype)
 
     return {
-        "x * cos - rotate_half(x) * sin (a minus: the rotation by -angle)":
+        "the sine term subtracted (a rotation by minus the angle)":
             lambda: out(x * c - rope.rotate_half(x) * s),
         "the interleaved rotate_half (neighbours paired) with the half-split tables":
             lambda: out(x * c + _interleaved_rotate(x) * s),
@@ -186,8 +185,8 @@ def check_apply_rotary_pos_emb(fn: Callable[..., Any]) -> str:
         (3, 1, 2, 1, 8, 31, torch.float32),
         (1, 6, 8, 2, 64, 0, torch.bfloat16),
     ]
-    hint = ("each vector becomes x * cos + rotate_half(x) * sin, position by position: cos/sin row t belongs to "
-            "sequence position t, the same for every batch entry and every head, and q and k both rotate.")
+    hint = ("compare with section 5's rotation: which table multiplies which term, and how row t of the tables lines "
+            "up with sequence position t, the same for every batch entry and every head; q and k both rotate.")
     crash_hint = ("a size mismatch means cos/sin [seq, head_dim] do not line up with q [batch, seq, heads, "
                   "head_dim]: give them a size-1 axis where q has its heads, so they broadcast over the heads.")
     for n, (b, s, h, kv, d, start, dtype) in enumerate(cases):
@@ -204,7 +203,7 @@ def check_apply_rotary_pos_emb(fn: Callable[..., Any]) -> str:
             wrong_dtype = isinstance(got_t, torch.Tensor) and got_t.dtype != ref_t.dtype
             check_close(got_t, ref_t, name=name, case=f"the {label} result for {case}",
                         hint=("the tables are float32, so the products come out float32: cast each result back to "
-                              "its input's dtype (.to(q.dtype), .to(k.dtype)).") if wrong_dtype else hint,
+                              "its input's dtype.") if wrong_dtype else hint,
                         mistakes=_apply_mistakes(q, k, cos, sin, which))
     return f"{len(cases)} cases (GQA shapes, offset positions, bfloat16) match minimind_ref"
 
@@ -225,6 +224,11 @@ _YARN_CASES = [
     (96, 32768, 1e6, dict(YARN_ROPE_SCALING)),
     (64, 8192, 1e4, {"factor": 4, "original_max_position_embeddings": 1024, "beta_fast": 16, "beta_slow": 2}),
     (32, 4096, 1e6, None),
+    # keys missing from the dict take MiniMind's values (2048, 16, 32, 1), as upstream reads them with .get
+    (64, 8192, 1e6, {"factor": 4}),
+    (64, 3000, 1e6, {"original_max_position_embeddings": 1024, "beta_slow": 2}),
+    (96, 2049, 1e6, {"beta_fast": 16, "type": "yarn"}),
+    (64, 2048, 1e6, {"factor": 4}),  # exactly MiniMind's default length, which the dict does not give: no scaling
 ]
 
 
@@ -241,9 +245,10 @@ def _yarn_mistakes(dim: int, end: int, base: float, scaling: Optional[Dict[str, 
     ramp_default = rope.yarn_ramp(dim, base, defaults["original_max_position_embeddings"], defaults["beta_fast"],
                                   defaults["beta_slow"])
     return {
-        f"YaRN applied although end / original_max = {end}/{orig} is not > 1 (upstream scales only longer tables)":
-            lambda: scaled,
-        f"YaRN left out although end / original_max = {end}/{orig} > 1": lambda: freqs,
+        f"YaRN applied although the table ({end} positions) is not longer than original_max_position_embeddings "
+        f"({orig}): upstream scales only longer tables": lambda: scaled,
+        f"YaRN left out although the table ({end} positions) is longer than original_max_position_embeddings ({orig})":
+            lambda: freqs,
         "the ramp reversed (fast pairs slowed down, slow pairs kept)":
             lambda: freqs * (ramp + (1 - ramp) / factor) if on else freqs,
         "every frequency divided by factor (no ramp)": lambda: freqs / factor if on else freqs,
@@ -264,13 +269,14 @@ def check_yarn_frequencies(fn: Callable[..., Any]) -> str:
     """``fn(dim, end, rope_base, rope_scaling)`` must return the (possibly YaRN-scaled)
     frequencies ``[dim // 2]`` that ``minimind_ref`` uses to build its tables."""
     name = "Exercise 2.4 yarn_frequencies"
-    hint = ("without rope_scaling, or when the table is not longer than original_max_position_embeddings, the "
-            "frequencies stay as they are; otherwise pair i's frequency is multiplied by (1 - gamma_i) + gamma_i / "
-            "factor, with gamma from the ramp (0 for the fast pairs, 1 for the slow ones).")
+    hint = ("compare with section 9: when YaRN applies at all (rope_scaling given, and a table longer than the "
+            "original length), and how the ramp blends each pair between keeping its frequency and dividing it by "
+            "factor (fast pairs kept, slow pairs divided); a key missing from the dict takes MiniMind's value.")
     for dim, end, base, scaling in _YARN_CASES:
         case = f"yarn_frequencies(dim={dim}, end={end}, rope_base={base:g}, rope_scaling={scaling})"
         got = call(fn, dim, end, base, scaling, name=name, case=case,
-                   hint="rope_scaling may be None, and a dict may lack attention_factor or type: read it with .get.")
+                   hint="rope_scaling may be None, and a dict may lack any of its keys: a missing key takes MiniMind's "
+                        "value, as the exercise says.")
         expected = reference_yarn_frequencies(dim, end, base, scaling)
         wrong_dtype = isinstance(got, torch.Tensor) and got.dtype != expected.dtype
         check_close(got, expected, name=name, case=case, mistakes=_yarn_mistakes(dim, end, base, scaling),
@@ -363,7 +369,7 @@ _LAYOUT_MISTAKES = {
     "the weights returned unchanged (the interleaved pairs then meet the half-split rotation)": None,
     "the rows permuted over the whole projection at once (all heads are stacked in q_proj and k_proj: each head "
     "needs its own permutation)": dict(perm="whole_matrix"),
-    "the inverse permutation (to go from interleaved to half-split, row j of a head takes row perm[j])":
+    "the inverse permutation (each head's rows moved the other way)":
         dict(perm="inverse"),
     "only q_proj converted (the keys are rotated too)": dict(names=("q",)),
     "only k_proj converted (the queries are rotated too)": dict(names=("k",)),
@@ -386,6 +392,13 @@ def _layout_mistakes(weights, cfg, x) -> Dict[str, Callable[[], torch.Tensor]]:
     return {description: thunk(kwargs) for description, kwargs in _LAYOUT_MISTAKES.items()}
 
 
+expected_values("2.1", shown=True, why="one entry of the result on random tensors, whose entries the message does not show")
+expected_values("2.2", shown=True, why="one entry of a cos/sin table; the exercise states the frequencies, the check is "
+                "about the table's layout")
+expected_values("2.3", shown=True, why="one entry of the rotation of random tensors, whose entries the message does not show")
+expected_values("2.4", shown=True, why="one frequency; section 9 states the formula, the exercise is about when and with "
+                "which settings it applies")
+expected_values("2.5", shown=True, why="one entry of an attention layer's output on random weights and inputs")
 solution("2.5", "perm = torch.cat([torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)]); out = dict(weights); "
                 "for q_proj and k_proj: out[name] = w.view(-1, head_dim, w.shape[1])[:, perm].reshape(w.shape); for "
                 "q_norm and k_norm (if present): out[name] = weights[name][perm]; v_proj and o_proj unchanged")

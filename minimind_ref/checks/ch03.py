@@ -28,7 +28,7 @@ from ..attention import Attention
 from ..attention import repeat_kv as _ref_repeat_kv
 from ..config import MiniMindConfig
 from ..rope import apply_rotary_pos_emb, precompute_freqs_cis
-from .core import call, check, check_close, fail, seeded, solution
+from .core import Outcome, as_number, call, check, check_close, check_numbers, expected_values, fail, seeded, solution
 
 __all__ = [
     "check_stable_softmax",
@@ -48,7 +48,7 @@ def _softmax_mistakes(x: torch.Tensor, dim: int) -> Dict[str, Callable[[], torch
 
     other = 0 if (dim % x.dim()) != 0 else x.dim() - 1
     return {
-        "exp(x) without subtracting the maximum (exp overflows to inf, and inf / inf is NaN)":
+        "the exponentials taken without subtracting the maximum (they overflow to inf, and inf / inf is NaN)":
             lambda: normalise(torch.exp(x), dim),
         "the maximum of the whole tensor subtracted instead of each row's (rows far below it underflow to 0 / 0)":
             lambda: normalise(torch.exp(x - x.max()), dim),
@@ -56,8 +56,8 @@ def _softmax_mistakes(x: torch.Tensor, dim: int) -> Dict[str, Callable[[], torch
             lambda: normalise(torch.exp(x - x.max(other, keepdim=True).values), other),
         "normalised by the sum over the whole tensor instead of along dim":
             lambda: torch.exp(x - x.max()) / torch.exp(x - x.max()).sum(),
-        "the shifted logits returned without exp (x - max)": lambda: x - x.max(dim, keepdim=True).values,
-        "exp(x - max) without dividing by the sum": lambda: torch.exp(x - x.max(dim, keepdim=True).values),
+        "the shifted logits returned without the exponential": lambda: x - x.max(dim, keepdim=True).values,
+        "the exponentials returned without dividing by their sum": lambda: torch.exp(x - x.max(dim, keepdim=True).values),
     }
 
 
@@ -69,9 +69,10 @@ def check_stable_softmax(fn: Callable[..., torch.Tensor]) -> str:
     """``fn(x, dim=-1)`` must equal ``torch.softmax(x, dim)``, also for logits in the thousands,
     and leave ``x`` unchanged."""
     name = "Exercise 3.1 stable_softmax"
-    hint = ("softmax(x) = softmax(x - c) for any c taken along dim; with c the maximum along dim, every exponent is "
-            "at most 0, so nothing overflows, and the largest term is exp(0) = 1.")
-    crash = "dim may be any axis (0, -1, ...): reduce along it with keepdim=True so the result broadcasts against x."
+    hint = ("section 2 shows which constant to take out of the logits so that no exponential can overflow, and why "
+            "the result does not change; take it along dim, row by row, and keep the -inf entries' weight at 0.")
+    crash = ("dim may be any axis (0, -1, ...): reduce along it and keep the reduced dimension (the reductions have an "
+             "argument for it), so the result broadcasts against x.")
     g = seeded(301)
     big = torch.tensor([[1000.0, 1001.0, 1002.0], [-1000.0, -1001.0, -1002.0], [88.0, 89.0, 90.0]])
     masked = torch.randn(3, 5, generator=g)
@@ -97,16 +98,17 @@ def _sdpa_mistakes(q, k, v, mask) -> Dict[str, Callable[[], torch.Tensor]]:
     scores = q @ k.transpose(-2, -1)
     add = 0 if mask is None else mask
     return {
-        "no scaling (softmax(q k^T) v: the 1/sqrt(d) is missing)": lambda: torch.softmax(scores + add, -1) @ v,
-        "scores divided by d instead of sqrt(d)": lambda: torch.softmax(scores / d + add, -1) @ v,
-        "scores multiplied by sqrt(d) instead of divided": lambda: torch.softmax(scores * math.sqrt(d) + add, -1) @ v,
+        "no scaling of the scores (the division by the square root of head_dim is missing)":
+            lambda: torch.softmax(scores + add, -1) @ v,
+        "scores divided by head_dim instead of by its square root": lambda: torch.softmax(scores / d + add, -1) @ v,
+        "scores multiplied by the square root of head_dim instead of divided by it":
+            lambda: torch.softmax(scores * math.sqrt(d) + add, -1) @ v,
         "the softmax over the query axis (dim=-2) instead of the key axis":
             lambda: torch.softmax(scores / math.sqrt(d) + add, -2) @ v,
         "the mask ignored": lambda: torch.softmax(scores / math.sqrt(d), -1) @ v,
         "the mask added after the softmax": lambda: (torch.softmax(scores / math.sqrt(d), -1) + add) @ v,
-        "the mask applied before the 1/sqrt(d) scaling (fine for -inf, but no: the mask is added to the "
-        "scaled scores)": lambda: torch.softmax((scores + add) / math.sqrt(d), -1) @ v,
-        "the attention weights returned instead of weights @ v": lambda: torch.softmax(scores / math.sqrt(d) + add, -1),
+        "the mask added before the scaling (the mask is added to the scaled scores)": lambda: torch.softmax((scores + add) / math.sqrt(d), -1) @ v,
+        "the attention weights returned instead of the weighted sum of the values": lambda: torch.softmax(scores / math.sqrt(d) + add, -1),
     }
 
 
@@ -119,10 +121,10 @@ def check_scaled_dot_product_attention(fn: Callable[..., torch.Tensor]) -> str:
     """``fn(q, k, v, mask=None)`` must equal ``F.scaled_dot_product_attention(q, k, v, attn_mask=mask)``
     for an additive float mask (0 = visible, -inf = hidden)."""
     name = "Exercise 3.2 scaled_dot_product_attention"
-    hint = ("score every query against every key (q k^T), scale by 1/sqrt(d) with d = q.shape[-1], add the mask, "
-            "softmax along the keys, and take that weighted average of the values.")
-    crash = ("q is [..., s, d] and k, v are [..., t, d]: the scores q @ k.transpose(-2, -1) are [..., s, t]; there may "
-             "be fewer queries than keys, and mask may be None.")
+    hint = ("compare with section 4's definition: which scores, scaled by what, where the mask enters, along which "
+            "axis the softmax runs, and what it weights.")
+    crash = ("q is [..., s, d] and k, v are [..., t, d]: the scores of s queries against t keys are [..., s, t]; there "
+             "may be fewer queries than keys, and mask may be None.")
     g = seeded(302)
     causal5 = torch.full((5, 5), float("-inf")).triu(1)
     cases = [
@@ -139,7 +141,13 @@ def check_scaled_dot_product_attention(fn: Callable[..., torch.Tensor]) -> str:
         got = call(fn, q, k, v, mask=mask, name=name, case=case, hint=crash, check_inputs=True)
         check_close(got, expected, name=name, case=case, hint=hint,
                     mistakes=_sdpa_mistakes(q, k, v, mask))
-    return "matches torch.nn.functional.scaled_dot_product_attention"
+    # the leading axes are "...": no batch axis at all (q [heads, s, d]) is an input too
+    q, k, v = (torch.randn(3, n, 8, generator=g) for n in (4, 6, 6))
+    case = "q (3, 4, 8), k and v (3, 6, 8): no batch axis, 4 queries over 6 keys"
+    got = call(fn, q, k, v, mask=None, name=name, case=case, hint=crash, check_inputs=True)
+    check_close(got, F.scaled_dot_product_attention(q, k, v), name=name, case=case, hint=hint,
+                mistakes=_sdpa_mistakes(q, k, v, None))
+    return "matches torch.nn.functional.scaled_dot_product_attention, with and without a batch axis"
 
 
 # ----------------------------------------------------------------------------- 3.3 causal mask
@@ -150,9 +158,9 @@ def _expected_causal(q_len: int, kv_len: int) -> torch.Tensor:
 def _causal_mistakes(q_len: int, kv_len: int) -> Dict[str, Callable[[], torch.Tensor]]:
     full = torch.full((q_len, kv_len), float("-inf"))
     return {
-        "the diagonal hidden too (each query must see its own key: j <= i is visible)":
+        "the diagonal hidden too (each query must see its own key)":
             lambda: full.triu(kv_len - q_len),
-        "the triangle aligned top-left (query i sees keys 0..i), ignoring the kv_len - q_len cached keys in front":
+        "the triangle aligned top-left, ignoring the cached keys in front of the queries":
             lambda: full.triu(1),
         "the visible and hidden parts swapped (the lower triangle masked)": lambda: full.tril(kv_len - q_len),
         "a 1/0 mask (1 = visible) instead of an additive 0/-inf one":
@@ -169,14 +177,15 @@ def check_causal_mask(fn: Callable[..., torch.Tensor]) -> str:
     """``fn(q_len, kv_len=None)`` -> float32 ``[q_len, kv_len]``: 0 where key ``j`` is visible to
     query ``i`` (``j <= i + kv_len - q_len``), ``-inf`` elsewhere."""
     name = "Exercise 3.3 causal_mask"
-    hint = ("query i sits at absolute position i + (kv_len - q_len) (the cached keys come first) and sees every key "
-            "j up to that position, its own included. Without a cache that is j <= i.")
+    hint = ("with a cache the q_len queries are the last q_len of the kv_len positions (the cached keys come "
+            "first); a query sees every key up to its own position, its own included.")
     for q_len, kv_len in [(5, None), (1, None), (2, None), (3, 7), (1, 9)]:
         t = q_len if kv_len is None else kv_len
         label = f"causal_mask({q_len})" if kv_len is None else f"causal_mask({q_len}, {kv_len})"
         args = (q_len,) if kv_len is None else (q_len, kv_len)
         got = call(fn, *args, name=name, case=label,
-                   hint="kv_len is optional: causal_mask(q_len) means kv_len = q_len (def causal_mask(q_len, kv_len=None)).")
+                   hint="kv_len is optional: causal_mask(q_len) alone means as many keys as queries (give kv_len a "
+                        "default of None).")
         expected = _expected_causal(q_len, t)
         wrong_dtype = isinstance(got, torch.Tensor) and got.dtype != expected.dtype
         check_close(got, expected, name=name, case=label, mistakes=_causal_mistakes(q_len, t),
@@ -211,8 +220,8 @@ solution("3.4", "torch.repeat_interleave(x, n_rep, dim=2), or x[:, :, :, None, :
 def check_repeat_kv(fn: Callable[..., torch.Tensor]) -> str:
     """``fn(x, n_rep)``: ``[b, t, n_kv, d] -> [b, t, n_kv * n_rep, d]``, output head ``j`` = KV head ``j // n_rep``."""
     name = "Exercise 3.4 repeat_kv"
-    hint = ("query heads g*n_rep .. g*n_rep + n_rep - 1 share KV head g, so each KV head appears n_rep times in a row "
-            "along dim 2: heads [a, b] with n_rep = 2 become [a, a, b, b].")
+    hint = ("the query heads of one group share one KV head, so each KV head appears n_rep times in a row along the "
+            "heads axis: heads [a, b] with n_rep = 2 become [a, a, b, b].")
     g = seeded(304)
     for b, t, n_kv, d, n_rep in [(2, 5, 2, 4, 4), (1, 3, 4, 8, 2), (2, 3, 2, 6, 1), (1, 4, 1, 4, 8), (1, 2, 3, 2, 3)]:
         x = torch.randn(b, t, n_kv, d, generator=g)
@@ -267,13 +276,13 @@ def _gqa_variant(attn, x, cos, sin, mask, past, *, scale=True, tiled=False, pad_
 
 
 _GQA_MISTAKES = {
-    "no 1/sqrt(head_dim) scaling of the scores": dict(scale=False),
+    "no scaling of the scores by the square root of head_dim": dict(scale=False),
     "the KV heads tiled (x.repeat) instead of repeated in a row (repeat_kv)": dict(tiled=True),
-    "padding added as -inf ((1 - mask) * -inf is 0 * -inf = NaN where mask is 1, and a query that sees only "
-    "padding gets a row of -inf, whose softmax is NaN)":
+    "padding added as -inf (0 times -inf is NaN where the mask is 1, and a query that sees only padding gets a row "
+    "of -inf, whose softmax is NaN)":
         dict(pad_value=float("-inf")),
     "the padding mask ignored": dict(pad_value=None),
-    "the causal triangle aligned top-left (with a cache, new query i sits at position p + i, not i)":
+    "the causal triangle aligned top-left (with a cache, the new queries sit after the cached positions)":
         dict(causal="top-left"),
     "the diagonal hidden (a query must see its own key)": dict(causal="diagonal hidden"),
     "no causal mask": dict(causal="none"),
@@ -298,7 +307,7 @@ def _compare_gqa(fn, attn, x, cos, sin, mask, past, label: str, hint: str) -> No
         expected, present = attn(x, (cos, sin), past_key_value=past, use_cache=True, attention_mask=mask)
         got = call(fn, attn, x, cos, sin, mask, past, name=name, case=label,
                    check_inputs=True,
-                   hint="x is [b, s, hidden]; cos, sin are [s, head_dim]; attention_mask is [b, p + s] or None; "
+                   hint="x is [b, s, hidden]; cos, sin are [s, head_dim]; attention_mask is [b, past and new positions] or None; "
                         "past_key_value is (k, v), each [b, p, n_kv_heads, head_dim], or None. Create masks on x.device.")
     if not (isinstance(got, (tuple, list)) and len(got) == 2):
         fail(name, f"expected a tuple (output, (k, v)), got {type(got).__name__} (on {label})",
@@ -335,13 +344,14 @@ def check_gqa_attention(fn: Callable[..., tuple]) -> str:
     ``attn(x, (cos, sin), past_key_value, use_cache=True, attention_mask=attention_mask)`` for MHA, GQA
     and MQA layers, full prefill (the reference's SDPA path), padding and a KV cache (its explicit path)."""
     g = seeded(305)
-    base_hint = ("every query head reads the KV head of its group, the scores are scaled by 1/sqrt(head_dim), and "
-                 "query i sees keys 0..i (positions, RoPE applied to q and k).")
-    pad_hint = ("padding is additive and finite: scores + (1 - mask) * -1e9, broadcast over heads and queries. With "
-                "-inf instead, a query that sees only padding gets a row of -inf and softmax returns NaN.")
-    cache_hint = ("with a cache of length p, the s new queries sit at positions p .. p+s-1: the keys are the p cached "
-                  "ones followed by the new ones, and new query i may see every cached key and new keys 0..i (the "
-                  "causal mask covers the last s key columns, aligned bottom-right).")
+    base_hint = ("every query head reads the KV head of its group, the scores are scaled as in Exercise 3.2, and a "
+                 "query sees the keys up to its own position (RoPE applied to q and k).")
+    pad_hint = ("padding enters the scores additively, as a large finite negative number where the mask is 0, broadcast "
+                "over heads and queries; with -inf instead, a query that sees only padding gets a row of -inf and the "
+                "softmax returns NaN.")
+    cache_hint = ("with a cache of p positions, the s new queries come after them: the keys are the p cached ones "
+                  "followed by the new ones, and a new query may see every cached key and the new keys up to its own "
+                  "position (the causal mask covers the last s key columns, aligned bottom-right).")
     b, p, s = 2, 5, 6
     cos_all, sin_all = precompute_freqs_cis(16, 32)
     for n_kv, kind in [(2, "GQA 4 query heads / 2 KV heads"), (1, "MQA"), (4, "MHA")]:
@@ -434,9 +444,9 @@ def _qk_variant(attn: Attention, x, cos, sin, mask, past, *, where: str = "befor
 
 
 _QK_MISTAKES = {
-    "the norms applied after RoPE (QK-norm comes before the rotation: it normalizes the projection's output)":
+    "the norms applied after RoPE instead of before it":
         dict(where="after"),
-    "no QK-norm at all (q and k go from the projections straight to RoPE)": dict(where="none"),
+    "no QK-norm at all": dict(where="none"),
     "only the queries normalized (the keys need k_norm too)": dict(norm_k=False),
     "only the keys normalized (the queries need q_norm too)": dict(norm_q=False),
     "q_norm and k_norm swapped (q_norm's gain on the keys, k_norm's on the queries)": dict(swap=True),
@@ -458,8 +468,8 @@ def _qk_output_mistakes(attn, x, cos, sin, mask, past, which: int) -> Dict[str, 
 
 def _qk_structure(layer: Any, ref: Attention, cfg: MiniMindConfig, name: str) -> None:
     """Compare the learner's parameters with ``ref``'s, naming the structural mistakes, then load ``ref``'s."""
-    hint = ("each norm is one RMSNorm over head_dim (config.head_dim values, eps=config.rms_norm_eps) with a learned gain "
-            "of that size, shared by every head: q_norm for the queries, k_norm for the keys.")
+    hint = ("q_norm and k_norm are RMSNorm modules with a learned gain (eps from the config); decide how many values "
+            "each one normalizes at a time: that is its width.")
     if not isinstance(layer, torch.nn.Module):
         fail(name, f"QKNormAttention(config) must build an nn.Module, got {type(layer).__name__}", hint)
     got = {k: tuple(v.shape) for k, v in layer.state_dict().items()}
@@ -475,17 +485,14 @@ def _qk_structure(layer: Any, ref: Attention, cfg: MiniMindConfig, name: str) ->
         if shape == (d,):
             continue
         if shape == (hidden,) and hidden == n * d:
-            what = (f"a norm over the hidden size, or one gain per head ({module}.weight has shape [{hidden}] = "
-                    f"[hidden_size] = [heads x head_dim]; QK-norm normalizes each head over its head_dim = {d} values, "
-                    "with one gain shared by all heads)")
+            what = f"this looks like a norm over the hidden size, or one gain per head: {module}.weight has shape [{hidden}]"
         elif shape in ((n, d), (n * d,)):
-            what = f"one gain per head ({module}.weight has shape {list(shape)}; one gain of head_dim values is shared by all heads)"
+            what = f"this looks like one gain per head: {module}.weight has shape {list(shape)}"
         elif shape == (hidden,):
-            what = (f"a norm over the hidden size ({module}.weight has shape [{hidden}] = [hidden_size]; QK-norm "
-                    f"normalizes each head, over head_dim = {d})")
+            what = f"this looks like a norm over the hidden size: {module}.weight has shape [{hidden}]"
         else:
-            what = f"{module}.weight of shape {list(shape)}"
-        fail(name, f"this looks like {what}: expected shape [{d}] (on head_dim={d})", hint)
+            what = f"{module}.weight has shape {list(shape)}, which is not the width of what QK-norm normalizes"
+        fail(name, f"{what} (on head_dim={d})", hint)
     extra = sorted(set(got) - set(ref.state_dict()))
     if any(k.startswith(("q_norm.", "k_norm.")) and k.endswith("bias") for k in extra):
         fail(name, f"this looks like LayerNorm instead of RMSNorm: the norms have a bias ({', '.join(extra)})", hint)
@@ -509,8 +516,8 @@ def check_qk_norm_attention(cls: Callable[..., Any]) -> str:
     attention_mask=None, past_key_value=None) -> (out, (k, v))`` must equal the reference for
     prefill, padding and a KV cache, with gains that are not all equal."""
     name = "Exercise 3.6 QKNormAttention"
-    hint = ("minimind-3 normalizes every query head and every key head on its own (over its head_dim values), right "
-            "after splitting the projections into heads and before RoPE rotates them; the values are not normalized.")
+    hint = ("decide, for each of the two norms, which vectors it sees (their width) and where in the forward it acts, "
+            "relative to the split into heads and to RoPE; section 10 says what QK-norm is for.")
     crash = ("QKNormAttention(config) builds the layer; layer(x, cos, sin, attention_mask, past_key_value) returns "
              "(out, (k, v)); x is [b, s, hidden], q and k are [b, s, heads, head_dim] after the view.")
     g = seeded(306)
@@ -546,7 +553,7 @@ def check_qk_norm_attention(cls: Callable[..., Any]) -> str:
             check_close(out, expected, name=name, case=f"{case}, the output", hint=hint,
                         mistakes=_qk_output_mistakes(ref, x, cos, sin, mask, past, 0))
             check_close(k, present[0], name=name, case=f"{case}, the cached keys",
-                        hint="the cache holds the keys as attention uses them: normalized, then rotated.",
+                        hint="the cache holds the keys exactly as attention uses them.",
                         mistakes=_qk_output_mistakes(ref, x, cos, sin, mask, past, 1))
             check_close(v, present[1], name=name, case=f"{case}, the cached values",
                         hint="the values are not normalized: only queries and keys are.")
@@ -577,22 +584,30 @@ def _bound_mistakes(q: torch.Tensor, k: torch.Tensor) -> Dict[str, float]:
     d = q.shape[0]
     qm, km = q.abs().max().item(), k.abs().max().item()
     return {
-        "max|g_q| max|g_k| d: the division by sqrt(head_dim) forgotten": qm * km * d,
-        "max|g_q| max|g_k| (the length of a normalized head vector is about sqrt(head_dim), not 1)": qm * km,
-        "max|g_q| max|g_k| / sqrt(d) (the length of a normalized head vector is about sqrt(head_dim), not 1)":
-            qm * km / math.sqrt(d),
-        "sqrt(d) without the gains (the gains scale the normalized vectors)": math.sqrt(d),
-        "sqrt(d) max|g_q * g_k| (that holds at equal positions only: RoPE rotates each pair, so q's largest "
-        "coordinate can meet k's largest at another offset)": math.sqrt(d) * (q * k).abs().max().item(),
-        "|g_q| |g_k| / sqrt(d), the norms of the gains (a normalized vector can put all its length on one "
-        "coordinate: what counts is the largest gain)": q.norm().item() * k.norm().item() / math.sqrt(d),
-        "sqrt(d) mean|g_q| mean|g_k| (the largest gains count, not the mean)":
+        "attention's division of the logits forgotten (one factor of head_dim too many)": qm * km * d,
+        "the length of a normalized head vector taken as 1 (it is not: count what the normalization leaves)": qm * km,
+        "the length of a normalized head vector taken as 1, and attention's division applied on top": qm * km / math.sqrt(d),
+        "the gains left out (they stretch the normalized vectors)": math.sqrt(d),
+        "the two gains multiplied coordinate by coordinate (that holds only where q and k meet at the same coordinate; "
+        "RoPE rotates each pair, so q's largest coordinate can meet k's largest at another one)":
+            math.sqrt(d) * (q * k).abs().max().item(),
+        "the lengths of the gain vectors used (a normalized vector can put all its length on one coordinate: what "
+        "counts is the largest gain)": q.norm().item() * k.norm().item() / math.sqrt(d),
+        "the mean size of the gains used (the largest ones count)":
             math.sqrt(d) * q.abs().mean().item() * k.abs().mean().item(),
-        "sqrt(d) max(g_q) max(g_k) without absolute values (a negative gain of large size counts too)":
+        "the largest gains taken without their absolute values (a negative gain of large size counts too)":
             math.sqrt(d) * q.max().item() * k.max().item(),
     }
 
 
+expected_values("3.1", shown=True, why="one entry of a softmax of random logits, whose entries the message does not show")
+expected_values("3.2", shown=True, why="one entry of attention over random tensors, whose entries the message does not show")
+expected_values("3.3", shown=True, why="a mask entry is 0 or -inf: it tells where the mask is wrong, the case names the shape")
+expected_values("3.4", shown=True, why="one entry of random tensors, repeated: nothing to read back beyond the layout")
+expected_values("3.5", shown=True, why="one entry of an attention layer's output on random weights and inputs")
+expected_values("3.6", shown=True, why="one entry of an attention layer's output on random weights, inputs and gains")
+expected_values("3.7", shown=False, why="the bound is a closed form of the gains; the expected value next to the gains "
+                "the case names would give the formula away")
 solution("3.7", "return math.sqrt(d) * q_gain.abs().max().item() * k_gain.abs().max().item() with d = q_gain.shape[0]: "
                 "|RMSNorm(x)| < sqrt(d) before the gain, the gain stretches it by at most max|g|, RoPE keeps lengths, "
                 "and Cauchy-Schwarz bounds the dot product")
@@ -606,27 +621,15 @@ def check_qk_logit_bound(fn: Callable[..., Any]) -> str:
     from ..attention import qk_logit_bound as reference
 
     name = "Exercise 3.7 qk_logit_bound"
-    hint = ("follow the length of one head vector: after the RMS normalization (before the gain) its squared "
-            "length is at most head_dim; the gain stretches coordinates one by one; RoPE rotates pairs; then bound "
-            "the dot product of two vectors by their lengths, and divide by sqrt(head_dim) as attention does.")
-    values = []
+    hint = ("follow one head vector through the layer: how long can it be after the normalization, before the "
+            "gain? What can the gain do to that length, and RoPE? Then bound the dot product by the two lengths, and "
+            "scale it as attention does.")
+    outcomes = []
     for label, q, k in _bound_gains(307):
         got = call(fn, q.clone(), k.clone(), name=name, case=label, check_inputs=True,
                    hint="q_gain and k_gain are 1-D tensors of head_dim values (q_norm.weight and k_norm.weight).")
-        if isinstance(got, torch.Tensor) and got.numel() == 1:
-            got = got.item()
-        if isinstance(got, bool) or not isinstance(got, (int, float)):
-            fail(name, f"expected a number (float), got {type(got).__name__}: {got!r:.80} (on {label})",
-                 "return a Python float (tensor.item() turns a one-element tensor into one).")
-        expected = reference(q, k)
-        if not math.isclose(got, expected, rel_tol=1e-5):
-            seen = next((m for m, value in _bound_mistakes(q, k).items() if math.isclose(got, value, rel_tol=1e-5)
-                         and not math.isclose(value, expected, rel_tol=1e-5)), None)
-            low = got < expected
-            fail(name, (f"this looks like {seen}. " if seen else "")
-                 + f"expected {expected:.6g}, got {got:.6g} (on {label}): "
-                 + ("for these gains some input, at some two positions, gives a larger |logit| than your bound"
-                    if low else "yours is larger than the largest |logit| QK-norm allows: a bound, but not the least one"),
-                 hint)
-        values.append(got)
+        got = as_number(got, name, label, integer=False, what="the bound")
+        outcomes.append(Outcome(label, got, reference(q, k), _bound_mistakes(q, k)))
+    check_numbers(name, outcomes, hint, rel_tol=1e-5)
+    values = [o.got for o in outcomes]
     return f"the bound is sqrt(head_dim) times the largest gains; every gain 1 at head_dim 96 gives {values[-1]:.2f}"

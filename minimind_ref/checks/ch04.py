@@ -25,7 +25,8 @@ import torch.nn.functional as F
 
 from ..config import MiniMindConfig, default_intermediate_size
 from ..ffn import FeedForward
-from .core import call, check, check_close, check_equal, fail, seeded, solution
+from .core import (Outcome, as_number, call, check, check_close, check_numbers, expected_values, fail, seeded,
+                   solution)
 
 __all__ = ["check_silu", "check_silu_grad", "check_swiglu_ffn", "check_intermediate_size", "check_minimind3_ffn"]
 
@@ -44,11 +45,11 @@ def _inputs(seed: int):
 # ----------------------------------------------------------------------------- 4.1 SiLU
 def _silu_mistakes(x: torch.Tensor) -> Dict[str, Callable[[], torch.Tensor]]:
     return {
-        "sigmoid(x) alone (SiLU multiplies it by x)": lambda: torch.sigmoid(x),
+        "the sigmoid alone (not multiplied by x)": lambda: torch.sigmoid(x),
         "ReLU (SiLU is smooth and slightly negative for x < 0)": lambda: torch.relu(x),
         "GELU (x * Phi(x), a different gate)": lambda: F.gelu(x),
-        "x * sigmoid(-x) (the sign inside the sigmoid)": lambda: x * torch.sigmoid(-x),
-        "x * (1 - sigmoid(x))": lambda: x * (1 - torch.sigmoid(x)),
+        "the sign inside the sigmoid flipped": lambda: x * torch.sigmoid(-x),
+        "x times one minus the sigmoid": lambda: x * (1 - torch.sigmoid(x)),
     }
 
 
@@ -71,8 +72,8 @@ def check_silu(fn: Callable[[torch.Tensor], torch.Tensor]) -> str:
     without changing ``x``; and autograd must differentiate it as it does ``F.silu`` (finite
     gradients at ±100 in float32)."""
     name = "Exercise 4.1 silu"
-    hint = ("SiLU is x times the sigmoid of x: a soft switch, close to x for large x and close to 0 (slightly "
-            "negative) for very negative x.")
+    hint = ("compare with SiLU's definition in this chapter and its shape in the figure: its value at 0, for large "
+            "positive x (close to x) and for very negative x (close to 0, slightly negative).")
     for label, x in _inputs(401):
         got = call(fn, x, name=name, case=label, check_inputs=True,
                    hint="x can have any shape; torch functions such as torch.sigmoid and torch.exp work elementwise.")
@@ -102,14 +103,14 @@ def check_silu(fn: Callable[[torch.Tensor], torch.Tensor]) -> str:
 def _silu_grad_mistakes(x: torch.Tensor) -> Dict[str, Callable[[], torch.Tensor]]:
     s = torch.sigmoid(x)
     return {
-        "sigmoid(x) alone (the product rule's second term, x * sigmoid'(x), is missing)": lambda: s,
-        "sigmoid'(x) = s * (1 - s) alone (the derivative of the sigmoid, not of x * sigmoid(x))": lambda: s * (1 - s),
-        "SiLU itself (x * sigmoid(x)), not its derivative": lambda: x * s,
-        "s + x * s * s (sigmoid'(x) is s * (1 - s), not s * s)": lambda: s + x * s * s,
-        "s + x * (1 - s) (a factor s missing in the second term)": lambda: s + x * (1 - s),
-        "1 + x * s * (1 - s) (the first term should be s, not 1)": lambda: 1 + x * s * (1 - s),
-        "(1 + e + x e) / (1 + e)**2 with e = exp(-x): right on paper, but inf / inf = NaN at x = -100 in float32 "
-        "(exp(100) overflows); write it with torch.sigmoid":
+        "the sigmoid alone (the product rule's second term is missing)": lambda: s,
+        "the derivative of the sigmoid alone (not of x times the sigmoid)": lambda: s * (1 - s),
+        "SiLU itself, not its derivative": lambda: x * s,
+        "the sigmoid's derivative taken as the sigmoid squared": lambda: s + x * s * s,
+        "a factor of the sigmoid missing in the product rule's second term": lambda: s + x * (1 - s),
+        "the product rule's first term taken as 1 instead of the sigmoid": lambda: 1 + x * s * (1 - s),
+        "the derivative written with exponentials: right on paper, but inf / inf = NaN at x = -100 in float32 "
+        "(the exponential of 100 overflows); write it with the sigmoid":
             lambda: (1 + torch.exp(-x) + x * torch.exp(-x)) / (1 + torch.exp(-x)) ** 2,
     }
 
@@ -121,8 +122,8 @@ solution("4.2", "s = torch.sigmoid(x); return s * (1 + x * (1 - s))   # = s + x 
 def check_silu_grad(fn: Callable[[torch.Tensor], torch.Tensor]) -> str:
     """``fn(x)`` must equal d silu / dx, as autograd computes it, and leave ``x`` unchanged."""
     name = "Exercise 4.2 silu_grad"
-    hint = ("SiLU is a product, x times sigmoid(x): differentiate it with the product rule, and write the sigmoid's "
-            "own derivative in terms of the sigmoid. The result is 0.5 at x = 0 and close to 1 for large x.")
+    hint = ("SiLU is a product of x and the sigmoid of x: differentiate it with the product rule, and write the "
+            "sigmoid's own derivative in terms of the sigmoid. The result is 0.5 at x = 0 and close to 1 for large x.")
     for label, x in _inputs(402):
         xr = x.clone().requires_grad_(True)
         expected = _grad_at(F.silu(xr), xr)
@@ -138,14 +139,15 @@ def _swiglu_mistakes(x, w_gate, w_up, w_down) -> Dict[str, Callable[[], torch.Te
         return F.linear(v, w)
 
     return {
-        "gate and up swapped (SiLU on x @ w_up.T)": lambda: lin(F.silu(lin(x, w_up)) * lin(x, w_gate), w_down),
+        "gate and up swapped (SiLU on the up branch)": lambda: lin(F.silu(lin(x, w_up)) * lin(x, w_gate), w_down),
         "SiLU on both branches (the up branch stays linear)":
             lambda: lin(F.silu(lin(x, w_gate)) * F.silu(lin(x, w_up)), w_down),
         "no activation (a bilinear FFN: SiLU belongs on the gate branch)": lambda: lin(lin(x, w_gate) * lin(x, w_up), w_down),
         "ReLU instead of SiLU on the gate": lambda: lin(F.relu(lin(x, w_gate)) * lin(x, w_up), w_down),
         "SiLU applied to the product instead of the gate": lambda: lin(F.silu(lin(x, w_gate) * lin(x, w_up)), w_down),
-        "the up branch left out (down(silu(gate(x))))": lambda: lin(F.silu(lin(x, w_gate)), w_down),
-        "the gate branch left out (down(silu(up(x))))": lambda: lin(F.silu(lin(x, w_up)), w_down),
+        "the up branch left out (only the gate, through SiLU, projected down)": lambda: lin(F.silu(lin(x, w_gate)), w_down),
+        "the gate branch left out (only the up branch, through SiLU, projected down)":
+            lambda: lin(F.silu(lin(x, w_up)), w_down),
         "the two branches added instead of multiplied": lambda: lin(F.silu(lin(x, w_gate)) + lin(x, w_up), w_down),
         "the down projection left out": lambda: F.silu(lin(x, w_gate)) * lin(x, w_up),
     }
@@ -163,10 +165,10 @@ def check_swiglu_ffn(fn: Callable[..., torch.Tensor]) -> str:
     """
     name = "Exercise 4.3 swiglu_ffn"
     g = seeded(403)
-    hint = ("two projections of the same x to the intermediate width, a gate (through SiLU) and an up branch (no "
-            "activation), multiplied elementwise, then projected back down to hidden.")
+    hint = ("compare with the SwiGLU block of this chapter: which branch goes through SiLU, how the two branches "
+            "combine, and the projection back to hidden.")
     crash = ("the weights are in nn.Linear's layout [out_features, in_features]: w_gate and w_up are [intermediate, "
-             "hidden], so x [..., hidden] times a weight needs the transpose (x @ w.T, or F.linear(x, w)).")
+             "hidden], so multiplying x [..., hidden] by a weight needs it transposed (as nn.Linear does).")
     for hidden, inter, shape in [(32, 96, (2, 5)), (48, 128, (7,)), (16, 64, ())]:
         cfg = MiniMindConfig(hidden_size=hidden, intermediate_size=inter, num_attention_heads=4,
                              num_key_value_heads=2, num_hidden_layers=1, vocab_size=32)
@@ -190,12 +192,13 @@ def check_swiglu_ffn(fn: Callable[..., torch.Tensor]) -> str:
 def _size_mistakes(h: int) -> Dict[str, int]:
     base = int(8 * h / 3)
     return {
-        "rounding down to a multiple of 64 (// 64, math.floor, or round() for this width) instead of up": 64 * (base // 64),
+        "rounding down to a multiple of 64 instead of up": 64 * (base // 64),
         "rounding to the nearest multiple of 64 instead of up": 64 * round(base / 64),
-        "8h/3 without rounding to a multiple of 64": base,
-        "4h (the classic FFN width; SwiGLU's three matrices need 8h/3 for the same parameters)": 4 * h,
+        "eight thirds of the width without rounding to a multiple of 64": base,
+        "four times the width (the classic FFN; SwiGLU's three matrices need a narrower width for the same "
+        "parameters)": 4 * h,
         "rounding up to a multiple of 256 (Llama's multiple_of) instead of 64": 256 * math.ceil(base / 256),
-        "8h/3 rounded up to a multiple of 64 plus one more 64 (ceil of an exact multiple)": 64 * (base // 64 + 1),
+        "one multiple of 64 too many where the width already is a multiple of 64": 64 * (base // 64 + 1),
     }
 
 
@@ -206,47 +209,46 @@ solution("4.4", "return 64 * math.ceil(int(8 * hidden_size / 3) / 64)")
 def check_intermediate_size(fn: Callable[[int], int]) -> str:
     """``fn(hidden_size)`` must equal ``minimind_ref.config.default_intermediate_size``."""
     name = "Exercise 4.4 intermediate_size"
-    hint = ("take 8/3 of the width, drop the fraction, then round UP to the next multiple of 64; a width that is "
-            "already a multiple of 64 stays as it is (768 -> 2048).")
+    hint = ("compare with section 4's rule: the order of its steps (the fraction of the width, dropping the fraction "
+            "part, the rounding to a multiple of 64) and the direction of the rounding.")
     sizes = [512, 640, 768, 24, 48, 64, 96, 100, 128, 200, 256, 1024, 2048, 4096] + list(range(8, 1025, 8))
+    outcomes = []
     for h in sizes:
         case = f"hidden_size={h}"
         got = call(fn, h, name=name, case=case, hint="hidden_size is a Python int.")
-        if isinstance(got, bool) or not isinstance(got, int):
-            try:
-                got = operator.index(got)
-            except TypeError:
-                fail(name, f"expected an int for hidden_size={h}, got {type(got).__name__} {got!r}",
-                     "math.ceil returns an int; wrap a float result in int(...).")
-        check_equal(got, default_intermediate_size(h), name=name, case=case, hint=hint,
-                    mistakes=_size_mistakes(h))
+        got = as_number(got, name, case, integer=True, what="a width")
+        outcomes.append(Outcome(case, got, default_intermediate_size(h), _size_mistakes(h)))
+    check_numbers(name, outcomes, hint)
     return f"matches the 8/3-rounded-up-to-64 rule for {len(sizes)} widths (512 -> 1408, 640 -> 1728, 768 -> 2048)"
 
 
 # ----------------------------------------------------------------------------- 4.5 minimind-3's width
 def _pi_width_mistakes(h: int) -> Dict[str, int]:
     return {
-        "pi approximated as 3.14 (use math.pi)": math.ceil(h * 3.14 / 64) * 64,
-        "pi approximated as 22/7 (use math.pi)": math.ceil(h * 22 / 7 / 64) * 64,
-        "rounding h * pi to the nearest multiple of 64 instead of up": round(h * math.pi / 64) * 64,
-        "rounding h * pi down to a multiple of 64 (math.floor, or //) instead of up": math.floor(h * math.pi / 64) * 64,
-        "MiniMind2's 8/3 rule (64 * ceil(int(8h/3) / 64)) instead of minimind-3's pi": default_intermediate_size(h),
-        "pi taken as 3 (an int() around pi, or around something before the multiplication by h)":
-            math.ceil(3 * h / 64) * 64,
-        "h * pi rounded up to a whole number but not to a multiple of 64": math.ceil(h * math.pi),
-        "h * pi truncated to a whole number, not rounded up to a multiple of 64": int(h * math.pi),
+        "h times pi truncated to a whole number before rounding up to a multiple of 64 (a product that lands just "
+        "above a multiple of 64 then rounds to that multiple instead of the next one)": math.ceil(int(h * math.pi) / 64) * 64,
+        "pi approximated as 3.14": math.ceil(h * 3.14 / 64) * 64,
+        "pi approximated as 22/7": math.ceil(h * 22 / 7 / 64) * 64,
+        "rounding h times pi to the nearest multiple of 64 instead of up": round(h * math.pi / 64) * 64,
+        "rounding h times pi down to a multiple of 64 instead of up": math.floor(h * math.pi / 64) * 64,
+        "MiniMind2's 8/3 rule instead of minimind-3's": default_intermediate_size(h),
+        "pi taken as 3": math.ceil(3 * h / 64) * 64,
+        "h times pi rounded up to a whole number but not to a multiple of 64": math.ceil(h * math.pi),
+        "h times pi truncated to a whole number, not rounded up to a multiple of 64": int(h * math.pi),
         "rounding up to a multiple of 256 instead of 64": math.ceil(h * math.pi / 256) * 256,
+        "rounding up to a multiple of 128 instead of 64": math.ceil(h * math.pi / 128) * 128,
+        "a multiplier of 3.25 (the ratio of one pair, not the rule behind all three)": math.ceil(h * 3.25 / 64) * 64,
     }
 
 
 def _ffn_param_mistakes(h: int, m: int, layers: int) -> Dict[str, int]:
     return {
-        "two matrices per layer (2 * h * m): a SwiGLU FFN has three, gate_proj, up_proj and down_proj": 2 * h * m * layers,
+        "two matrices per layer: a SwiGLU FFN has three, gate_proj, up_proj and down_proj": 2 * h * m * layers,
         "one layer's FFN only (a dense model has one FFN in each of its num_hidden_layers blocks)": 3 * h * m,
-        "one matrix per layer (h * m)": h * m * layers,
+        "one matrix per layer": h * m * layers,
         "the parameters of MiniMind2's 8/3 width": 3 * h * default_intermediate_size(h) * layers,
         "a bias on every matrix (MiniMind's FFN projections have bias=False)": (3 * h * m + 2 * m + h) * layers,
-        "8 h^2 per layer (the 4x ReLU FFN that MiniMind2's 8/3 rule matches, not the pi width)": 8 * h * h * layers,
+        "the 4x-wide two-matrix FFN that MiniMind2's 8/3 rule matches, not the pi width": 8 * h * h * layers,
     }
 
 
@@ -259,52 +261,54 @@ def _ffn_config(h: int, layers: int) -> MiniMindConfig:
 solution("4.5", "width = math.ceil(hidden_size * math.pi / 64) * 64; "
                 "return width, 3 * hidden_size * width * num_hidden_layers")
 
+expected_values("4.1", shown=False, why="the edge case names its inputs (0, 1, -1, ...): SiLU's value at a named input "
+                "is the formula evaluated there")
+expected_values("4.2", shown=False, why="the edge case names its inputs: the derivative's value at a named input is the "
+                "formula evaluated there")
+expected_values("4.3", shown=True, why="one entry of the FFN's output on random weights and inputs")
+expected_values("4.4", shown=False, why="the width is a closed form of hidden_size, which the case names")
+expected_values("4.5", shown=False, why="the width and the count are closed forms of the case's two numbers; section 8 "
+                "gives three widths to derive the rule from, the check gives no more")
+
 
 @check("Exercise 4.5 minimind3_ffn")
 def check_minimind3_ffn(fn: Callable[[int, int], tuple]) -> str:
     """``fn(hidden_size, num_hidden_layers) -> (intermediate_size, ffn_parameters)`` for a dense
     minimind-3 model: the width ``minimind_ref.config.minimind3_intermediate_size`` gives and the
     FFN parameters counted in the model such a config builds (``minimind_ref.parameter_breakdown``
-    for the published and a few other sizes; one ``FeedForward`` per block for a sweep of widths)."""
+    for the published and a few other sizes; one ``FeedForward`` per block for a sweep of widths,
+    among them widths where h * pi lands less than 1 above a multiple of 64 and where 3.14 and pi round
+    differently)."""
     from ..config import minimind3_intermediate_size
     from ..params import parameter_breakdown
 
     name = "Exercise 4.5 minimind3_ffn"
-    width_hint = ("minimind-3 multiplies the width by pi first (a float), then rounds UP to the next multiple of 64; "
-                  "a product that already is a multiple of 64 would stay as it is.")
+    width_hint = ("your rule must give section 8's three widths and every width in between: check at which multiple "
+                  "of 64 each one lands, and which way the product is rounded to get there.")
     param_hint = ("count the weights of one FFN from its matrices (how many, of which shape, with or without bias), "
                   "then say how many FFNs a dense model of num_hidden_layers blocks has.")
     models = [(768, 8), (512, 8), (640, 8), (1024, 16), (256, 4), (96, 2), (100, 3), (1080, 2)]
-    sweep = [(h, 1) for h in list(range(64, 2049, 64)) + [774, 1528] if h not in (256, 512, 640, 768, 1024)]
-    results = {}
+    sweep = [(h, 1) for h in list(range(64, 2049, 64)) + [41, 102, 163, 204, 774, 856, 1528]
+             if h not in (256, 512, 640, 768, 1024)]
+    widths, counts = [], []
     for h, layers in models + sweep:
         case = f"hidden_size={h}, num_hidden_layers={layers}"
         got = call(fn, h, layers, name=name, case=case, hint="both arguments are Python ints; return a pair of ints.")
         if not isinstance(got, (tuple, list)) or len(got) != 2:
             fail(name, f"expected a pair (intermediate_size, ffn_parameters), got {type(got).__name__}: {got!r:.80} "
-                 f"(on {case})", "end with `return width, parameters`.")
-        values = []
-        for what, value in zip(("intermediate_size", "ffn_parameters"), got):
-            try:
-                if isinstance(value, bool):
-                    raise TypeError
-                values.append(operator.index(value))
-            except TypeError:
-                fail(name, f"{what} must be an int, got {type(value).__name__} {value!r} (on {case})",
-                     "math.ceil returns an int; wrap a float result in int(...).")
-        width, params = values
+                 f"(on {case})", "return the width and the count together, as a tuple of two ints.")
+        width = as_number(got[0], f"{name} (intermediate_size)", case, integer=True, what="intermediate_size")
+        params = as_number(got[1], f"{name} (ffn_parameters)", case, integer=True, what="ffn_parameters")
         expected_width = minimind3_intermediate_size(h)
-        check_equal(width, expected_width, name=f"{name} (intermediate_size)", case=case, hint=width_hint,
-                    mistakes=_pi_width_mistakes(h))
-        config = _ffn_config(h, layers)
+        widths.append(Outcome(case, width, expected_width, _pi_width_mistakes(h)))
         if (h, layers) in models:  # the whole model, counted
-            expected_params = parameter_breakdown(config)["ffn"]
+            expected_params = parameter_breakdown(_ffn_config(h, layers))["ffn"]
         else:  # one block's FFN, counted, times the blocks
             with torch.device("meta"):
-                expected_params = sum(p.numel() for p in FeedForward(config).parameters()) * layers
-        check_equal(params, expected_params, name=f"{name} (ffn_parameters)", case=case, hint=param_hint,
-                    mistakes=_ffn_param_mistakes(h, expected_width, layers))
-        results[(h, layers)] = (width, params)
-    width, params = results[(768, 8)]
-    return (f"minimind-3 (hidden 768, 8 layers): width {width}, {params:,} FFN parameters; "
-            f"{len(results)} configurations match minimind_ref")
+                expected_params = sum(p.numel() for p in FeedForward(_ffn_config(h, layers)).parameters()) * layers
+        counts.append(Outcome(case, params, expected_params, _ffn_param_mistakes(h, expected_width, layers)
+                              if width == expected_width else {}))
+    check_numbers(f"{name} (intermediate_size)", widths, width_hint)
+    check_numbers(f"{name} (ffn_parameters)", counts, param_hint)
+    return (f"minimind-3 (hidden 768, 8 layers): width {widths[0].got}, {counts[0].got:,} FFN parameters; "
+            f"{len(widths)} configurations match minimind_ref")

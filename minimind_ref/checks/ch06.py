@@ -28,7 +28,8 @@ from ..params import count_parameters
 from ..generation import apply_repetition_penalty as _ref_repetition_penalty
 from ..generation import top_p_filter as _ref_top_p_filter
 from ..rope import precompute_freqs_cis
-from .core import call, check, check_close, expect_pair, fail, seeded, solution
+from .core import (Outcome, as_number, call, check, check_close, check_numbers, expect_pair, expected_values, fail, seeded,
+                   solution)
 
 __all__ = [
     "check_update_cache",
@@ -121,7 +122,7 @@ def check_rope_for_new_tokens(fn: Callable[..., Tuple[torch.Tensor, torch.Tensor
                     table[past_len + 1:past_len + 1 + n_new],
                 "the rows of the cached positions before the new ones (ending at past_len, not starting there)":
                     table[max(past_len - n_new, 0):past_len],
-                "the whole prefix (rows 0 .. past_len + n_new - 1) instead of only the new tokens' rows":
+                "every row up to the last new position instead of only the new tokens' rows":
                     table[:past_len + n_new],
                 "cos and sin swapped": other[past_len:past_len + n_new],
                 "the last n_new rows of the table instead of the new tokens' rows": table[-n_new:],
@@ -176,8 +177,9 @@ solution("6.3", "sorted_logits, sorted_idx = torch.sort(logits, descending=True,
 def check_top_p_filter(fn: Callable[..., torch.Tensor]) -> str:
     """``fn(logits [b, vocab], top_p) -> logits`` with the tokens outside the nucleus set to
     ``-inf``, equal to ``minimind_ref.generation.top_p_filter``; ``logits`` is left unchanged."""
-    hint = ("rank the tokens from most to least likely and keep a token while the probability of the tokens ranked "
-            "above it is still below top_p; every other token becomes -inf at its own position in the vocabulary")
+    hint = ("compare with this chapter's nucleus: in which order the tokens are counted, which token completes the "
+            "nucleus, what happens when the mass reaches top_p exactly, and where in the vocabulary each removed "
+            "token's -inf goes")
     g = seeded(603)
     peaked = torch.tensor([[6.0, 1.0, 0.5, 0.0, -1.0, -2.0]])  # top token alone has ~0.98 of the mass
     # exact binary fractions, shuffled: the mass before a token hits top_p exactly (the boundary)
@@ -301,6 +303,13 @@ solution("6.5", "weights = count_parameters(config) * bytes_per_value; per_token
                 "return max(0, (memory_bytes - weights) // per_token)")
 
 
+expected_values("6.1", shown=True, why="the cache entries are random tensors the check made, not shown in the message")
+expected_values("6.2", shown=True, why="one entry of a cos/sin table the exercise hands over itself")
+expected_values("6.3", shown=True, why="one filtered logit of random logits; -inf or the logit itself, the rule is not in it")
+expected_values("6.4", shown=True, why="one penalized logit of random logits, whose entries the message does not show")
+expected_values("6.5", shown=False, why="the length is a closed form of the config and the budget, which the case names")
+
+
 @check(CONTEXT)
 def check_longest_context(fn: Callable[..., int]) -> str:
     """``fn(config, memory_bytes, bytes_per_value=2, batch=1) -> int``: the longest context (tokens per sequence)
@@ -320,21 +329,11 @@ def check_longest_context(fn: Callable[..., int]) -> str:
                         head_dim=96), 100 * MiB, 2, 3),
         ("minimind-3, fp16, 100 MB (less than its weights)", preset("minimind-3"), 100_000_000, 2, 1),
     ]
+    outcomes = []
     for case, cfg, memory, b, batch in cases:
-        expected = _context(cfg, memory, b, batch)
         got = call(fn, cfg, memory, bytes_per_value=b, batch=batch, name=CONTEXT, hint=hint, case=case)
-        if isinstance(got, bool) or not isinstance(got, int):
-            try:
-                got = operator.index(got)
-            except TypeError:
-                fail(CONTEXT, f"expected an int (a number of tokens), got {type(got).__name__} {got!r:.60} (on {case})",
-                     "a number of tokens is whole: use // for the division")
-        if got != expected:
-            seen = [k for k, v in _context_mistakes(cfg, memory, b, batch).items() if v == got != expected]
-            if len(seen) > 1:  # e.g. minimind-3: keys only and 2 KV heads both halve the cache
-                prefix = f"this looks like {seen[0]}, or {seen[1]}: "
-            else:
-                prefix = f"this looks like {seen[0]}: " if seen else ""
-            fail(CONTEXT, f"{prefix}expected {expected:,} tokens, got {got:,} (on {case})", hint)
+        got = as_number(got, CONTEXT, case, integer=True, what="a number of tokens")
+        outcomes.append(Outcome(case, got, _context(cfg, memory, b, batch), _context_mistakes(cfg, memory, b, batch)))
+    check_numbers(CONTEXT, outcomes, hint, unit=" tokens")
     m3, m2 = _context(preset("minimind-3"), GiB, 2, 1), _context(minimind2(), GiB, 2, 1)
     return f"7 budgets; in 1 GiB at fp16, minimind-3 holds {m3:,} tokens of context, MiniMind2 {m2:,}"

@@ -28,7 +28,7 @@ from torch import nn
 
 from ..config import MiniMindConfig
 from ..moe import MOEFeedForward, MoEGate, global_aux_loss, router_aux_loss, seq_aux_loss
-from .core import call, check, check_close, diagnose, fail, solution
+from .core import Outcome, as_number, call, check, check_close, check_numbers, diagnose, expected_values, fail, solution
 
 __all__ = ["check_route", "check_dispatch", "check_moe_forward", "check_seq_aux_loss", "check_minimind3_moe",
            "check_balanced_router_loss"]
@@ -69,7 +69,7 @@ def _route_weight_mistakes(x: torch.Tensor, weight: torch.Tensor, top_k: int, no
         out["the single top-1 weight was renormalized to 1.0 (upstream leaves it as is, or the router would get no "
             "gradient)"] = renorm
     if top_k > 1 and norm:
-        out["the k weights were not renormalized although top_k > 1 and norm_topk_prob=True"] = w
+        out["the k weights were not renormalized although several experts were kept and norm_topk_prob=True"] = w
     if not norm:
         out["the weights were renormalized although norm_topk_prob=False"] = renorm
     out["raw router logits instead of softmax probabilities"] = lw
@@ -86,8 +86,8 @@ solution("7.1", "scores = F.linear(x, weight).softmax(dim=-1); topk_weight, topk
 def check_route(route: Callable[..., Tuple[torch.Tensor, torch.Tensor]]) -> str:
     """``route(x [n, d], weight [E, d], top_k, norm_topk_prob) -> (topk_idx [n, k], topk_weight [n, k])``."""
     g = torch.Generator().manual_seed(71)
-    hint = ("each token's scores are a probability distribution over the experts; keep the k best experts, and "
-            "rescale their k weights to sum to 1 only when that is asked for and there is more than one of them")
+    hint = ("compare with the gate of this chapter: over which axis the scores are a distribution, which experts a "
+            "token keeps, and when (and when not) the kept weights are rescaled")
     cases: List[Tuple[int, int, bool]] = [(4, 2, True), (4, 1, True), (8, 2, False), (6, 3, True), (4, 4, True), (5, 1, False)]
     for n_experts, top_k, norm in cases:
         n, d = 12, 16
@@ -103,7 +103,7 @@ def check_route(route: Callable[..., Tuple[torch.Tensor, torch.Tensor]]) -> str:
         out = call(route, x.clone(), weight.clone(), top_k, norm, name=ROUTE, hint=hint, case=case, check_inputs=True)
         if not (isinstance(out, tuple) and len(out) == 2):
             fail(ROUTE, f"expected a tuple (topk_idx, topk_weight), got {type(out).__name__} (on {case})",
-                 "end with `return topk_idx, topk_weight`")
+                 "return the expert ids and their weights together, the ids first")
         idx, w = out
         if isinstance(idx, torch.Tensor) and isinstance(w, torch.Tensor) and w.dtype == torch.long and idx.is_floating_point():
             fail(ROUTE, f"the pair is the wrong way round: return (topk_idx, topk_weight), got (weights, ids) (on {case})",
@@ -166,13 +166,12 @@ def _dispatch_mistakes(x, experts, flat_idx, flat_weight, top_k) -> Dict[str, Ca
     n = x.shape[0]
     args = (x, experts, flat_idx, flat_weight, top_k)
     return {
-        "slot j given to token j % n instead of j // top_k (the k slots of one token sit next to each other)":
+        "each slot given to the wrong token (the k slots of one token sit next to each other, token by token)":
             lambda: _dispatch_variant(*args, token_of=lambda s, a, b: s % n),
         "the slot weights were not applied": lambda: _dispatch_variant(*args, weight_of=lambda s, a, b: torch.ones_like(flat_weight[s])),
         "an expert's output is assigned to its tokens instead of added (a token routed to several experts must get "
         "the sum of their outputs)": lambda: _dispatch_variant(*args, add=False),
-        "the weights were read in unsorted slot order (flat_weight[start:end]) instead of for the sorted slots "
-        "themselves": lambda: _dispatch_variant(*args, weight_of=lambda s, a, b: flat_weight[a:b]),
+        "the weights read by position in the sorted run instead of for the slots themselves": lambda: _dispatch_variant(*args, weight_of=lambda s, a, b: flat_weight[a:b]),
         "each token's output uses the weight of its token row instead of its slot":
             lambda: _dispatch_variant(*args, weight_of=lambda s, a, b: flat_weight.view(-1, top_k)[s // top_k, :1]),
     }
@@ -285,7 +284,7 @@ def _balance_mistakes(scores, topk_idx, batch, n_experts, alpha) -> Dict[str, Ca
             lambda: seq() / n_experts,
         "the loss was computed over the whole batch at once (the global form); this one is per sequence, then "
         "averaged": lambda: global_aux_loss(scores, topk_idx, n_experts, alpha),
-        "f_i was divided by seq_len instead of seq_len * top_k (count slots, not tokens)": lambda: seq(f_scale=top_k),
+        "f_i counted per token instead of per routing slot (a token has top_k slots)": lambda: seq(f_scale=top_k),
         "alpha was left out": lambda: seq(use_alpha=False),
         "the per-sequence losses were summed instead of averaged over the batch": lambda: seq(reduce="sum"),
     }
@@ -317,7 +316,7 @@ def check_seq_aux_loss(seq_balance_loss: Callable[..., torch.Tensor]) -> str:
                    case=case, check_inputs=True)
         if isinstance(got, torch.Tensor) and got.numel() == 1 and got.dim() > 0:
             fail(BALANCE, f"return a 0-d tensor (a scalar), got shape {tuple(got.shape)} (on {case})",
-                 "reduce to a single number with .mean()/.sum() instead of keeping a dimension of size 1")
+                 "reduce to a single number instead of keeping a dimension of size 1")
         check_close(got, expected.detach(), name=f"{BALANCE}: value", hint=hint, case=case,
                     mistakes=_balance_mistakes(scores, topk_idx, batch, n_experts, alpha))
         if not got.requires_grad:
@@ -485,8 +484,8 @@ def check_minimind3_moe(cls: Callable[..., nn.Module]) -> str:
         for (name, p_ref), (_, p_got) in zip(ref.named_parameters(), mod.named_parameters()):
             if p_got.grad is None:
                 fail(MOE3, f"{name} received no gradient in training (on {case})",
-                     "an expert that no token chose must stay in the graph with a zero-valued term (as upstream does: "
-                     "0 * the sum of its parameters added to the output), so every parameter gets a gradient")
+                     "an expert that no token chose must stay in the graph through a term whose value is zero (as "
+                     "upstream does), so every parameter gets a gradient")
             check_close(p_got.grad, p_ref.grad, name=f"{MOE3}: gradient of {name}", case=case,
                         hint="the router's gradient comes from the weighted outputs (when they are not all 1) and from "
                              "the balance loss; keep the whole computation differentiable")
@@ -514,35 +513,37 @@ solution("7.6", "at perfect balance every load_i is top_k / num_experts and ever
                 "coef * num_experts * sum_i load_i * P_i = coef * top_k")
 
 
+expected_values("7.1", shown=True, why="the experts and weights of random tokens under a random router")
+expected_values("7.2", shown=True, why="one entry of the dispatched output of random tokens and experts")
+expected_values("7.3", shown=True, why="one entry of an MoE layer's output on random weights and inputs")
+expected_values("7.4", shown=True, why="a loss over random router scores: nothing to read the formula back from")
+expected_values("7.5", shown=True, why="one entry of an MoE layer's output, its loss and gradients on random weights")
+expected_values("7.6", shown=False, why="the value is a closed form of the case's three numbers")
+
+
 @check(BALANCED)
 def check_balanced_router_loss(fn: Callable[..., float]) -> str:
     """``fn(num_experts, top_k, coef) -> float``: the value of minimind-3's router loss when the routing is perfectly
     balanced (every expert chosen by the same share of tokens, uniform router probabilities)."""
     hint = ("write what load_i and P_i are when every expert gets the same share of the tokens' choices and the router "
-            "is uniform, then put them into coef * num_experts * sum_i load_i * P_i")
-    cases = [(4, 1, 5e-4), (4, 2, 5e-4), (8, 2, 0.01), (8, 3, 0.1), (5, 5, 1.0), (16, 4, 0.02)]
+            "is uniform, then put them into minimind-3's router loss as this chapter defines it")
+    cases = [(4, 1, 5e-4), (4, 2, 5e-4), (8, 2, 0.01), (8, 3, 0.1), (5, 5, 1.0), (16, 4, 0.02), (6, 4, 0.3)]
+    outcomes = []
     for n_experts, top_k, coef in cases:
         scores, idx = _perfectly_balanced(n_experts, top_k)
         expected = float(router_aux_loss(scores, idx, n_experts, coef))
         case = f"num_experts={n_experts}, top_k={top_k}, coef={coef:g}"
         got = call(fn, n_experts, top_k, coef, name=BALANCED, hint=hint, case=case)
-        if isinstance(got, torch.Tensor) and got.numel() == 1:
-            got = got.item()
-        if isinstance(got, bool) or not isinstance(got, (int, float)):
-            fail(BALANCED, f"expected a number, got {type(got).__name__} {got!r:.60} (on {case})",
-                 "return a Python float")
-        if not math.isclose(got, expected, rel_tol=1e-6, abs_tol=1e-12):
-            mistakes = {
-                "the value of MiniMind2's losses at balance (alpha, whatever k is); minimind-3's loads sum to top_k":
-                    coef,
-                "the factor num_experts left out": expected / n_experts,
-                "one factor num_experts too many": expected * n_experts,
-                "top_k counted twice (load_i already holds it)": expected * top_k,
-                "the coefficient left out": expected / coef,
-            }
-            seen = next((k for k, v in mistakes.items() if math.isclose(got, v, rel_tol=1e-6, abs_tol=1e-12)
-                         and not math.isclose(v, expected, rel_tol=1e-6, abs_tol=1e-12)), None)
-            prefix = f"this looks like {seen}: " if seen else ""
-            fail(BALANCED, f"{prefix}expected {expected:.6g}, got {got:.6g} (on {case})", hint)
-    return ("6 cases: at perfect balance minimind-3's router loss is coef * top_k (5e-4 at top-1, 1e-3 at top-2 with "
+        got = as_number(got, BALANCED, case, integer=False, what="the loss")
+        mistakes = {
+            "the value of MiniMind2's losses at balance (alpha, whatever k is); minimind-3's loads sum to top_k": coef,
+            "the factor num_experts left out": expected / n_experts,
+            "one factor num_experts too many": expected * n_experts,
+            "top_k counted twice (load_i already holds it)": expected * top_k,
+            "the coefficient left out": expected / coef,
+            "top_k divided out (the loads of top-k routing sum to top_k, not to 1)": expected / top_k,
+        }
+        outcomes.append(Outcome(case, got, expected, mistakes))
+    check_numbers(BALANCED, outcomes, hint, rel_tol=1e-6, abs_tol=1e-12)
+    return (f"{len(cases)} cases: at perfect balance minimind-3's router loss is coef * top_k (5e-4 at top-1, 1e-3 at top-2 with "
             "upstream's coefficient)")

@@ -21,7 +21,7 @@ from ..tokenizer import merge_pair as ref_merge_pair
 from ..train import causal_lm_loss as ref_causal_lm_loss
 from ..train import lr_at as ref_lr_at
 from ..train import train_step as ref_train_step
-from .core import call, check, check_close, fail, solution
+from .core import _direction, _expect, call, check, check_close, expected_values, fail, shows_expected, solution
 
 
 # ---------------------------------------------------------------------- 8.1 BPE merge
@@ -86,15 +86,15 @@ def check_merge_pair(merge_pair: Callable[..., Any]) -> str:
     for ids, pair, new_id in cases:
         case = f"merge_pair({ids}, {pair}, {new_id})"
         got = call(merge_pair, list(ids), pair, new_id, name=name, case=case, check_inputs=True,
-                   hint="walk through the list with an index i; look at ids[i] and ids[i + 1] together.")
+                   hint="walk through the list with an index; look at a token and the one after it together.")
         expected = ref_merge_pair(ids, pair, new_id)
         if got is None:
             fail(name, f"{case} returned None", "build the merged list and return it (did you forget `return`?).")
         if list(got) != expected:
             seen = next((d for d, f in MERGE_MISTAKES.items() if f(ids, pair, new_id) == list(got)), None)
             fail(name, (f"this looks like {seen}: " if seen else "") + f"{case}: expected {expected}, got {list(got)}",
-                 "when ids[i], ids[i + 1] equal the pair, the two are replaced by one new_id and both are consumed; "
-                 "otherwise ids[i] is kept. Think about what happens at the last position.")
+                 "walk through the list from left to right: a pair that matches becomes one new_id, and neither of its "
+                 "two tokens can be part of another merge; every other token is kept. Think about the last position.")
     return f"{len(cases)} cases, overlaps and edge cases included, input left unchanged"
 
 
@@ -114,7 +114,7 @@ def _loss_mistakes(logits, ids, mask):
             lambda: _ce(logits[:, :-1], ids[:, 1:].masked_fill(mask[:, :-1] == 0, -100)),
         "padded terms zeroed but the mean taken over every position":
             lambda: (per * mask[:, 1:].reshape(-1)).sum() / per.numel(),
-        "the shift in the wrong direction (logits[:, 1:] against tokens[:, :-1])":
+        "the shift in the wrong direction (each position scored against the token before it)":
             lambda: _ce(logits[:, 1:], ids[:, :-1].masked_fill(mask[:, :-1] == 0, -100)),
     }
 
@@ -158,7 +158,7 @@ def _warmup(step, warmup, hi):
 
 
 LR_MISTAKES = {
-    "a warmup that starts at 0 (step / warmup_steps: step 0 would not move the weights)":
+    "a warmup that starts at 0 (step 0 would not move the weights)":
         lambda s, T, w, hi, lo: hi * s / w if s < w else ref_lr_at(s, T, w, hi, lo),
     "a cosine that decays to 0 instead of to min_lr":
         lambda s, T, w, hi, lo: _warmup(s, w, hi) if s < w else
@@ -169,7 +169,7 @@ LR_MISTAKES = {
     "a cosine over all steps that ignores the warmup offset (progress = step / max_steps)":
         lambda s, T, w, hi, lo: _warmup(s, w, hi) if s < w else
         lo + 0.5 * (hi - lo) * (1 + math.cos(math.pi * min(1.0, s / max(1, T)))),
-    "upstream MiniMind's schedule (lr * (0.1 + 0.45 * (1 + cos(pi * t / T))), no warmup) instead of the exercise's":
+    "upstream MiniMind's own schedule (a cosine from lr down to a tenth of it, no warmup) instead of the exercise's":
         lambda s, T, w, hi, lo: hi * (0.1 + 0.45 * (1 + math.cos(math.pi * s / T))),
 }
 
@@ -189,8 +189,8 @@ def check_lr_at(lr_at: Callable[..., Any]) -> str:
         steps = list(range(0, max_steps + 5))
         case = f"max_steps={max_steps}, warmup_steps={warmup}, max_lr={hi}, min_lr={lo}"
         got = [call(lr_at, s, max_steps, warmup, hi, lo, name=name, case=f"step={s}, {case}",
-                    hint="for step >= warmup_steps you need the progress through the decay phase; "
-                         "max(1, ...) avoids dividing by zero.") for s in steps]
+                    hint="after the warmup you need the progress through the decay phase; mind a decay phase of "
+                         "zero steps.") for s in steps]
         expected = [ref_lr_at(s, max_steps, warmup, hi, lo) for s in steps]
         n += len(steps)
 
@@ -207,9 +207,15 @@ def check_lr_at(lr_at: Callable[..., Any]) -> str:
         worst = max(bad, key=lambda i: abs(float(got[i]) - expected[i]) if isinstance(got[i], (int, float)) else math.inf)
         s = steps[worst]
         phase = "warmup" if s < warmup else ("after max_steps" if s >= max_steps else "cosine decay")
+        value = float(got[worst]) if isinstance(got[worst], (int, float)) else None
+        if shows_expected(name) or value is None:
+            what = f"expected {expected[worst]!r}, got {got[worst]!r}"
+        else:
+            what = f"got {got[worst]!r}: {_direction(value, expected[worst])}"
+        _expect(expected[worst])
         fail(name, (f"this looks like {seen}. " if seen else "") +
              f"With {case}, {len(bad)} of {len(steps)} steps differ; the largest difference is at step {s} "
-             f"({phase}): expected {expected[worst]!r}, got {got[worst]!r}",
+             f"({phase}): {what}",
              "check the three phases separately: step 0 of the warmup, the first step after it (max_lr), and the "
              "last steps (min_lr, and it must stay there after max_steps).")
     return f"{n} steps over {len(settings)} schedules"
@@ -240,9 +246,9 @@ def _step_variant(kind: str):
 
 STEP_MISTAKES = {
     # clipping after optimizer.step() changes nothing the step used, so it equals no clipping at all
-    "no_clip": "gradients applied unclipped: no clip_grad_norm_, or clip_grad_norm_ called after "
-               "optimizer.step() (the update already used the full-size gradients)",
-    "no_zero_grad_at_end": "no optimizer.zero_grad() (the second step added the first step's gradients again)",
+    "no_clip": "gradients applied unclipped: no clipping, or the clipping done after the optimizer's step (the "
+               "update already used the full-size gradients)",
+    "no_zero_grad_at_end": "gradients never cleared (the second step added the first step's gradients again)",
     "no_aux": "the MoE auxiliary loss left out (only out.loss was minimised, the router got no balancing gradient)",
     "clip_1": "clipping to a fixed norm of 1.0 instead of max_grad_norm",
 }
@@ -250,6 +256,14 @@ STEP_MISTAKES = {
 
 solution("8.4", "loss = out.loss + out.aux_loss; loss.backward(); torch.nn.utils.clip_grad_norm_(model.parameters(), "
                 "max_grad_norm); optimizer.step(); optimizer.zero_grad().")
+
+
+expected_values("8.1", shown=True, why="the merged list of a case the message names is an example of the rule, not the "
+                "loop that implements it")
+expected_values("8.2", shown=True, why="a loss over random logits: nothing to read the formula back from")
+expected_values("8.3", shown=False, why="the rate at a step is a closed form of the step and the settings the case "
+                "names")
+expected_values("8.4", shown=True, why="the message shows the weights' difference after two steps, not their values")
 
 
 @check("Exercise 8.4 training_step")
@@ -291,7 +305,8 @@ def check_training_step(training_step: Callable[..., Any]) -> str:
         def check_loss(i):
             check_close(got_losses[i], torch.tensor(ref_losses[i]), name=name, rtol=1e-5, atol=1e-6,
                         case=f"the {kind} model, step {i + 1}",
-                        mistakes={"returning out.loss + out.aux_loss instead of the cross-entropy out.loss":
+                        mistakes={"returning the total minimised loss (the cross-entropy plus the MoE auxiliary term) "
+                                  "instead of the cross-entropy":
                                   torch.tensor(ref_totals[i])} if use_moe else None,
                         hint="return the cross-entropy of this batch (out.loss) as a float or a 0-d tensor: the MoE "
                              "auxiliary term is minimised too, but it is not the loss you report.")

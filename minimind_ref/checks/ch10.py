@@ -17,7 +17,7 @@ from torch import nn
 
 from .. import lora as ref_lora
 from ..config import MiniMindConfig, preset
-from .core import call, check, check_close, check_equal, fail, seeded, solution
+from .core import Outcome, as_number, call, check, check_close, check_numbers, expected_values, fail, seeded, solution
 
 
 # ---------------------------------------------------------------------- 10.1 the adapted layer
@@ -47,9 +47,9 @@ def _forward_mistakes(x, weight, A, B, scale) -> Dict[str, Callable[[], torch.Te
             lambda: F.linear(x, weight) + F.linear(F.linear(x, A), B),
         "the adapter divided by its rank (PEFT's alpha / r; upstream's LoRA has no such factor, only scale)":
             lambda: F.linear(x, weight) + scale / rank * F.linear(F.linear(x, A), B),
-        "W not transposed (nn.Linear computes x @ W.T; W is [out, in])":
+        "W not transposed (W is [out, in])":
             lambda: x @ weight + scale * F.linear(F.linear(x, A), B),
-        "A and B not transposed (x @ A.T is [.., rank]; then @ B.T)":
+        "A and B not transposed (A is [rank, in], B is [out, rank])":
             lambda: F.linear(x, weight) + scale * (x @ B @ A),
     }
 
@@ -66,11 +66,11 @@ def check_lora_forward(lora_forward: Callable[..., Any]) -> str:
     for c in cases:
         x, weight, A, B, scale, case = c["x"], c["weight"], c["A"], c["B"], c["scale"], c["case"]
         got = call(lora_forward, x.clone(), weight.clone(), A.clone(), B.clone(), scale, name=name, case=case,
-                   check_inputs=True, hint="two paths added: the frozen layer F.linear(x, weight) and the adapter.")
+                   check_inputs=True, hint="two paths added: the frozen layer and the adapter.")
         check_close(got, lora_forward_reference(x, weight, A, B, scale), name=name, case=case, rtol=1e-5, atol=1e-5,
                     mistakes=_forward_mistakes(x, weight, A, B, scale),
-                    hint="an nn.Linear with weight W [out, in] computes x @ W.T; the adapter is A first (in -> rank), "
-                         "then B (rank -> out), times scale.")
+                    hint="an nn.Linear with weight W [out, in] multiplies x by W transposed; the adapter applies A first "
+                         "(in -> rank), then B (rank -> out), and its output is scaled.")
     return f"{len(cases)} layers (square and rectangular W, batched x, scale 1 and 2), rtol = atol = 1e-5"
 
 
@@ -82,9 +82,9 @@ def merge_weight_reference(weight: torch.Tensor, A: torch.Tensor, B: torch.Tenso
 
 def _merge_mistakes(weight, A, B, scale) -> Dict[str, Callable[[], torch.Tensor]]:
     return {
-        "the update transposed ((B @ A).T: W is [out, in] and so is B @ A)": lambda: weight + scale * (B @ A).T,
-        "the scale ignored (the merged update is scale * B @ A)": lambda: weight + B @ A,
-        "the update returned without W (merging ADDS B A to the frozen weight)": lambda: scale * (B @ A),
+        "the update transposed (it has W's shape, [out, in])": lambda: weight + scale * (B @ A).T,
+        "the scale ignored": lambda: weight + B @ A,
+        "the update returned without W (merging adds the update to the frozen weight)": lambda: scale * (B @ A),
     }
 
 
@@ -100,7 +100,7 @@ def check_merge_weight(merge_weight: Callable[..., Any]) -> str:
     for c in cases:
         weight, A, B, scale, case = c["weight"], c["A"], c["B"], c["scale"], c["case"]
         got = call(merge_weight, weight.clone(), A.clone(), B.clone(), scale, name=name, case=case, check_inputs=True,
-                   hint="return a new tensor (weight + ...), do not add into weight in place.")
+                   hint="return a new tensor; do not add into weight in place.")
         check_close(got, merge_weight_reference(weight, A, B, scale), name=name, case=case, rtol=1e-5, atol=1e-5,
                     mistakes=_merge_mistakes(weight, A, B, scale),
                     hint="the merged layer must give the adapted layer's output for every x: write that output as x "
@@ -150,7 +150,7 @@ def _count_mistakes(config: MiniMindConfig, rank: int) -> Dict[str, int]:
         "k_proj and v_proj counted as square (they map hidden to num_key_value_heads * head_dim)": layers * 4 * rank * 2 * h,
         "the MLP counted too (gate/up/down map hidden <-> intermediate_size: not square)":
             right + layers * 3 * rank * (h + inter),
-        "a full matrix per layer (rank * (in + out) per adapter, not in * out)": layers * 2 * h * h,
+        "a full matrix per adapter instead of its two low-rank factors": layers * 2 * h * h,
     }
 
 
@@ -164,21 +164,19 @@ def check_lora_parameter_count(lora_parameter_count: Callable[..., Any]) -> str:
     upstream's ``apply_lora`` adds to ``MiniMindForCausalLM(config)``."""
     name = "Exercise 10.2 lora_parameter_count"
     cases = _count_cases()
+    hint = ("an adapter on a [d_out, d_in] layer has A [rank, d_in] and B [d_out, rank], and upstream adapts only "
+            "the square nn.Linear layers: which layers of a block are square for this config, and how many blocks are "
+            "there?")
+    outcomes = []
     for c in cases:
         config, rank, case = c["config"], c["rank"], c["case"]
         got = call(lora_parameter_count, config, rank, name=name, case=case,
                    hint="use config.hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads.")
-        if isinstance(got, torch.Tensor) and got.numel() == 1:
-            got = int(got)
         if isinstance(got, float) and got.is_integer():
             got = int(got)
-        if not isinstance(got, int) or isinstance(got, bool):
-            fail(name, f"expected an int, got {type(got).__name__}: {got!r:.80} ({case})", "return the count as an int.")
-        check_equal(got, lora_parameter_count_reference(config, rank), name=name, case=case,
-                    mistakes=_count_mistakes(config, rank),
-                    hint="an adapter on a [d_out, d_in] layer has A [rank, d_in] and B [d_out, rank], and upstream "
-                         "adapts only the square nn.Linear layers: which layers of a block are square for this "
-                         "config, and how many blocks are there?")
+        got = as_number(got, name, case, integer=True, what="a number of parameters")
+        outcomes.append(Outcome(case, got, lora_parameter_count_reference(config, rank), _count_mistakes(config, rank)))
+    check_numbers(name, outcomes, hint)
     return f"{len(cases)} configs (the course model, MiniMind2-Small, MiniMind2-MoE, full KV heads)"
 
 
@@ -234,21 +232,22 @@ def check_adapted_layers(adapted_layers: Callable[..., Any]) -> str:
             continue
         extra, missing = sorted(got_set - want), sorted(want - got_set)
         what = f"names that get no adapter listed: {extra[:3]}" if extra else ""
-        what += ("; " if what and missing else "") + (f"adapted layers not listed: {missing[:3]}" if missing else "")
+        what += ("; " if what and missing else "") + (f"{len(missing)} adapted layers missing from your list" if missing
+                                                      else "")
         hints = []
         if any(n.endswith(("k_proj", "v_proj")) for n in extra):
-            hints.append("k_proj and v_proj map hidden to num_key_value_heads * head_dim: square only with as many KV "
-                         "heads as query heads")
+            hints.append("k_proj and v_proj map hidden to the KV heads' width: square only with as many KV heads as "
+                         "query heads")
         if any(n.endswith(("q_proj", "o_proj")) for n in extra):
-            hints.append("q_proj maps hidden to num_attention_heads * head_dim: with a free head_dim (minimind-3) that "
-                         "need not equal hidden")
+            hints.append("q_proj maps hidden to the query heads' width: with a free head_dim (minimind-3) that need not "
+                         "equal hidden")
         if any(n == "lm_head" for n in extra):
             hints.append("lm_head maps hidden to the vocabulary: not square")
         if any("mlp" in n for n in missing + extra):
             hints.append("an MLP projection is square only when its width equals hidden (an expert can be)")
         fail(name, f"{what or 'the right names, but some twice'} ({case})",
-             "; ".join(hints) or "build the shapes from the config: q [heads * head_dim, hidden], k/v [kv_heads * "
-             "head_dim, hidden], o [hidden, heads * head_dim], MLP [width, hidden] and [hidden, width].")
+             "; ".join(hints) or "work out each projection's shape from the config (queries, keys and values, output, "
+             "the MLP or the experts) and keep the square ones; a name is the dotted path of the module in the model.")
     return f"{len(cases)} layouts (MiniMind2, minimind-3, a free head_dim, full KV heads, MoE)"
 
 
@@ -307,16 +306,25 @@ def check_merge_file(merge_file: Callable[..., Any]) -> str:
             if f"{layer}.lora.A.weight" in adapters:
                 A, B, W = adapters[f"{layer}.lora.A.weight"], adapters[f"{layer}.lora.B.weight"], base[key]
                 mistakes = {
-                    "the sum formed in fp32 and cast once ((W + B @ A).half()): upstream casts W and B @ A to fp16 "
-                    "first, then adds in fp16": lambda W=W, A=A, B=B: (W + B @ A).half(),
-                    "A @ B instead of B @ A (B is [out, r], A is [r, in])":
+                    "the sum formed in fp32 and rounded to fp16 once (upstream rounds at another point)":
+                        lambda W=W, A=A, B=B: (W + B @ A).half(),
+                    "the two factors multiplied in the wrong order (B is [out, r], A is [r, in])":
                         lambda W=W, A=A, B=B: W.half() + (A.T @ B.T).half() if A.shape[0] == B.shape[1] else None,
-                    "the adapter left out (the merged file must hold W + B @ A)": lambda W=W: W.half(),
+                    "the adapter left out (the merged file holds the adapted layer)": lambda W=W: W.half(),
                 }
             check_close(got[key], want, name=name, rtol=0, atol=0, mistakes=mistakes, case=f"{case}; tensor {key}",
-                        hint="upstream: state_dict[k] = module.weight.half(); then state_dict[k] += (B.weight @ "
-                             "A.weight).half() for a layer with an adapter.")
+                        hint="read how d65ef2c's merge_lora forms an adapted layer's merged weight: which tensors are "
+                             "rounded to fp16, and whether the sum is formed before or after that rounding.")
     return "two models, ranks 16 and 4, bit for bit"
+
+
+expected_values("10.1", shown=True, why="one entry of an adapted layer's output on random weights and inputs")
+expected_values("10.2", shown=False, why="the count is a closed form of the config's fields and the rank, which the case "
+                "names")
+expected_values("10.3", shown=True, why="one entry of a merged random weight")
+expected_values("10.4", shown=False, why="the missing names would be the answer for the case's config: only their number "
+                "is shown")
+expected_values("10.5", shown=True, why="one fp16 entry of a merged random weight: the rounding order is not in it")
 
 
 def check_all(lora_forward: Callable[..., Any], lora_parameter_count: Callable[..., Any],

@@ -1,7 +1,7 @@
 """Checks for chapter 11 (DPO), in the order the chapter asks for them: the masked sequence
 log-probability (11.1), the shift of a DPO example (11.2), c090b69's DPO loss (11.3: the mean per
-reply token) and the implicit rewards (11.4); then d65ef2c's summed DPO loss (11.5) and the length
-effect of the two reductions, predicted and measured (11.6).
+reply token) and the implicit rewards (11.4); then the length effect of c090b69's mean and d65ef2c's
+sum, predicted and measured (11.5).
 
 Each check runs the learner's function on inputs it generates (empty masks, unequal lengths,
 several betas) and compares with ``minimind_ref.dpo``; a mismatch names the known mistake it
@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import dpo as ref_dpo
-from .core import call, check, check_close, expect_pair, fail, seeded, solution
+from .core import Outcome, as_number, call, check, check_close, check_numbers, expect_pair, expected_values, fail, seeded, solution
 
 
 def _logits_case(seed: int, pairs: int = 3, seq: int = 9, vocab: int = 11, empty_row: bool = True
@@ -77,9 +77,9 @@ def check_sequence_log_probs(sequence_log_probs: Callable[..., Any]) -> str:
             / m.sum(1).clamp_min(1e-8),
             "probabilities (softmax) averaged instead of log-probabilities":
                 lambda: (F.softmax(logits, -1).gather(-1, labels[..., None]).squeeze(-1) * m).sum(1) / m.sum(1).clamp_min(1e-8),
-            "the mask shifted by one position (mask[:, 1:] or mask[:, :-1]): the dataset already aligned it with the labels":
+            "the mask shifted by one position (the dataset already aligned it with the labels)":
                 lambda: (token_lp[:, 1:] * m[:, :-1]).sum(1) / m[:, :-1].sum(1).clamp_min(1e-8),
-            "one count for the whole batch (mask.sum()) instead of one per sequence (mask.sum(dim=1))":
+            "one count for the whole batch instead of one per sequence":
                 lambda: (token_lp * m).sum(1) / m.sum(),
         }
         if isinstance(got, torch.Tensor) and got.shape == expected.shape and bool(torch.isnan(got).any()):
@@ -121,14 +121,14 @@ def check_shift_example(shift_example: Callable[..., Any]) -> str:
         mistakes = [
             {swapped: t_ids[1:], "the whole sequence as input (x = ids: the last token predicts nothing)": t_ids},
             {swapped: t_ids[:-1], "the whole sequence as target (y = ids)": t_ids},
-            {"the mask not shifted (mask[:-1] goes with the inputs; the loss counts where the *target* is an "
+            {"the mask cut like the inputs instead of like the targets (the loss counts where the *target* is an "
              "assistant token, so the first reply token would be missed and the token after the reply counted)":
                  t_mask[:-1]},
         ]
         for part, (g_part, e_part, label) in enumerate(zip(got, expected, ("x", "y", "loss_mask"))):
             if isinstance(g_part, torch.Tensor) and g_part.dtype != torch.long:
                 fail(name, f"{label} has dtype {g_part.dtype}; upstream's dataset returns torch.long ({case})",
-                     "make the tensors with dtype=torch.long.")
+                     "make the tensors of dtype torch.long.")
             check_close(g_part, e_part, name=f"{name} ({label})", rtol=0, atol=0, mistakes=mistakes[part],
                         case=case, hint="position t of x predicts y[t], the token after it; loss_mask[t] says "
                                         "whether that target counts, so the mask goes with the targets.")
@@ -150,7 +150,7 @@ def _check_value_and_gradient(name: str, got: Any, pol: torch.Tensor, expected: 
     that of ``reference_loss``."""
     if isinstance(got, torch.Tensor) and got.dim() != 0:
         fail(name, f"expected a scalar loss, got shape {tuple(got.shape)} ({case})",
-             "average the per-pair losses with .mean() at the end.")
+             "average the per-pair losses into one number at the end.")
     check_close(got, expected, name=name, rtol=1e-5, atol=1e-6, check_dtype=False, mistakes=mistakes, case=case,
                 hint=hint)
     if not got.requires_grad:
@@ -258,56 +258,7 @@ def check_implicit_rewards(implicit_rewards: Callable[..., Any]) -> str:
     return "three batches, betas 0.1 to 2"
 
 
-# ---------------------------------------------------------------------- 11.5 d65ef2c's summed loss
-solution("11.5", "m = mask.float(); pol, ref = (policy_log_probs * m).sum(1), (ref_log_probs * m).sum(1); "
-                 "B = pol.shape[0] // 2; logits = (pol[:B] - pol[B:]) - (ref[:B] - ref[B:]); "
-                 "return -F.logsigmoid(beta * logits).mean()")
-
-
-@check("Exercise 11.5 summed dpo_loss")
-def check_summed_dpo_loss(dpo_loss: Callable[..., Any]) -> str:
-    """``dpo_loss(ref_log_probs, policy_log_probs, mask, beta)`` must equal d65ef2c's ``dpo_loss``
-    (the reply's summed log-probabilities, as the DPO paper writes it; ``minimind_ref.dpo.dpo_loss``
-    with its defaults), value and gradient."""
-    name = "Exercise 11.5 summed dpo_loss"
-    n = 0
-    for seed, (pairs, seq, empty, beta) in enumerate([(3, 9, True, 0.15), (2, 12, False, 0.5), (4, 8, False, 2.0),
-                                                      (1, 10, False, 0.1), (2, 7, True, 1.0)]):
-        ref, policy, mask = _log_probs_case(seed + 40, pairs, seq, empty)
-        case = f"{pairs} pair(s), beta={beta}" + (", one empty mask" if empty else "")
-        pol = policy.clone().requires_grad_(True)
-        got = call(dpo_loss, ref.clone(), pol, mask.clone(), beta, name=name, case=case, check_inputs=True)
-        expected = ref_dpo.dpo_loss(ref, policy, mask, beta)
-        m = mask.float()
-        seq_ref, seq_pol = (ref * m).sum(1), (policy * m).sum(1)
-        b = pairs
-
-        def from_logits(logits: torch.Tensor) -> torch.Tensor:
-            return (-F.logsigmoid(beta * logits)).mean()
-
-        mistakes: Dict[str, Any] = {
-            "the mean log-probability per reply token (c090b69's variant; d65ef2c sums the reply's tokens, as the "
-            "DPO paper does)": lambda: ref_dpo.dpo_loss(ref, policy, mask, beta, reduction="mean"),
-            "the margin's sign reversed: either chosen and rejected swapped (the batch holds the chosen replies "
-            "first, then the rejected ones) or the policy and the reference swapped (the policy's margin minus "
-            "the reference's)":
-                lambda: from_logits((seq_pol[b:] - seq_pol[:b]) - (seq_ref[b:] - seq_ref[:b])),
-            "the reference terms left out (ref_c - ref_r is what makes DPO relative to the starting model)":
-                lambda: from_logits(seq_pol[:b] - seq_pol[b:]),
-            "beta outside the log-sigmoid (it must scale the margin inside)":
-                lambda: (-beta * F.logsigmoid((seq_pol[:b] - seq_pol[b:]) - (seq_ref[:b] - seq_ref[b:]))).mean(),
-            "the sums over every position, the mask not applied (prompt and padding counted)":
-                lambda: from_logits((policy.sum(1)[:b] - policy.sum(1)[b:]) - (ref.sum(1)[:b] - ref.sum(1)[b:])),
-        }
-        _check_value_and_gradient(name, got, pol, expected, lambda p: ref_dpo.dpo_loss(ref, p, mask, beta), policy,
-                                  mistakes, case,
-                                  hint="per sequence, the masked SUM of the log-probabilities (the reply's "
-                                       "log-probability); then the margin as in 11.3.")
-        n += 1
-    return f"value and gradient on {n} batches, betas 0.1 to 2, empty masks included"
-
-
-# ---------------------------------------------------------------------- 11.6 the length effect
+# ---------------------------------------------------------------------- 11.5 the length effect
 def gradient_ratio_reference(chosen_length: int, rejected_length: int, reduction: str) -> float:
     """At the start of DPO (policy = reference), ``|d loss / d lp|`` of one chosen token divided by
     that of one rejected token: 1 under the sum (every token weighs the same), ``rejected_length /
@@ -315,44 +266,64 @@ def gradient_ratio_reference(chosen_length: int, rejected_length: int, reduction
     return 1.0 if reduction == "sum" else rejected_length / chosen_length
 
 
-solution("11.6", "return 1.0 if reduction == 'sum' else rejected_length / chosen_length")
+solution("11.5", "return 1.0 if reduction == 'sum' else rejected_length / chosen_length")
 
 
-@check("Exercise 11.6 gradient_ratio")
+expected_values("11.1", shown=True, why="one sequence log-probability of random logits")
+expected_values("11.2", shown=True, why="the shifted ids of a case the message names are an example of the rule, not the "
+                "rule")
+expected_values("11.3", shown=True, why="a loss over random log-probabilities: nothing to read the formula back from")
+expected_values("11.4", shown=True, why="one implicit reward of random log-probabilities")
+expected_values("11.5", shown=False, why="the ratio is a closed form of the case's two lengths: the measured value next "
+                "to them would be the answer")
+
+
+def _ratio_cases():
+    """(chosen length, rejected length, reduction): both reductions, either reply the longer one, equal lengths,
+    a one-token reply."""
+    return [(2, 8, "mean"), (8, 2, "mean"), (5, 5, "mean"), (2, 8, "sum"), (9, 3, "sum"), (1, 12, "mean"),
+            (7, 3, "mean"), (12, 1, "sum")]
+
+
+def _measured_ratio(chosen_length: int, rejected_length: int, reduction: str) -> float:
+    """|d loss / d lp| of the first chosen token over that of the first rejected token, at policy = reference,
+    measured with autograd on ``minimind_ref.dpo.dpo_loss``."""
+    width = max(chosen_length, rejected_length) + 2
+    mask = torch.zeros(2, width)
+    mask[0, 1:1 + chosen_length] = 1
+    mask[1, 1:1 + rejected_length] = 1
+    ref = -torch.rand(2, width, generator=seeded(chosen_length * 31 + rejected_length))
+    policy = ref.clone().requires_grad_(True)
+    ref_dpo.dpo_loss(ref, policy, mask, 0.15, reduction=reduction).backward()
+    return float(policy.grad[0, 1].abs() / policy.grad[1, 1].abs())
+
+
+@check("Exercise 11.5 gradient_ratio")
 def check_gradient_ratio(gradient_ratio: Callable[..., Any]) -> str:
     """``gradient_ratio(chosen_length, rejected_length, reduction) -> float``: predict, for a pair
     whose chosen reply has ``chosen_length`` tokens and rejected reply ``rejected_length``, the
     ratio of the loss's gradient on one chosen token's log-probability to that on one rejected
-    token's, at the start of training (policy = reference). The check measures it with autograd
-    on ``minimind_ref.dpo.dpo_loss`` and compares."""
-    name = "Exercise 11.6 gradient_ratio"
-    cases = [(2, 8, "mean"), (8, 2, "mean"), (5, 5, "mean"), (2, 8, "sum"), (9, 3, "sum"), (1, 12, "mean")]
-    for chosen_length, rejected_length, reduction in cases:
+    token's, at the start of training (policy = reference), under c090b69's ``"mean"`` or d65ef2c's
+    ``"sum"``. The check measures it with autograd on ``minimind_ref.dpo.dpo_loss`` and compares
+    (relative tolerance 1e-4)."""
+    name = "Exercise 11.5 gradient_ratio"
+    outcomes = []
+    for chosen_length, rejected_length, reduction in _ratio_cases():
         case = f"chosen {chosen_length} tokens, rejected {rejected_length}, reduction={reduction!r}"
         got = call(gradient_ratio, chosen_length, rejected_length, reduction, name=name, case=case)
-        width = max(chosen_length, rejected_length) + 2
-        mask = torch.zeros(2, width)
-        mask[0, 1:1 + chosen_length] = 1
-        mask[1, 1:1 + rejected_length] = 1
-        ref = -torch.rand(2, width, generator=seeded(chosen_length * 31 + rejected_length))
-        policy = ref.clone().requires_grad_(True)
-        ref_dpo.dpo_loss(ref, policy, mask, 0.15, reduction=reduction).backward()
-        measured = float(policy.grad[0, 1].abs() / policy.grad[1, 1].abs())
-        if not isinstance(got, (int, float)) or isinstance(got, bool):
-            fail(name, f"expected a number, got {type(got).__name__} {got!r} ({case})", "return the ratio as a float.")
-        if abs(float(got) - measured) <= 1e-4 * max(1.0, measured):
-            continue
+        got = as_number(got, name, case, integer=False, what="the ratio")
+        flip = chosen_length / rejected_length
         mistakes = {
             "the lengths the wrong way round (under the mean each token weighs 1 / its own reply's length, so the "
-            "shorter reply's tokens get the larger gradient)": chosen_length / rejected_length if reduction == "mean" else None,
-            "a length effect under the sum: summed log-probabilities weigh every token the same": (
-                rejected_length / chosen_length if reduction == "sum" else None),
-            "no length effect under the mean: each token's weight is 1 / its reply's length": (
-                1.0 if reduction == "mean" and chosen_length != rejected_length else None),
+            "shorter reply's tokens get the larger gradient)": flip if reduction == "mean" else None,
+            "a length effect under the sum: summed log-probabilities weigh every token the same":
+                rejected_length / chosen_length if reduction == "sum" else None,
+            "no length effect under the mean: each token's weight is 1 / its reply's length":
+                1.0 if reduction == "mean" else None,
+            "the two reductions swapped": (1.0 if reduction == "mean" else rejected_length / chosen_length),
         }
-        seen = [k for k, v in mistakes.items() if v is not None and abs(float(got) - v) <= 1e-4 * max(1.0, v)]
-        fail(name, f"measured {measured:.4g}, you predicted {float(got):.4g} ({case})" +
-             (f"; this looks like {seen[0]}" if seen else ""),
-             "write the sequence log-probability as sum_t w_t * lp_t: w_t = 1 under 'sum', 1 / (the reply's number "
-             "of tokens) under 'mean'; at policy = reference both replies get the same outer factor.")
-    return f"{len(cases)} pairs, predicted and measured with autograd"
+        outcomes.append(Outcome(case, got, _measured_ratio(chosen_length, rejected_length, reduction), mistakes))
+    check_numbers(name, outcomes, hint="write each reply's sequence log-probability as a weighted sum of its tokens' "
+                  "log-probabilities and read off one token's weight under each reduction; at policy = reference, "
+                  "what multiplies the two replies' terms is the same for both.", rel_tol=1e-4)
+    return f"{len(outcomes)} pairs, predicted and measured with autograd"

@@ -1,7 +1,7 @@
-"""Checks for chapter 12 (GRPO): group-relative advantages (c090b69's two normalisations and
-d65ef2c's one), the completion mask, the policy losses (value and gradient): c090b69's, PPO's clip
-with a rollout's old log-probabilities, and CISPO (d65ef2c's default); and choosing the group size
-from a measured success rate.
+"""Checks for chapter 12 (GRPO): group-relative advantages (c090b69's two normalisations; d65ef2c's
+one, predicted on a group with a lone success and then implemented), the completion mask, c090b69's
+policy loss (value and gradient), which tokens PPO's clip silences (checked with autograd), CISPO
+(d65ef2c's default; value and gradient), and choosing the group size from a measured success rate.
 
 Each check runs the learner's function on inputs it generates (a group whose rewards are all
 equal, rows without an end marker, tokens after the end marker, several betas) and compares
@@ -15,7 +15,9 @@ from typing import Any, Callable, Dict, Tuple
 import torch
 
 from .. import grpo as ref_grpo
-from .core import call, check, check_close, fail, seeded, solution
+import math
+
+from .core import Outcome, as_number, call, check, check_close, check_numbers, expected_values, fail, seeded, solution
 
 
 # ---------------------------------------------------------------------- 12.1 advantages
@@ -58,6 +60,12 @@ def check_group_advantages(group_advantages: Callable[..., Any]) -> str:
     lone = 128
     cases.append((_lone_success_case(lone), lone, f"2 groups of {lone}, one of them with a single success (its "
                   f"z-score is {(lone - 1) / lone ** 0.5:.1f}: the clamp acts)"))
+    # a lone failure (z-score -(G - 1) / sqrt(G), cut at -10) in a batch of its own: beside a lone success the two
+    # clamped groups would mirror each other and the batch mean would be 0 again
+    cases.append((1.0 - _lone_success_case(lone), lone, f"2 groups of {lone}, one of them with a single failure (its "
+                  f"z-score is -{(lone - 1) / lone ** 0.5:.1f}: the clamp acts)"))
+    cases.append((torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.5]), 3,
+                  "3 groups of 3, every group's rewards all equal (the whole batch has no spread)"))
     for rewards, size, case in cases:
         got = call(group_advantages, rewards.clone(), size, name=name, case=case, check_inputs=True)
         expected = ref_grpo.group_advantages(rewards, size, **ref_grpo.C090B69_ADVANTAGES)
@@ -77,14 +85,14 @@ def check_group_advantages(group_advantages: Callable[..., Any]) -> str:
                 lambda: batch_norm(torch.clamp((rewards - rewards.mean()) / (rewards.std() + 1e-4), -10, 10)),
             "rewards minus the group mean, not divided by the group std":
                 lambda: batch_norm(rewards - mean),
-            "the group statistics taken over the wrong axis (view(num_generations, -1): rows are grouped "
-            "num_generations at a time, in sampling order)":
+            "the group statistics taken over the wrong axis (the rows of one group sit next to each other, in sampling "
+            "order)":
                 lambda: batch_norm(torch.clamp((rewards - rewards.view(size, -1).mean(0).repeat(size))
                                                / (rewards.view(size, -1).std(0).repeat(size) + 1e-4), -10, 10)),
         }
         if isinstance(got, torch.Tensor) and got.shape == expected.shape and bool(torch.isnan(got).any()):
             fail(name, f"your advantages have NaN ({case})",
-                 "A group whose rewards are all equal has std 0: (r - mean) / std is 0 / 0. Upstream keeps the "
+                 "A group whose rewards are all equal has std 0, and its z-score divides 0 by 0. Upstream keeps the "
                  "denominator away from 0 with a small constant, so that group gets advantage 0 (no signal).")
         check_close(got, expected, name=name, rtol=1e-5, atol=1e-5, check_dtype=False, mistakes=mistakes, case=case,
                     hint="two normalisations, as the chapter lists them: first each group's z-score (the rows of "
@@ -125,12 +133,12 @@ def check_completion_mask(completion_mask: Callable[..., Any]) -> str:
         has = (ids == eos).any(1, keepdim=True)
         last = length - 1 - (ids == eos).int().flip(1).argmax(1, keepdim=True)
         mistakes: Dict[str, Any] = {
-            "the end marker itself left out (positions < first marker): upstream keeps it, so the model learns to stop":
+            "the end marker itself left out: upstream keeps it, so the model learns to stop":
                 lambda: torch.where(has, pos < first, torch.ones_like(pos, dtype=torch.bool)).int(),
             "a row without an end marker masked to its first token only (argmax of an all-zero row is 0): "
             "upstream keeps such a row whole":
                 lambda: (pos <= first).int(),
-            "every token that is not the end marker (ids != eos): tokens after the first marker count, the marker does not":
+            "every token that is not the end marker: tokens after the first marker count, the marker does not":
                 lambda: (ids != eos).int(),
             "up to the last end marker instead of the first":
                 lambda: torch.where(has, pos <= last, torch.ones_like(pos, dtype=torch.bool)).int(),
@@ -199,9 +207,10 @@ def check_grpo_loss(grpo_loss: Callable[..., Any]) -> str:
             return torch.exp(p - p.detach())
 
         forms: Dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-            "the KL term with the wrong sign (-(ratio * A + beta * kl)): the penalty must be subtracted from the objective":
+            "the KL term with the wrong sign (the penalty must be subtracted from the objective)":
                 lambda p: seq(-(ratio(p) * adv[:, None] + beta * kl(p))),
-            "the KL estimator the other way round (d = lp - ref): k3 estimates KL(pi || pi_ref) with d = ref - lp":
+            "the KL estimator the other way round (k3 of KL(pi || pi_ref) starts from the reference's log-probability "
+            "minus the policy's)":
                 lambda p: seq(-(ratio(p) * adv[:, None] - beta * (torch.exp(p - ref) - (p - ref) - 1))),
             "one average over all masked tokens of the batch (token-level): upstream averages per completion, then over completions":
                 lambda p: ((-(ratio(p) * adv[:, None] - beta * kl(p))) * m).sum() / m.sum(),
@@ -209,7 +218,7 @@ def check_grpo_loss(grpo_loss: Callable[..., Any]) -> str:
                 lambda p: (-(ratio(p) * adv[:, None] - beta * kl(p))).mean(),
             "the objective maximised as a loss (missing the minus sign in front)":
                 lambda p: seq(ratio(p) * adv[:, None] - beta * kl(p)),
-            "exp(lp - lp) or exp(0): the ratio must be exp(lp - lp.detach()), whose value is 1 but whose gradient is the policy gradient":
+            "a constant ratio of 1: its value is right, but the ratio must carry the policy gradient":
                 lambda p: seq(-(torch.ones_like(p) * adv[:, None] - beta * kl(p))),
         }
         expected = ref_grpo.grpo_loss(lp, lp.detach(), ref, adv, mask, beta, loss_type="grpo")
@@ -225,30 +234,77 @@ def check_grpo_loss(grpo_loss: Callable[..., Any]) -> str:
         (grad,) = torch.autograd.grad(got, pol, allow_unused=True)
         if grad is None:
             fail(name, f"your loss does not depend on per_token_logps: its gradient with respect to them is None "
-                 f"({case}); was lp detached (.detach(), .item(), torch.tensor(...)) on the way?",
+                 f"({case}); was lp detached on the way (a detach, an item, a new tensor made from it)?",
                  "compute the loss from per_token_logps itself; only the ratio's denominator is detached.")
         p2 = lp.clone().requires_grad_(True)
         (expected_grad,) = torch.autograd.grad(ref_grpo.grpo_loss(p2, p2.detach(), ref, adv, mask, beta, loss_type="grpo"), p2)
         grad_mistakes = _gradient_mistakes(forms, lp)
         check_close(grad, expected_grad, name=name + " (gradient)", rtol=1e-5, atol=1e-6, check_dtype=False,
                     mistakes=grad_mistakes, case=case,
-                    hint="the value can be right while the gradient is not: the advantage term's gradient is "
-                         "-A * grad lp / |mask| per token, which needs exp(lp - lp.detach()), not a constant 1.")
+                    hint="the value can be right while the gradient is not: the ratio's value is 1, but its gradient "
+                         "must be the policy gradient; which part of it is detached?")
     return "value and gradient, beta from 0 to 2"
 
 
 
 # ---------------------------------------------------------------------- 12.4 d65ef2c's advantages
-solution("12.4", "g = rewards.view(-1, G); return (rewards - g.mean(1).repeat_interleave(G)) / "
+solution("12.4", "lone_success_advantages: mean = 1 / G, population std = sqrt(mean * (1 - mean)); return "
+                 "((1 - mean) / std, -mean / std), which is (sqrt(G - 1), -1 / sqrt(G - 1)) up to the 1e-4. "
+                 "advantages_once: g = rewards.view(-1, G); return (rewards - g.mean(1).repeat_interleave(G)) / "
                  "(g.std(1, unbiased=False).repeat_interleave(G) + 1e-4)")
 
 
-@check("Exercise 12.4 group_advantages (d65ef2c)")
-def check_advantages_once(group_advantages: Callable[..., Any]) -> str:
-    """``group_advantages(rewards [N], num_generations) -> [N]``: d65ef2c's one normalisation,
-    ``(r - group mean) / (group std + 1e-4)`` with the population std (``unbiased=False``), no
+def _lone_success_group(size: int) -> torch.Tensor:
+    rewards = torch.zeros(size)
+    rewards[size // 2] = 1.0
+    return rewards
+
+
+def _lone_mistakes(size: int, success: bool) -> Dict[str, Any]:
+    """What each planted prediction gives for the success (``success``) or a failure of a group of ``size``."""
+    mean = 1.0 / size
+    pop = math.sqrt(mean * (1 - mean))
+    sample = pop * math.sqrt(size / (size - 1))
+    pick = (lambda a, b: a) if success else (lambda a, b: b)
+    return {
+        "the sample std (c090b69's, the unbiased one): d65ef2c takes the population std":
+            pick((1 - mean) / sample, -mean / sample),
+        "c090b69's clamp to +-10 kept: d65ef2c does not clamp": pick(min((1 - mean) / pop, 10.0), -mean / pop),
+        "the rewards minus the group mean, not divided by the std": pick(1 - mean, -mean),
+        "the success's and a failure's advantages swapped": pick(-mean / pop, (1 - mean) / pop),
+        "a failure's advantage taken as minus the success's (the group mean is not halfway between 0 and 1)":
+            pick((1 - mean) / pop, -(1 - mean) / pop),
+    }
+
+
+@check("Exercise 12.4 advantages_once")
+def check_advantages_once(group_advantages: Callable[..., Any], lone_success_advantages: Callable[..., Any]) -> str:
+    """First the prediction: ``lone_success_advantages(group_size) -> (success, failure)``, d65ef2c's advantage
+    of the one success and of each failure in a group of ``group_size`` 0/1 rewards with exactly one success,
+    compared with ``minimind_ref.grpo.group_advantages`` (relative tolerance 2e-3: a closed form that leaves out
+    the 1e-4 in the denominator passes). Then ``group_advantages(rewards [N], num_generations) -> [N]``: d65ef2c's
+    one normalisation, ``(r - group mean) / (group std + 1e-4)`` with the population std (``unbiased=False``), no
     clamp, no second normalisation over the batch."""
-    name = "Exercise 12.4 group_advantages (d65ef2c)"
+    name = "Exercise 12.4 advantages_once"
+    outcomes_s, outcomes_f = [], []
+    for size in (2, 4, 5, 16, 128):
+        case = f"a group of {size} with one success"
+        got = call(lone_success_advantages, size, name=name, case=case,
+                   hint="group_size is an int; return the success's advantage and a failure's, as a pair of floats.")
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            fail(name, f"expected a pair (the success's advantage, a failure's), got {type(got).__name__}: {got!r:.80} "
+                 f"(on {case})", "return the two advantages together, as a tuple of two floats.")
+        adv = ref_grpo.group_advantages(_lone_success_group(size), size)
+        success, failure = float(adv[size // 2]), float(adv[0])
+        outcomes_s.append(Outcome(case, as_number(got[0], name, case, integer=False, what="the success's advantage"),
+                                  success, _lone_mistakes(size, True)))
+        outcomes_f.append(Outcome(case, as_number(got[1], name, case, integer=False, what="a failure's advantage"),
+                                  failure, _lone_mistakes(size, False)))
+    hint = ("the group's mean and population std follow from G alone when one reward is 1 and the others 0; put them "
+            "into d65ef2c's normalisation (section 2 says what it keeps of c090b69's and what it drops).")
+    check_numbers(f"{name} (the success's advantage)", outcomes_s, hint, rel_tol=2e-3)
+    check_numbers(f"{name} (a failure's advantage)", outcomes_f, hint, rel_tol=2e-3)
+
     for seed, (groups, size, flat) in enumerate([(3, 6, True), (2, 8, False), (4, 2, False), (1, 6, False)]):
         rewards = _rewards_case(seed + 21, groups, size, flat)
         case = f"{groups} group(s) of {size}" + (", the last group's rewards all equal" if flat else "")
@@ -259,20 +315,23 @@ def check_advantages_once(group_advantages: Callable[..., Any]) -> str:
         pop = grouped.std(1, unbiased=False).repeat_interleave(size)
         sample = grouped.std(1).repeat_interleave(size)
         mistakes: Dict[str, Any] = {
-            "the sample std (unbiased, divides by G - 1): d65ef2c takes the population std (unbiased=False)":
+            "the sample std (the unbiased one): d65ef2c takes the population std":
                 lambda: (rewards - mean) / (sample + 1e-4),
-            "a second normalisation over the whole batch (c090b69's recipe: sample std, clamp to +-10, then "
-            "(a - a.mean()) / a.std()): d65ef2c normalises once":
+            "a second normalisation over the whole batch (c090b69's recipe): d65ef2c normalises once":
                 lambda: ref_grpo.group_advantages(rewards, size, **ref_grpo.C090B69_ADVANTAGES),
             "rewards minus the group mean, not divided by the group std": lambda: rewards - mean,
+            "one mean and std over the whole batch instead of per group":
+                lambda: (rewards - rewards.mean()) / (rewards.std(unbiased=False) + 1e-4),
         }
         if isinstance(got, torch.Tensor) and got.shape == expected.shape and bool(torch.isnan(got).any()):
             fail(name, f"your advantages have NaN ({case})",
-                 "A group whose rewards are all equal has std 0: add 1e-4 to the std, so that group gets advantage 0.")
+                 "A group whose rewards are all equal has std 0: keep the denominator away from 0 as upstream does, "
+                 "so that group gets advantage 0.")
         check_close(got, expected, name=name, rtol=1e-5, atol=1e-5, check_dtype=False, mistakes=mistakes, case=case,
-                    hint="view(-1, num_generations): one row per group; mean and std(unbiased=False) per row, "
-                         "repeat_interleave back to [N]; (r - mean) / (std + 1e-4), and nothing more.")
-    return "groups of 2 to 8, a group with no spread"
+                    hint="d65ef2c keeps only c090b69's first step, with the population std: compare your steps with "
+                         "section 2 (the rows of one group sit next to each other).")
+    return ("the lone success predicted for groups of 2 to 128; advantages for groups of 2 to 8 and a group with no "
+            "spread")
 
 
 # ---------------------------------------------------------------------- 12.5 / 12.6 PPO's clip and CISPO
@@ -284,19 +343,21 @@ def _ratio_case(seed: int, rows: int, length: int) -> Tuple[torch.Tensor, ...]:
     return lp, old, ref, adv, mask
 
 
-def _check_policy_loss(fn: Callable[..., Any], name: str, loss_type: str) -> str:
-    for seed, (rows, length, beta, eps, eps_high) in enumerate([(4, 7, 0.1, 0.2, 5.0), (6, 5, 0.0, 0.1, 1.5),
-                                                                  (3, 9, 0.5, 0.3, 2.0), (5, 8, 0.04, 0.2, 5.0)]):
+def _check_cispo_loss(fn: Callable[..., Any], name: str) -> str:
+    """CISPO's value and gradient (``grpo.grpo_loss(..., loss_type="cispo")``), with ratios far from 1."""
+    for seed, (rows, length, beta, eps_high) in enumerate([(4, 7, 0.1, 5.0), (6, 5, 0.0, 1.5), (3, 9, 0.5, 2.0),
+                                                           (5, 8, 0.04, 5.0)]):
         lp, old, ref, adv, mask = _ratio_case(seed + 31, rows, length)
-        knob = eps if loss_type == "grpo" else eps_high
-        case = f"{rows} completions, beta={beta}, {'epsilon' if loss_type == 'grpo' else 'epsilon_high'}={knob}"
+        if seed == 1:
+            mask[2] = 0  # a completion without a token that counts: its count is clamped at 1, its loss is 0
+        case = f"{rows} completions, beta={beta}, epsilon_high={eps_high}" + (", one row's mask empty" if seed == 1 else "")
         pol = lp.clone().requires_grad_(True)
-        got = call(fn, pol, old.clone(), ref.clone(), adv.clone(), mask.clone(), beta, knob, name=name, case=case)
+        got = call(fn, pol, old.clone(), ref.clone(), adv.clone(), mask.clone(), beta, eps_high, name=name, case=case)
         if not isinstance(got, torch.Tensor) or got.dim() != 0:
             fail(name, f"expected a scalar tensor, got {type(got).__name__} {tuple(getattr(got, 'shape', ()))} ({case})",
                  "average over each completion's masked tokens, then over the completions.")
 
-        def loss(p: torch.Tensor, lt: str = loss_type, e: float = eps, eh: float = eps_high,
+        def loss(p: torch.Tensor, lt: str = "cispo", e: float = 0.2, eh: float = eps_high,
                  b: float = beta, o: torch.Tensor = old) -> torch.Tensor:
             return ref_grpo.grpo_loss(p, o, ref, adv, mask, b, loss_type=lt, epsilon=e, epsilon_high=eh)
 
@@ -305,39 +366,19 @@ def _check_policy_loss(fn: Callable[..., Any], name: str, loss_type: str) -> str
         kl = lambda p: torch.exp(ref - p) - (ref - p) - 1  # noqa: E731
         ratio = lambda p: torch.exp(p - old)  # noqa: E731
         a = adv[:, None]
-        if loss_type == "grpo":
-            forms: Dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-                "max instead of min of the two surrogates: PPO keeps the smaller (pessimistic) one":
-                    lambda p: seq(-(torch.max(ratio(p) * a, torch.clamp(ratio(p), 1 - eps, 1 + eps) * a) - beta * kl(p))),
-                "only the clipped term (clamp(ratio) * A): the min with the unclipped term is what lets a ratio "
-                "move back towards 1":
-                    lambda p: seq(-(torch.clamp(ratio(p), 1 - eps, 1 + eps) * a - beta * kl(p))),
-                "no clipping at all (ratio * A)": lambda p: seq(-(ratio(p) * a - beta * kl(p))),
-                "the ratio against the current policy (exp(lp - lp.detach())): the old log-probabilities come from "
-                "the rollout, so the ratio differs from 1":
-                    lambda p: loss(p, o=p.detach()),
-                "CISPO's clamped, detached ratio times the log-probability: that is loss_type='cispo'":
-                    lambda p: loss(p, lt="cispo", eh=eps_high),
-                "the ratio the other way round (exp(old - lp))":
-                    lambda p: seq(-(torch.min(torch.exp(old - p) * a, torch.clamp(torch.exp(old - p), 1 - eps, 1 + eps) * a)
-                                    - beta * kl(p))),
-            }
-            hint = ("ratio = exp(lp - old); per token -(min(ratio * A, clamp(ratio, 1 - eps, 1 + eps) * A) - beta * k3); "
-                    "average over each row's mask (count clamped at 1), then over rows.")
-        else:
-            forms = {
-                "the ratio not detached: CISPO's weight carries no gradient, only log pi does":
-                    lambda p: seq(-(torch.clamp(ratio(p), max=eps_high) * a * p - beta * kl(p))),
-                "the ratio clamped on both sides (PPO's [1 - eps, 1 + eps]): CISPO only caps it above at epsilon_high":
-                    lambda p: seq(-(torch.clamp(ratio(p), 1 - 0.2, eps_high).detach() * a * p - beta * kl(p))),
-                "no cap on the ratio (exp(lp - old) as it is)": lambda p: seq(-(ratio(p).detach() * a * p - beta * kl(p))),
-                "the ratio left out (A * lp, plain REINFORCE)": lambda p: seq(-(a * p - beta * kl(p))),
-                "PPO's clipped surrogate: that is loss_type='grpo'": lambda p: loss(p, lt="grpo", e=0.2),
-                "the KL term with the wrong sign": lambda p: seq(-(torch.clamp(ratio(p), max=eps_high).detach() * a * p
-                                                                   + beta * kl(p))),
-            }
-            hint = ("ratio = exp(lp - old); per token -(clamp(ratio, max=epsilon_high).detach() * A * lp - beta * k3); "
-                    "average over each row's mask, then over rows.")
+        forms: Dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+            "the ratio not detached: CISPO's weight carries no gradient, only log pi does":
+                lambda p: seq(-(torch.clamp(ratio(p), max=eps_high) * a * p - beta * kl(p))),
+            "the ratio clamped on both sides (PPO's [1 - eps, 1 + eps]): CISPO only caps it above at epsilon_high":
+                lambda p: seq(-(torch.clamp(ratio(p), 1 - 0.2, eps_high).detach() * a * p - beta * kl(p))),
+            "no cap on the ratio": lambda p: seq(-(ratio(p).detach() * a * p - beta * kl(p))),
+            "the ratio left out (plain REINFORCE)": lambda p: seq(-(a * p - beta * kl(p))),
+            "PPO's clipped surrogate: that is loss_type='grpo'": lambda p: loss(p, lt="grpo", e=0.2),
+            "the KL term with the wrong sign": lambda p: seq(-(torch.clamp(ratio(p), max=eps_high).detach() * a * p
+                                                               + beta * kl(p))),
+        }
+        hint = ("compare with CISPO's per-token term of section 4: which factors carry the gradient, where the weight "
+                "is capped, the k3 penalty; average over each row's mask, then over rows.")
         expected = loss(lp.detach())
         mistakes = {k: (lambda f=f: f(lp).detach()) for k, f in forms.items()}
         if isinstance(got, torch.Tensor) and got.shape == expected.shape and bool(torch.isnan(got)):
@@ -357,19 +398,94 @@ def _check_policy_loss(fn: Callable[..., Any], name: str, loss_type: str) -> str
     return "value and gradient, ratios from 0.2 to 5, beta from 0 to 0.5"
 
 
-solution("12.5", "r = torch.exp(lp - old); t = -(torch.min(r * adv[:, None], r.clamp(1 - eps, 1 + eps) * "
-                 "adv[:, None]) - beta * (torch.exp(ref - lp) - (ref - lp) - 1)); "
-                 "return ((t * mask).sum(1) / mask.sum(1).clamp(min=1)).mean()")
 solution("12.6", "w = torch.exp(lp - old).clamp(max=eps_high).detach(); t = -(w * adv[:, None] * lp - beta * "
                  "(torch.exp(ref - lp) - (ref - lp) - 1)); return ((t * mask).sum(1) / mask.sum(1).clamp(min=1)).mean()")
 
 
-@check("Exercise 12.5 ppo_clip_loss")
-def check_ppo_clip_loss(ppo_clip_loss: Callable[..., Any]) -> str:
-    """``ppo_clip_loss(per_token_logps, old_per_token_logps, ref_per_token_logps, advantages,
-    completion_mask, beta, epsilon)``: d65ef2c's ``--loss_type grpo`` (``grpo.grpo_loss(...,
-    loss_type="grpo")``), value and gradient."""
-    return _check_policy_loss(ppo_clip_loss, "Exercise 12.5 ppo_clip_loss", "grpo")
+solution("12.5", "a = advantages[:, None]; flows = ((a > 0) & (ratio <= 1 + epsilon)) | ((a < 0) & (ratio >= 1 - "
+                 "epsilon)); return ~flows")
+
+
+def _surrogate_zero_grad(ratio: torch.Tensor, adv: torch.Tensor, eps: float) -> torch.Tensor:
+    """Where PPO's per-token surrogate ``min(r A, clamp(r, 1 - eps, 1 + eps) A)`` (as ``minimind_ref.grpo.grpo_loss``
+    writes it) has zero gradient with respect to the ratio, measured with autograd."""
+    r = ratio.clone().requires_grad_(True)
+    a = adv[:, None].expand_as(r)
+    torch.min(r * a, torch.clamp(r, 1 - eps, 1 + eps) * a).sum().backward()
+    return r.grad == 0
+
+
+def _silenced_cases() -> list:
+    """(label, ratio [N, R], advantages [N], epsilon): ratios on both sides of the clip, exactly on its two ends,
+    advantages of both signs and a group with advantage 0 (all its rewards equal)."""
+    g = seeded(125)
+    cases = []
+    for eps in (0.25, 0.5):
+        ends = torch.tensor([1 - eps, 1 + eps, 1.0, 1 - 2 * eps / 5, 1 + 2 * eps / 5, 0.2, 3.0, 1 + eps * 1.5])
+        ratio = torch.stack([ends, ends.flip(0), ends, ends.roll(3)])
+        adv = torch.tensor([1.5, -0.75, 0.0, -2.0])
+        cases.append((f"ratios on and around both ends of the clip, epsilon={eps}, advantages of both signs and 0",
+                      ratio, adv, eps))
+    for eps in (0.2, 0.1):
+        ratio = torch.exp(0.6 * torch.randn(6, 9, generator=g))
+        adv = torch.randn(6, generator=g)
+        adv[2] = 0.0
+        cases.append((f"6 completions, random ratios from about 0.2 to 5, epsilon={eps}", ratio, adv, eps))
+    return cases
+
+
+def _silenced_mistakes(ratio: torch.Tensor, adv: torch.Tensor, eps: float) -> Dict[str, Any]:
+    a = adv[:, None]
+    pos, neg, zero = a > 0, a < 0, (a == 0).expand_as(ratio)
+    above, below = ratio > 1 + eps, ratio < 1 - eps
+    right = (pos & above) | (neg & below) | zero
+    return {
+        "only the tokens past the upper end counted (a negative advantage is clipped at the lower end)":
+            (pos & above) | zero,
+        "only the tokens past the lower end counted (a positive advantage is clipped at the upper end)":
+            (neg & below) | zero,
+        "the two ends swapped between the signs of the advantage": (pos & below) | (neg & above) | zero,
+        "every token outside the clip's range (where the unclipped term is the smaller one, the min keeps "
+        "it, and its gradient flows)": above | below | zero,
+        "the ends of the clip counted as outside it (at the clip's ends the two terms are equal, "
+        "and the gradient still flows)": (pos & (ratio >= 1 + eps)) | (neg & (ratio <= 1 - eps)) | zero,
+        "the tokens with advantage 0 left out (their surrogate is 0 whatever the ratio, so is its gradient)":
+            right & ~zero,
+        "the tokens that keep their gradient returned instead of the silenced ones": ~right,
+    }
+
+
+@check("Exercise 12.5 silenced_by_clip")
+def check_silenced_by_clip(silenced_by_clip: Callable[..., Any]) -> str:
+    """``silenced_by_clip(ratio [N, R], advantages [N], epsilon) -> bool [N, R]``: True for the tokens whose
+    gradient through PPO's clipped surrogate ``min(ratio * A, clamp(ratio, 1 - epsilon, 1 + epsilon) * A)`` is
+    zero, as autograd measures it (on ratios exactly at both ends of the clip, too); and, on the same rule, the
+    tokens of ``minimind_ref.grpo.grpo_loss(loss_type="grpo", beta=0)`` whose gradient is zero."""
+    name = "Exercise 12.5 silenced_by_clip"
+    hint = ("write the surrogate's gradient with respect to the ratio for each case: the sign of A decides which "
+            "term the min keeps on which side of the clip, and at the clip's ends the two terms are equal.")
+    for label, ratio, adv, eps in _silenced_cases():
+        got = call(silenced_by_clip, ratio.clone(), adv.clone(), eps, name=name, case=label, check_inputs=True,
+                   hint="ratio is [N, R], advantages [N] (one per completion), epsilon a float; return a bool tensor "
+                        "[N, R].")
+        expected = _surrogate_zero_grad(ratio, adv, eps)
+        if isinstance(got, torch.Tensor) and got.dtype != torch.bool and got.shape == expected.shape:
+            fail(name, f"expected a bool tensor, got dtype {got.dtype} ({label})",
+                 "return the comparison's result itself, True where a token is silenced.")
+        check_close(got, expected, name=name, rtol=0, atol=0, mistakes=_silenced_mistakes(ratio, adv, eps), case=label,
+                    hint=hint)
+    # the same rule on the chapter's loss: beta = 0, the ratio exp(lp - old), autograd through grpo_loss
+    lp, old, ref, adv, mask = _ratio_case(seed=61, rows=5, length=8)
+    mask = torch.ones_like(mask)
+    adv[1] = 0.0
+    p = lp.clone().requires_grad_(True)
+    ref_grpo.grpo_loss(p, old, ref, adv, mask, 0.0, loss_type="grpo", epsilon=0.2).backward()
+    label = "grpo_loss(loss_type='grpo', beta=0, epsilon=0.2): tokens whose gradient is zero"
+    ratio = torch.exp(lp - old)
+    got = call(silenced_by_clip, ratio.clone(), adv.clone(), 0.2, name=name, case=label, check_inputs=True)
+    check_close(got, p.grad == 0, name=name, rtol=0, atol=0, mistakes=_silenced_mistakes(ratio, adv, 0.2), case=label,
+                hint=hint)
+    return "on both ends of the clip and around them, both signs of the advantage and 0, and on grpo_loss's gradient"
 
 
 @check("Exercise 12.6 cispo_loss")
@@ -377,7 +493,7 @@ def check_cispo_loss(cispo_loss: Callable[..., Any]) -> str:
     """``cispo_loss(per_token_logps, old_per_token_logps, ref_per_token_logps, advantages,
     completion_mask, beta, epsilon_high)``: d65ef2c's default ``--loss_type cispo``
     (``grpo.grpo_loss(..., loss_type="cispo")``), value and gradient."""
-    return _check_policy_loss(cispo_loss, "Exercise 12.6 cispo_loss", "cispo")
+    return _check_cispo_loss(cispo_loss, "Exercise 12.6 cispo_loss")
 
 
 # ---------------------------------------------------------------------- 12.7 choosing the group size
@@ -398,30 +514,59 @@ def smallest_group_reference(p: float, max_no_signal: float, largest: int = 64) 
 solution("12.7", "return next(G for G in range(2, 65) if p**G + (1 - p)**G <= max_no_signal)")
 
 
+def _group_cases() -> list:
+    """(p, max_no_signal): p != 0.5, so that counting only the all-right or
+    only the all-wrong groups, and one more than needed, give different answers; and two bounds that a group size
+    meets exactly (0.25**2 + 0.75**2 = 0.625, 0.75**3 + 0.25**3 = 0.4375, exact in binary), where "at most" and
+    "below" differ; a bound every group meets (the answer is the smallest size, 2) and one no group of up to 64
+    meets (the answer is 64)."""
+    return [(0.25, 0.625), (0.75, 0.4375), (0.9, 0.2), (0.1, 0.5), (0.3, 0.3), (0.45, 0.05), (0.97, 0.5), (0.6, 0.1),
+            (0.3, 1.0), (0.99, 0.5)]  # every group size is enough (G = 2); none up to 64 is (64)
+
+
+def _first_group(condition) -> int:
+    return next((g for g in range(2, 65) if condition(g)), 64)
+
+
+expected_values("12.1", shown=True, why="one advantage of random rewards, whose values the message does not show")
+expected_values("12.2", shown=True, why="a mask entry is 0 or 1: it tells where the mask is wrong")
+expected_values("12.3", shown=True, why="a loss over random log-probabilities: nothing to read the formula back from")
+expected_values("12.4", shown=False, why="the lone success's advantage is a closed form of the group size the case "
+                "names; the implementation's values are one entry of random rewards, but the same exercise hides both")
+expected_values("12.5", shown=True, why="a mask entry is True or False: it tells which token is wrong, not the rule")
+expected_values("12.6", shown=True, why="a loss over random log-probabilities: nothing to read the formula back from")
+expected_values("12.7", shown=False, why="the group size is a closed form of the case's two numbers")
+
+
 @check("Exercise 12.7 smallest_group")
 def check_smallest_group(smallest_group: Callable[..., Any]) -> str:
     """``smallest_group(p, max_no_signal) -> int``: given a measured success rate ``p`` of the
     sampled replies, the smallest group size ``G >= 2`` for which a group's rewards are all equal
     (no signal: every advantage 0) with probability at most ``max_no_signal``."""
     name = "Exercise 12.7 smallest_group"
-    cases = [(0.5, 0.1), (0.9, 0.2), (0.1, 0.5), (0.45, 0.05), (0.97, 0.5), (0.3, 0.3)]
-    for p, limit in cases:
+    hint = ("work out the chance that all G rewards of a group are equal from p, then take the first G >= 2 for which "
+            "that chance is within the bound.")
+    outcomes = []
+    for p, limit in _group_cases():
         case = f"p={p}, max_no_signal={limit}"
         got = call(smallest_group, p, limit, name=name, case=case)
+        got = as_number(got, name, case, integer=True, what="a group size")
         expected = smallest_group_reference(p, limit)
-        if isinstance(got, bool) or not isinstance(got, int):
-            fail(name, f"expected an int group size, got {type(got).__name__} {got!r} ({case})", "return the G itself.")
-        if got == expected:
-            continue
         mistakes = {
-            "only the all-wrong case counted ((1 - p)**G): a group where every sample is right carries no signal "
-            "either": next((g for g in range(2, 65) if (1 - p) ** g <= limit), 64),
+            "only the all-wrong case counted: a group where every sample is right carries no signal either":
+                _first_group(lambda g: (1 - p) ** g <= limit),
+            "only the all-right case counted: a group where every sample is wrong carries no signal either":
+                _first_group(lambda g: p ** g <= limit),
             "the chance that at least one sample differs taken for the no-signal chance":
-                next((g for g in range(2, 65) if 1 - no_signal_probability_reference(p, g) <= limit), 64),
+                _first_group(lambda g: 1 - no_signal_probability_reference(p, g) <= limit),
             "one more than needed (the first G that satisfies the bound is the answer)": expected + 1,
+            "the bound taken as strict (a chance exactly at max_no_signal is allowed)":
+                _first_group(lambda g: no_signal_probability_reference(p, g) < limit),
+            "a group of 1 allowed (a group needs at least 2 samples to compare)":
+                next((g for g in range(1, 65) if no_signal_probability_reference(p, g) <= limit), 64),
+            "no cap at 64 (the exercise returns 64 when no group of up to 64 is enough)":
+                next(g for g in range(2, 10_000) if no_signal_probability_reference(p, g) <= limit),
         }
-        seen = [k for k, v in mistakes.items() if v == got]
-        fail(name, f"expected {expected}, got {got} ({case})" + (f"; this looks like {seen[0]}" if seen else ""),
-             "a group of G 0/1 rewards is all equal when all G samples are right (p**G) or all wrong ((1 - p)**G); "
-             "try G = 2, 3, ... until p**G + (1 - p)**G <= max_no_signal.")
-    return f"{len(cases)} success rates and bounds"
+        outcomes.append(Outcome(case, got, expected, mistakes))
+    check_numbers(name, outcomes, hint)
+    return f"{len(outcomes)} success rates and bounds, two of them met exactly"

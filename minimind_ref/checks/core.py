@@ -9,6 +9,12 @@ A failure never shows the answer. Each chapter's module registers one worked sol
 (``solution("9.1", "...")``), and a failing check ends with one line saying how to ask for it::
 
     minimind_ref.checks.show_solution("9.1")
+
+What a failure may show (CONTRIBUTING.md, "Checks"): what went wrong and where to look, never how to
+write it. No code, no formula of the answer, and a value of the reference only where the learner
+cannot read the answer back from it: each exercise declares which with ``expected_values("9.1",
+shown=..., why=...)``; ``check_close``, ``check_equal`` and ``check_numbers`` then show the
+reference's values, or only which way the learner's result is off.
 """
 
 from __future__ import annotations
@@ -16,8 +22,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import math
+import operator
 import re
-from typing import Any, Callable, Dict, Iterator, Mapping, NoReturn, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, Mapping, NoReturn, Optional, Sequence, Tuple
 
 import torch
 
@@ -50,6 +58,39 @@ def solution(number: str, recipe: str) -> str:
         raise ValueError(f"solution: the exercise number must be a string like '9.1', got {number!r}.")
     _SOLUTIONS[number] = recipe
     return recipe
+
+
+# --------------------------------------------------------------------------------------------
+# Which values of the reference a failure may show
+# --------------------------------------------------------------------------------------------
+
+_VALUES: Dict[str, Tuple[bool, str]] = {}
+
+
+def expected_values(number: str, shown: bool, why: str) -> None:
+    """Declare whether a failure of Exercise ``number`` may show the reference's values.
+
+    ``shown=True`` where a value cannot be inverted into the answer (one entry of a function of random
+    tensors whose entries the message does not show, a loss over random logits); ``shown=False`` where
+    it can (a count or a bound that is a closed form of the inputs the case names: from a few such
+    values a formula can be fitted). ``why`` says which, for the reader of the check and for the
+    registry test (tests/test_checks_core.py). An exercise that declares nothing shows values."""
+    if not isinstance(number, str) or not _NUMBER.match(number):
+        raise ValueError(f"expected_values: the exercise number must be a string like '9.1', got {number!r}.")
+    if not isinstance(why, str) or not why.strip():
+        raise ValueError(f"expected_values: say why Exercise {number}'s values may or may not be shown (why=...).")
+    _VALUES[number] = (bool(shown), why)
+
+
+def shows_expected(name: str) -> bool:
+    """Whether a failure of the check called ``name`` may show the reference's values."""
+    number = exercise_number(name)
+    return _VALUES.get(number, (True, ""))[0] if number else True
+
+
+# What the reference expected at the last failure, for the test that guards the messages
+# (tests/conftest.py): a failure of an exercise declared ``shown=False`` must not contain it.
+_last_expected: list = []
 
 
 def exercise_number(name: str) -> Optional[str]:
@@ -109,7 +150,20 @@ def _fail(name: str, what: str, hint: Optional[str]) -> NoReturn:
     ask = _ask_line(name)
     if ask:
         msg += "\n  " + ask
+    _last_expected.clear()
     raise ExerciseError(msg)
+
+
+def _expect(*values: Any) -> None:
+    """Record what the reference expected, just before a comparison fails (see ``_last_expected``)."""
+    _last_expected[:] = list(values)
+
+
+def _direction(got: float, expected: float) -> str:
+    """Which way a learner's number is off, for a failure that does not show the reference's."""
+    if got > expected:
+        return _t("yours is larger than the reference's")
+    return _t("yours is smaller than the reference's")
 
 
 def _on(case: Optional[str]) -> str:
@@ -180,8 +234,9 @@ def check_close(
     tolerances come from ``minimind_ref.utils.default_tolerance`` for the expected tensor's device
     and dtype (fp32 on CPU: rtol = atol = 1e-5). A mismatch names, when it can, the known mistake
     (``mistakes``: description -> what that mistake outputs) that produces exactly ``got``; then it
-    reports the first mismatching index and the hint; the last line says how to see a solution.
-    ``case`` says which input failed ("batch 2, padded on the left").
+    reports the first mismatching index (with the reference's value there when the exercise shows
+    values, ``expected_values``; otherwise which way the learner's value is off) and the hint; the
+    last line says how to see a solution. ``case`` says which input failed ("batch 2, padded on the left").
     """
     if not isinstance(got, torch.Tensor):
         fail(name, f"expected a torch.Tensor, got {type(got).__name__}: {got!r:.80}{_on(case)}", hint)
@@ -208,38 +263,85 @@ def check_close(
     seen = diagnose(got, mistakes, rtol, atol, expected)
     prefix = _t(f"this looks like {seen}. ") if seen else ""
     scalar = g.dim() == 0
+    show = shows_expected(name)
+    _expect(*(e.flatten()[:4096].tolist()))
     if bool(bad_nan.any()):
         idx = tuple(int(i) for i in torch.nonzero(bad_nan)[0]) if not scalar else ()
         n = int(bad_nan.sum())
         if bool((nan_g & ~nan_e).any()):
-            what = _t(f"your result has NaN at {n} of {g.numel()} positions{_fmt_index(idx)} where the reference is "
-                      f"{float(e[idx]):.6g}{_on(case)}. NaN comes from 0/0, inf - inf, or the sqrt/log of a negative "
-                      "number or zero somewhere in the computation")
+            if show:
+                what = _t(f"your result has NaN at {n} of {g.numel()} positions{_fmt_index(idx)} where the reference is "
+                          f"{float(e[idx]):.6g}{_on(case)}. NaN comes from 0/0, inf - inf, or the sqrt/log of a negative "
+                          "number or zero somewhere in the computation")
+            else:
+                what = _t(f"your result has NaN at {n} of {g.numel()} positions{_fmt_index(idx)} where the reference is "
+                          f"a number{_on(case)}. NaN comes from 0/0, inf - inf, or the sqrt/log of a negative number or "
+                          "zero somewhere in the computation")
         else:
             what = _t(f"expected NaN{_fmt_index(idx)}, got {float(g[idx]):.6g}{_on(case)}")
         _fail(name, prefix + what, hint)
     if bool(bad_inf.any()):
         idx = tuple(int(i) for i in torch.nonzero(bad_inf)[0]) if not scalar else ()
         n = int(bad_inf.sum())
-        what = _t(f"infinities differ at {n} of {g.numel()} positions; first{_fmt_index(idx) or ''}: "
-                  f"expected {float(e[idx]):.6g}, got {float(g[idx]):.6g}{_on(case)}")
+        if show:
+            what = _t(f"infinities differ at {n} of {g.numel()} positions; first{_fmt_index(idx) or ''}: "
+                      f"expected {float(e[idx]):.6g}, got {float(g[idx]):.6g}{_on(case)}")
+        else:
+            what = _t(f"infinities differ at {n} of {g.numel()} positions; first{_fmt_index(idx) or ''}: "
+                      f"got {float(g[idx]):.6g}{_on(case)}")
         if bool(torch.isinf(e[idx])) and not bool(torch.isinf(g[idx])):
             what += _t(" (the reference removes this entry with -inf; yours keeps a finite value)")
         elif bool(torch.isinf(g[idx])) and not bool(torch.isinf(e[idx])):
             what += _t(" (yours removes or overflows an entry the reference keeps finite)")
         _fail(name, prefix + what, hint)
     if scalar:
-        _fail(name, prefix + _t(f"expected {float(e):.6g}, got {float(g):.6g} (difference {float(diff):.3g}, tolerance "
-                                f"rtol={rtol:g}, atol={atol:g}){_on(case)}"), hint)
+        if show:
+            what = _t(f"expected {float(e):.6g}, got {float(g):.6g} (difference {float(diff):.3g}, tolerance "
+                      f"rtol={rtol:g}, atol={atol:g}){_on(case)}")
+        else:
+            what = _t(f"got {float(g):.6g}, not the reference's value within rtol={rtol:g}, atol={atol:g}{_on(case)}: "
+                      f"{_direction(float(g), float(e))}")
+        _fail(name, prefix + what, hint)
     idx = tuple(int(i) for i in torch.nonzero(bad_val)[0])
     max_diff = float(diff[finite].max())
-    _fail(
-        name,
-        prefix + _t(f"values differ at {int(bad_val.sum())} of {bad_val.numel()} positions (rtol={rtol:g}, atol={atol:g}); "
-                    f"max abs diff {max_diff:.3g}; first at index {idx}: expected {float(e[idx]):.6g}, got {float(g[idx]):.6g}"
-                    f"{_on(case)}"),
-        hint,
-    )
+    if show:
+        what = _t(f"values differ at {int(bad_val.sum())} of {bad_val.numel()} positions (rtol={rtol:g}, atol={atol:g}); "
+                  f"max abs diff {max_diff:.3g}; first at index {idx}: expected {float(e[idx]):.6g}, got {float(g[idx]):.6g}"
+                  f"{_on(case)}")
+    else:
+        what = _t(f"values differ at {int(bad_val.sum())} of {bad_val.numel()} positions (rtol={rtol:g}, atol={atol:g}); "
+                  f"first at index {idx}: got {float(g[idx]):.6g}{_on(case)}, {_direction(float(g[idx]), float(e[idx]))}")
+    _fail(name, prefix + what, hint)
+
+
+def _same_value(a: Any, b: Any, rel_tol: float, abs_tol: float) -> bool:
+    """Numbers compared with a tolerance (0 and 0: exactly); anything else with ``==``."""
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) and not isinstance(b, bool):
+        if isinstance(a, int) and isinstance(b, int):
+            return a == b
+        return math.isclose(float(a), float(b), rel_tol=rel_tol, abs_tol=abs_tol)
+    try:
+        return bool(a == b)
+    except Exception:  # values that cannot be compared are not equal
+        return False
+
+
+def _value_of(candidate: Any) -> Any:
+    if callable(candidate):
+        try:
+            return candidate()
+        except Exception:  # a mistake that cannot be computed for this input matches nothing
+            return None
+    return candidate
+
+
+def _render(value: Any) -> str:
+    """A learner's or the reference's value as a failure shows it (ints with thousands separators)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{value!r:.200}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:.6g}"
 
 
 def check_equal(
@@ -254,31 +356,117 @@ def check_equal(
 
     ``mistakes`` maps a description to the value that mistake produces for this input (or a
     zero-argument function computing it); a mismatch names the first one equal to ``got``, then
-    gives the hint."""
+    gives the hint. The reference's value is shown only where the exercise allows it
+    (``expected_values``); otherwise the failure says which way a number is off."""
     if isinstance(expected, torch.Tensor):
         if not isinstance(got, torch.Tensor) or got.shape != expected.shape or not torch.equal(got.to(expected.device), expected):
-            fail(name, f"expected {expected.tolist()!r:.200}, got {got.tolist() if isinstance(got, torch.Tensor) else got!r:.200}"
-                 f"{_on(case)}", hint)
+            _expect(*expected.flatten()[:4096].tolist())
+            if shows_expected(name):
+                fail(name, f"expected {expected.tolist()!r:.200}, got "
+                     f"{got.tolist() if isinstance(got, torch.Tensor) else got!r:.200}{_on(case)}", hint)
+            fail(name, f"got {got.tolist() if isinstance(got, torch.Tensor) else got!r:.200}, not the reference's "
+                 f"result{_on(case)}", hint)
         return
     if got != expected:
         seen = None
         for description, candidate in (mistakes or {}).items():
-            if callable(candidate):
-                try:
-                    candidate = candidate()
-                except Exception:  # a mistake that cannot be computed for this input matches nothing
-                    continue
-            if not isinstance(candidate, torch.Tensor) and type(candidate) is type(got) and candidate == got:
+            candidate = _value_of(candidate)
+            if candidate is None or isinstance(candidate, torch.Tensor) or type(candidate) is not type(got):
+                continue
+            if candidate == got and candidate != expected:
                 seen = description
                 break
-        prefix = _t(f"this looks like {seen}: ") if seen else ""
-        _fail(name, prefix + _t(f"expected {expected!r}, got {got!r}{_on(case)}"), hint)
+        _fail_value(name, got, expected, seen, case, hint)
+
+
+def _fail_value(name: str, got: Any, expected: Any, seen: Optional[str], case: Optional[str],
+                hint: Optional[str], unit: str = "") -> NoReturn:
+    """The failure of a value comparison: the mistake it looks like, then the reference's value or,
+    where the exercise hides it, which way the learner's number is off."""
+    prefix = _t(f"this looks like {seen}: ") if seen else ""
+    _expect(expected)
+    if shows_expected(name):
+        what = _t(f"expected {_render(expected)}{unit}, got {_render(got)}{unit}{_on(case)}")
+    elif isinstance(got, (int, float)) and isinstance(expected, (int, float)) and not isinstance(got, bool):
+        what = _t(f"got {_render(got)}{unit}{_on(case)}, which is not the reference's: "
+                  f"{_direction(float(got), float(expected))}")
+    else:
+        what = _t(f"got {_render(got)}{_on(case)}, which is not the reference's")
+    _fail(name, prefix + what, hint)
+
+
+class Outcome:
+    """One case of a numeric exercise: what the learner returned, what the reference gives, and what
+    each known mistake gives on that case (a value, a zero-argument function, or None where the
+    mistake does not apply)."""
+
+    def __init__(self, case: str, got: Any, expected: Any, mistakes: Optional[Mapping[str, Any]] = None) -> None:
+        self.case, self.got, self.expected, self.mistakes = case, got, expected, dict(mistakes or {})
+
+
+def as_number(got: Any, name: str, case: Optional[str], integer: bool, what: str = "a number") -> Any:
+    """The learner's result as a Python int (``integer``) or float, failing clearly otherwise
+    (a one-element tensor is accepted; a bool is not a number here)."""
+    value = got
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if integer:
+        try:
+            if isinstance(value, bool):
+                raise TypeError
+            return operator.index(value)
+        except TypeError:
+            fail(name, f"expected an int ({what}), got {type(got).__name__}: {got!r:.80}{_on(case)}",
+                 "the result is a whole number: keep to integer arithmetic, or convert the result with int(...).")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        fail(name, f"expected a number ({what}), got {type(got).__name__}: {got!r:.80}{_on(case)}",
+             "return a Python float (tensor.item() turns a one-element tensor into one).")
+    return float(value)
+
+
+def check_numbers(name: str, outcomes: Sequence[Outcome], hint: Optional[str] = None, rel_tol: float = 0.0,
+                  abs_tol: float = 0.0, unit: str = "") -> None:
+    """Compare a numeric exercise over all its cases at once, and name the mistake that explains them all.
+
+    Every ``Outcome`` holds the learner's (already coerced, ``as_number``) and the reference's value.
+    The failure reports the first case that differs. A mistake is named only when it reproduces the
+    learner's result on every case (where the mistake does not apply, the learner's result must then be
+    right): one wrong case is often explained by several mistakes, all of them together by one. Where the
+    exercise hides the reference's values (``expected_values``), the failure says which way the number is off."""
+    wrong = [o for o in outcomes if not _same_value(o.got, o.expected, rel_tol, abs_tol)]
+    if not wrong:
+        return
+    first = wrong[0]
+    names: list = []
+    for description in first.mistakes:
+        fits = True
+        for o in outcomes:
+            value = _value_of(o.mistakes.get(description))
+            if value is None:
+                fits = _same_value(o.got, o.expected, rel_tol, abs_tol)
+            else:
+                fits = _same_value(o.got, value, rel_tol, abs_tol)
+            if not fits:
+                break
+        if fits and not _same_value(_value_of(first.mistakes[description]), first.expected, rel_tol, abs_tol):
+            names.append(description)
+    if not names:  # no mistake explains every case: one that alone explains the first wrong case
+        here = [d for d, v in first.mistakes.items() if (value := _value_of(v)) is not None
+                and _same_value(first.got, value, rel_tol, abs_tol) and not _same_value(value, first.expected, rel_tol, abs_tol)]
+        names = here if len(here) == 1 else []
+    seen = None
+    if len(names) == 1:
+        seen = names[0]
+    elif len(names) > 1:
+        seen = _t(f"{names[0]}, or {names[1]}")
+    _fail_value(name, first.got, first.expected, seen, first.case, hint, unit)
 
 
 def expect_pair(got: Any, name: str, what: str) -> Tuple[Any, Any]:
     """Unpack a learner's ``(a, b)`` result, failing clearly when it is not a pair."""
     if not isinstance(got, (tuple, list)) or len(got) != 2:
-        fail(name, f"expected a pair ({what}), got {type(got).__name__}: {got!r:.80}", "end with `return a, b`.")
+        fail(name, f"expected a pair ({what}), got {type(got).__name__}: {got!r:.80}",
+             "return the two results together, as a tuple of two.")
     return got[0], got[1]
 
 
@@ -358,7 +546,7 @@ def call(
         if not _same(snap, arg):
             fail(name, f"your function changed its input (argument {position + 1}) in place{_on(case)}; the exercise "
                  "asks you to return a new result and leave the input as it was",
-                 "build a new list/tensor (or work on x.clone() / list(ids)) instead of assigning into the argument.")
+                 "build a new list or tensor, or work on a copy of the argument, instead of assigning into it.")
     return result
 
 
