@@ -319,13 +319,13 @@ def _loss_mistakes(logits: torch.Tensor, labels: torch.Tensor) -> Dict[str, Call
         return (p.sum(1) / (labels[:, 1:] != -100).sum(1)).mean()
 
     return {
-        "no shift (logits[:, t] must predict labels[:, t + 1])":
+        "no shift (each position scored against its own label instead of the next one)":
             lambda: F.cross_entropy(logits.reshape(-1, v), labels.reshape(-1), ignore_index=-100),
         "masked positions zeroed but the mean taken over every position (divide by the number of supervised tokens)":
             lambda: per.sum() / per.numel(),
         "a mean per conversation, then over the batch (upstream averages over all supervised tokens of the batch)":
             per_row,
-        "the shift in the wrong direction (logits[:, 1:] against labels[:, :-1])":
+        "the shift in the wrong direction (each position scored against the label before it)":
             lambda: F.cross_entropy(logits[:, 1:].reshape(-1, v), labels[:, :-1].reshape(-1), ignore_index=-100),
     }
 
