@@ -34,6 +34,7 @@ from typing import List, Optional
 import torch
 import torch.nn.functional as F
 
+from .generation import _nonfinite_logits
 from .model import MiniMindForCausalLM
 
 
@@ -164,6 +165,8 @@ class FastDecoder:
             v_cache[:, :prompt_len] = v[0].transpose(0, 1)
         tokens = torch.empty(capacity, dtype=torch.long, device=device)
         tokens[:prompt_len] = input_ids[0]
+        if not bool(torch.isfinite(out.logits[0, -1]).all()):  # NaN weights: argmax would give token 0 forever
+            raise _nonfinite_logits(self.model, torch.ones(1, dtype=torch.bool), 0)
         token = out.logits[0, -1].argmax()
         scale = 1.0 / math.sqrt(self.head_dim)
         q_size, kv_size = self.q_size, self.kv_size

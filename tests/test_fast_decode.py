@@ -93,3 +93,17 @@ def test_minimind3_qk_norm_is_not_skipped():
     decoder = FastDecoder(model)
     decoder.q_norm = [torch.ones_like(w) * 4 for w in decoder.q_norm]
     assert not torch.equal(decoder.generate(prompt, 24), model.generate(prompt, max_new_tokens=24))
+
+
+def test_nan_weights_are_refused_not_decoded_as_token_0():
+    """NaN weights give NaN logits, whose argmax is token 0: FastDecoder refuses them, naming a tensor."""
+    from minimind_ref import MiniMindConfig, MiniMindForCausalLM
+    from minimind_ref.fast_decode import fast_generate
+
+    torch.manual_seed(0)
+    model = MiniMindForCausalLM(MiniMindConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                               num_key_value_heads=2, vocab_size=64)).eval()
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight[0, 0] = float("nan")
+    with pytest.raises(FloatingPointError, match="NaN/inf at step 0.*mlp.down_proj.weight"):
+        fast_generate(model, torch.tensor([[1, 2, 3]]), 4)
