@@ -26,12 +26,14 @@ PACKAGES = ("minimind_ref", "tools")
 #: an entry ending in ``.*`` places every module under that name (and the name itself).
 FLOORS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("foundations", ("minimind_ref.config", "minimind_ref.files", "minimind_ref.utils", "minimind_ref.i18n")),
-    ("text", ("minimind_ref.tokenizer", "minimind_ref.data", "minimind_ref.chat_data", "minimind_ref.truncation")),
+    ("text", ("minimind_ref.tokenizer", "minimind_ref.data", "minimind_ref.chat_data", "minimind_ref.truncation",
+              "minimind_ref.upstream_tokenizer")),
     ("layers", ("minimind_ref.norm", "minimind_ref.rope", "minimind_ref.cache", "minimind_ref.attention",
                 "minimind_ref.ffn", "minimind_ref.moe")),
     ("decoding", ("minimind_ref.generation",)),
     ("model", ("minimind_ref.model", "minimind_ref.params", "minimind_ref.fast_decode", "minimind_ref.graph_decode")),
-    ("model files", ("minimind_ref.checkpoint", "minimind_ref.hf", "minimind_ref.pretrained", "minimind_ref")),
+    ("model files", ("minimind_ref.checkpoint", "minimind_ref.hf", "minimind_ref.upstream_weights",
+                     "minimind_ref.pretrained", "minimind_ref")),
     ("training", ("minimind_ref.distributed", "minimind_ref.run_state", "minimind_ref.train")),
     ("fine-tuning", ("minimind_ref.sft",)),
     ("stages", ("minimind_ref.stages",)),
