@@ -7,27 +7,13 @@ pretraining config gives ``base``, chapter 09's SFT run on ``base`` gives ``sft`
 (``minimind_ref/checkpoints/``, fp16 weights as upstream saves them, plus the tokenizer), each with
 the config, command and metrics that produced it, so a chapter runs standalone.
 
-``evaluate_chat(model, tokenizer, reference)`` is the stage report's measurement, on held-out
-prompts only (``chat_data.heldout_exchanges``: distinct prompts no stage trained on), greedy:
-
-* ``<kind>_accuracy`` for ``sum`` (200 held-out problems), ``story`` (80), ``identity`` (22
-  paraphrases), ``refusal`` (49 requests) and chapter 10's ``double`` (36), with the counts
-  ``<kind>_n`` and the mean reply length ``<kind>_length``;
-* ``stop_rate`` and ``mean_length`` (tokens up to ``<|im_end|>`` or the budget) over the chat prompts;
-* ``preference_accuracy`` (held-out pairs whose chosen reply has the higher mean log-probability
-  per token; near 100 % for any chat model, since the rejected replies are easy to tell) and
-  ``preference_margin`` (the mean gap of the summed log-probabilities, chosen minus rejected: it
-  keeps moving when the accuracy cannot);
-* ``win_rate``: on the held-out prompts the ``reference`` model (the report uses the lineage's
-  SFT model) answers wrongly, the share where the evaluated model gives the right answer a
-  higher log-probability than the reference's own reply (``win_rate_n`` such prompts).
-
-The report is over seeds: ``python -m minimind_ref.stages rebuild --seeds 0,1,2`` trains every
-post-training stage from its parent with each seed (lineages from the shipped ``base``),
-evaluates every model, records each seed's metrics in ``checkpoints/stage_seeds.json`` and ships
-the first seed's models. ``render_seed_report`` shows mean and range per cell and marks the
-changes that exceed the seed range; ``stage_effect`` / ``check_claim`` let a chapter (or a test)
-state a stage's effect only if the record supports it.
+This module owns the shipped files (``stage_path``, ``load_stage``, ``save_stage``,
+``stage_metadata``), re-creating them (``build_base``, ``train_stage``, ``rebuild``,
+``rebuild_seeds``), one report row per shipped stage (``stage_rows``, ``recorded_rows``) and the
+command line. It stands on three modules, whose names are importable from here as before:
+``stage_registry`` (the stages, their parents, files and recipes), ``chat_eval`` (the held-out
+evaluation, ``evaluate_chat``) and ``stage_report`` (the record over seeds, the claims and the
+report's rendering).
 
     python -m minimind_ref.stages rebuild --seeds 0,1,2   # the seeded rebuild (not part of make test)
     python -m minimind_ref.stages report --out FILE --figure PNG   # the report from the seed record
@@ -39,163 +25,24 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
 
-from . import chat_data
 from .checkpoint import _torch_load, check_metadata, check_tokenizer_fits, check_weights
+# The evaluation, the registry and the report, importable from here as before (``stages.evaluate_chat``).
+from .chat_eval import (EVAL_MAX_NEW_TOKENS, evaluate_chat, heldout_prompts, mean_logprobs,  # noqa: F401
+                        own_reply_pairs, reference_replies, reply_logprobs, score_reply)
 from .files import DIGEST_KEY, weights_digest
-from .sft import assistant_loss_mask, encode_chat, generate_replies, marker_ids, merged_newline_ids
-
-CHECKPOINT_DIR = Path(__file__).with_name("checkpoints")
-TOKENIZER_FILE = CHECKPOINT_DIR / "tokenizer.json"
-STAGES = ("base", "sft", "lora", "dpo", "grpo")
-EVAL_MAX_NEW_TOKENS = 128  # the identity reply is 97 tokens and the refusal 69 with the course tokenizer
-
-
-# ---------------------------------------------------------------------- evaluation
-@torch.no_grad()
-def reply_logprobs(model: torch.nn.Module, tokenizer: Any, conversations: Sequence[Sequence[Dict[str, str]]],
-                   batch_size: int = 64) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Per conversation, ``(sum, count)``: the summed log-probability of its assistant tokens (the
-    reply, ``<|im_end|>`` and the newline after it: upstream's loss mask) and their number,
-    ``[n]`` float32 each. ``sum / count`` is the mean per token."""
-    device = next(model.parameters()).device
-    bos, eos = marker_ids(tokenizer)
-    merged = merged_newline_ids(tokenizer)
-    encoded = [encode_chat(tokenizer, c) for c in conversations]
-    sums, counts = [], []
-    was_training = model.training
-    model.eval()
-    try:
-        for start in range(0, len(encoded), batch_size):
-            rows = encoded[start : start + batch_size]
-            width = max(len(r) for r in rows)
-            x = torch.zeros(len(rows), width, dtype=torch.long)
-            m = torch.zeros(len(rows), width)
-            for i, ids in enumerate(rows):
-                x[i, : len(ids)] = torch.tensor(ids)
-                m[i, : len(ids)] = torch.tensor(assistant_loss_mask(ids, bos, eos, width, merged), dtype=torch.float)
-            x, m = x.to(device), m.to(device)
-            logp = F.log_softmax(model(x).logits[:, :-1].float(), dim=-1).gather(-1, x[:, 1:, None]).squeeze(-1)
-            mask = m[:, 1:]
-            sums.append((logp * mask).sum(1).cpu())
-            counts.append(mask.sum(1).cpu())
-    finally:
-        model.train(was_training)
-    return torch.cat(sums), torch.cat(counts)
-
-
-def mean_logprobs(model: torch.nn.Module, tokenizer: Any, conversations: Sequence[Sequence[Dict[str, str]]],
-                  batch_size: int = 64) -> torch.Tensor:
-    """Per conversation, the mean log-probability per assistant token (``reply_logprobs``), ``[n]``."""
-    total, count = reply_logprobs(model, tokenizer, conversations, batch_size)
-    return total / count.clamp_min(1.0)
-
-
-def score_reply(exchange: chat_data.Exchange, reply: str) -> bool:
-    """Whether a reply is the whole right answer (exact, after stripping whitespace)."""
-    return reply.strip() == exchange.answer.strip()
-
-
-def heldout_prompts(n_per_kind: Optional[int] = None) -> List[chat_data.Exchange]:
-    """Every prompt the stage report asks (all held out): ``chat_data.heldout_exchanges`` of each
-    kind, then chapter 10's doubling prompts (``chat_data.double_eval_exchanges("test")``);
-    ``n_per_kind``: only the first ``n_per_kind`` of each (a quicker, noisier look for a chapter)."""
-    if n_per_kind is not None and (isinstance(n_per_kind, bool) or not isinstance(n_per_kind, int) or n_per_kind < 1):
-        raise ValueError(f"n_per_kind must be a whole number >= 1 (or None: every held-out prompt), got {n_per_kind!r}.")
-    out: List[chat_data.Exchange] = []
-    for kind in chat_data.KINDS:
-        out += chat_data.heldout_exchanges(kind)[:n_per_kind]
-    return out + chat_data.double_eval_exchanges("test")[:n_per_kind]
-
-
-def reference_replies(model: torch.nn.Module, tokenizer: Any,
-                      max_new_tokens: int = EVAL_MAX_NEW_TOKENS) -> Dict[str, str]:
-    """A model's greedy replies to the report's held-out prompts, ``{user prompt: reply}``: what
-    ``evaluate_chat(..., reference=...)`` pits the evaluated model's answers against."""
-    prompts = heldout_prompts()
-    replies = generate_replies(model, tokenizer, [[{"role": "user", "content": ex.user}] for ex in prompts],
-                               max_new_tokens=max_new_tokens)
-    return {ex.user: r["text"] for ex, r in zip(prompts, replies)}
-
-
-def own_reply_pairs(exchanges: Sequence[chat_data.Exchange], replies: Dict[str, str]) -> List[Dict[str, Any]]:
-    """DPO-shaped pairs ``{"chosen": right answer, "rejected": the reference's reply}`` for every
-    exchange whose reference reply (``replies[exchange.user]``) is wrong."""
-    out = []
-    for ex in exchanges:
-        reply = replies.get(ex.user)
-        if reply is None or score_reply(ex, reply):
-            continue
-        user = [{"role": "user", "content": ex.user}]
-        out.append({"chosen": user + [{"role": "assistant", "content": ex.answer}],
-                    "rejected": user + [{"role": "assistant", "content": reply}], "kind": ex.kind})
-    return out
-
-
-def evaluate_chat(model: torch.nn.Module, tokenizer: Any, reference: Optional[Dict[str, str]] = None,
-                  n_pairs: int = 160, max_new_tokens: int = EVAL_MAX_NEW_TOKENS,
-                  n_per_kind: Optional[int] = None) -> Dict[str, float]:
-    """The stage report's held-out evaluation of one model (greedy decoding; see the module
-    docstring for the metrics). ``reference``: another model's ``reference_replies`` (the
-    report passes the SFT model's of the same seed) for ``win_rate``. ``n_per_kind`` and
-    ``n_pairs`` evaluate on the first prompts / pairs only (the report uses them all).
-    Deterministic for a given model and machine."""
-    prompts = heldout_prompts(n_per_kind)
-    replies = generate_replies(model, tokenizer, [[{"role": "user", "content": ex.user}] for ex in prompts],
-                               max_new_tokens=max_new_tokens)
-    metrics: Dict[str, float] = {}
-    chat = [(ex, r) for ex, r in zip(prompts, replies) if ex.kind != "double"]
-    for kind in chat_data.KINDS + ("double",):
-        scored = [(score_reply(ex, r["text"]), len(r["ids"])) for ex, r in zip(prompts, replies) if ex.kind == kind]
-        metrics[f"{kind}_accuracy"] = sum(ok for ok, _ in scored) / len(scored)
-        metrics[f"{kind}_n"] = float(len(scored))
-        metrics[f"{kind}_length"] = sum(n for _, n in scored) / len(scored)
-    metrics["stop_rate"] = sum(r["stopped"] for _, r in chat) / len(chat)
-    metrics["mean_length"] = sum(len(r["ids"]) for _, r in chat) / len(chat)
-    pairs = chat_data.dpo_preference_pairs(n_pairs, seed=0, split="test")
-    chosen, n_chosen = reply_logprobs(model, tokenizer, [p["chosen"] for p in pairs])
-    rejected, n_rejected = reply_logprobs(model, tokenizer, [p["rejected"] for p in pairs])
-    metrics["preference_accuracy"] = float((chosen / n_chosen > rejected / n_rejected).float().mean())
-    metrics["preference_margin"] = float((chosen - rejected).mean())
-    metrics["preference_n"] = float(len(pairs))
-    if reference is not None:
-        own = own_reply_pairs(prompts, reference)
-        metrics["win_rate_n"] = float(len(own))
-        if own:
-            c, _ = reply_logprobs(model, tokenizer, [p["chosen"] for p in own])
-            r, _ = reply_logprobs(model, tokenizer, [p["rejected"] for p in own])
-            metrics["win_rate"] = float((c > r).float().mean())
-            metrics["win_margin"] = float((c - r).mean())
-    return metrics
+from .stage_registry import (CHECKPOINT_DIR, RECIPES, SEEDED_STAGES, SEEDS_FILE, STAGE_INFO,  # noqa: F401
+                             STAGES, TOKENIZER_FILE, Stage)
+from .stage_report import (METRICS, REPORT_COLUMNS, REPORT_KEYS, STAGE_CLAIMS, _fmt,  # noqa: F401
+                           check_claim, load_seed_records, render_markdown, render_seed_figure,
+                           render_seed_report, seed_values, stage_effect)
 
 
 # ---------------------------------------------------------------------- shipped checkpoints
-@dataclass
-class Stage:
-    """How a stage's model is made and loaded."""
-
-    name: str
-    file: str
-    parent: Optional[str]
-    chapter: str
-    description: str
-
-
-STAGE_INFO: Dict[str, Stage] = {
-    "base": Stage("base", "base.pt", None, "08", "chapter 08's pretraining run (config ch08_cpu)"),
-    "sft": Stage("sft", "sft.pt", "base", "09", "supervised fine-tuning on generated conversations"),
-    "lora": Stage("lora", "lora.pt", "sft", "10", "the SFT model with a LoRA adapter merged in"),
-    "dpo": Stage("dpo", "dpo.pt", "sft", "11", "DPO on generated preference pairs"),
-    "grpo": Stage("grpo", "grpo.pt", "sft", "12", "GRPO with a verifiable reward (sums)"),
-}
-
-
 def stage_path(name: str) -> Path:
     if name not in STAGE_INFO:
         raise ValueError(f"unknown stage {name!r}; the stages are {', '.join(STAGES)}.")
@@ -276,15 +123,6 @@ def save_stage(model: torch.nn.Module, name: str, extra: Dict[str, Any]) -> Path
 
 
 # ---------------------------------------------------------------------- rebuilding
-# Each stage's recipe: "module:function" taking (parent model or None, tokenizer or None) and
-# returning (model, extra, tokenizer). The recipe lives with the stage's chapter code.
-RECIPES: Dict[str, str] = {
-    "base": "minimind_ref.stages:build_base",
-    "sft": "minimind_ref.sft:build_stage",
-    "lora": "minimind_ref.lora:build_stage",
-    "dpo": "minimind_ref.dpo:build_stage",
-    "grpo": "minimind_ref.grpo:build_stage",
-}
 
 
 def build_base(parent: Optional[torch.nn.Module] = None, tokenizer: Any = None,
@@ -352,8 +190,6 @@ def rebuild(name: str, log: Callable[[str], None] = print, seed: int = 0) -> Pat
 
 
 # ---------------------------------------------------------------------- seeds
-SEEDS_FILE = CHECKPOINT_DIR / "stage_seeds.json"
-SEEDED_STAGES = ("sft", "lora", "dpo", "grpo")
 
 
 def rebuild_seeds(seeds: Sequence[int] = (0, 1, 2), ship_seed: Optional[int] = 0, out: Optional[Path] = SEEDS_FILE,
@@ -394,112 +230,8 @@ def rebuild_seeds(seeds: Sequence[int] = (0, 1, 2), ship_seed: Optional[int] = 0
     return record
 
 
-def load_seed_records(path: Optional[Path] = None) -> Dict[str, Any]:
-    """The seeded rebuild's record (``rebuild_seeds``), shipped beside the checkpoints."""
-    import json
 
-    path = Path(path) if path is not None else SEEDS_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"no seed record at {path}: run `python -m minimind_ref.stages rebuild --seeds 0,1,2`.")
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
-def seed_values(records: Dict[str, Any], stage: str, metric: str) -> List[float]:
-    """The values of ``metric`` for ``stage`` over the recorded seeds (in seed order)."""
-    per_seed = records["stages"].get(stage, {})
-    if not per_seed:
-        raise ValueError(f"the seed record has no stage {stage!r}; it has {', '.join(records['stages'])}.")
-    out = []
-    for seed in sorted(per_seed, key=int):
-        metrics = per_seed[seed]["metrics"]
-        if metric not in metrics:
-            raise ValueError(f"the seed record of {stage!r} has no metric {metric!r}; it has {', '.join(sorted(metrics))}.")
-        out.append(float(metrics[metric]))
-    return out
-
-
-def stage_effect(stage: str, metric: str, records: Optional[Dict[str, Any]] = None,
-                 parent: Optional[str] = None) -> Dict[str, Any]:
-    """How ``stage`` changed ``metric`` relative to its parent stage (or ``parent``), over the
-    recorded seeds: ``mean`` / ``parent_mean`` / ``change`` (child mean - parent mean),
-    ``range`` / ``parent_range`` (min, max) and ``direction``: ``"up"`` when every seed of the
-    stage lies above every seed of the parent (the ranges do not overlap), ``"down"`` in the
-    opposite case, ``"within range"`` when the ranges overlap."""
-    records = records if records is not None else load_seed_records()
-    parent = parent or STAGE_INFO[stage].parent
-    if parent is None:
-        raise ValueError(f"stage {stage!r} has no parent to compare with; pass parent=...")
-    child, before = seed_values(records, stage, metric), seed_values(records, parent, metric)
-    if min(child) > max(before):
-        direction = "up"
-    elif max(child) < min(before):
-        direction = "down"
-    else:
-        direction = "within range"
-    return {"stage": stage, "parent": parent, "metric": metric, "mean": sum(child) / len(child),
-            "parent_mean": sum(before) / len(before), "change": sum(child) / len(child) - sum(before) / len(before),
-            "range": (min(child), max(child)), "parent_range": (min(before), max(before)), "direction": direction,
-            "seeds": len(child)}
-
-
-def check_claim(stage: str, metric: str, claim: str, records: Optional[Dict[str, Any]] = None,
-                parent: Optional[str] = None) -> str:
-    """Assert that the recorded seeds support a chapter's claim about a stage's effect, and return
-    it as a sentence. ``claim``: ``"up"`` / ``"down"`` (beyond the seed range) or ``"within
-    range"`` (no change beyond it). Raises ``AssertionError`` naming the recorded figures
-    otherwise, so a chapter cannot state an effect the report does not show."""
-    if claim not in ("up", "down", "within range"):
-        raise ValueError(f"claim must be 'up', 'down' or 'within range', got {claim!r}.")
-    e = stage_effect(stage, metric, records, parent)
-    fmt = _fmt(metric)
-    sentence = (f"{e['stage']} vs {e['parent']}, {metric}: {fmt(e['parent_mean'])} -> {fmt(e['mean'])} "
-                f"(seed ranges {fmt(e['parent_range'][0])}-{fmt(e['parent_range'][1])} and "
-                f"{fmt(e['range'][0])}-{fmt(e['range'][1])}, {e['seeds']} seeds): {e['direction']}")
-    assert e["direction"] == claim, f"the recorded seeds do not show '{claim}': {sentence}"
-    return sentence
-
-
-# ---------------------------------------------------------------------- the report
-#: the stage report's columns: (metric, header, "pct" or "num")
-REPORT_COLUMNS: Tuple[Tuple[str, str, str], ...] = (
-    ("sum_accuracy", "held-out sums", "pct"),
-    ("story_accuracy", "stories", "pct"),
-    ("identity_accuracy", "identity", "pct"),
-    ("refusal_accuracy", "refusals", "pct"),
-    ("double_accuracy", "doubling (ch. 10)", "pct"),
-    ("stop_rate", "stops at `<\\|im_end\\|>`", "pct"),
-    ("preference_margin", "preference margin (nats)", "num"),
-    ("win_rate", "wins vs SFT's replies", "pct"),
-    ("mean_length", "reply length (tokens)", "num"),
-)
-REPORT_KEYS = tuple(c[0] for c in REPORT_COLUMNS)
-METRICS = REPORT_KEYS
-
-#: What the chapters state about each stage's effect, as ``(stage, metric, "up" | "down" | "within
-#: range")`` against the stage's parent over the recorded seeds (``check_claim``). tests/test_stage_report.py
-#: checks every entry against the shipped record; a chapter that states an effect adds it here.
-STAGE_CLAIMS: List[Tuple[str, str, str]] = [
-    # chapter 09: base -> sft
-    ("sft", "sum_accuracy", "up"), ("sft", "identity_accuracy", "up"), ("sft", "refusal_accuracy", "up"),
-    ("sft", "stop_rate", "up"), ("sft", "preference_margin", "up"), ("sft", "story_accuracy", "within range"),
-    # chapter 10: sft -> lora (the new skill, and what it costs)
-    ("lora", "double_accuracy", "up"), ("lora", "sum_accuracy", "down"), ("lora", "preference_margin", "down"),
-    ("lora", "refusal_accuracy", "within range"), ("lora", "identity_accuracy", "within range"),
-    ("lora", "stop_rate", "within range"),
-    # chapter 11: sft -> dpo (preferences move, refusals are kept)
-    ("dpo", "preference_margin", "up"), ("dpo", "win_rate", "up"), ("dpo", "refusal_accuracy", "within range"),
-    ("dpo", "sum_accuracy", "within range"), ("dpo", "mean_length", "within range"),
-    # chapter 12: sft -> grpo (a greedy gain on held-out sums)
-    ("grpo", "sum_accuracy", "up"), ("grpo", "win_rate", "up"), ("grpo", "refusal_accuracy", "within range"),
-    ("grpo", "stop_rate", "within range"),
-]
-
-
-def _fmt(metric: str) -> Callable[[float], str]:
-    kind = dict((k, t) for k, _, t in REPORT_COLUMNS).get(metric, "pct" if "accuracy" in metric or "rate" in metric else "num")
-    return (lambda v: f"{100 * v:.1f}%") if kind == "pct" else (lambda v: f"{v:.1f}")
-
-
+# ---------------------------------------------------------------------- report rows
 def stage_rows(stages: Sequence[str] = STAGES, evaluate: Callable[..., Dict[str, float]] = evaluate_chat) -> List[Dict[str, Any]]:
     """One row per available shipped stage: its name, chapter and ``evaluate_chat`` metrics
     (against the shipped ``sft`` stage's replies when it is shipped)."""
@@ -532,102 +264,6 @@ def recorded_rows(stages: Sequence[str] = STAGES) -> List[Dict[str, Any]]:
             rows.append({"stage": name, "chapter": STAGE_INFO[name].chapter, **figures})
     return rows
 
-
-def render_markdown(rows: Sequence[Dict[str, Any]]) -> str:
-    """One value per stage and column (e.g. ``stage_rows``), as a markdown table."""
-    header = "| stage | chapter | " + " | ".join(h for _, h, _ in REPORT_COLUMNS) + " |"
-    lines = [header, "| --- | --- |" + " ---: |" * len(REPORT_COLUMNS)]
-    for r in rows:
-        cells = [_fmt(k)(r[k]) if k in r else "–" for k in REPORT_KEYS]
-        lines.append(f"| {r['stage']} | {r['chapter']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def render_seed_report(records: Dict[str, Any]) -> str:
-    """The stage report over seeds, as markdown: per stage and column the mean and, below it, the
-    range (min-max) over the seeds; ▲ / ▼ where every seed of a stage lies above / below every
-    seed of its parent stage (``stage_effect``); then the number of held-out prompts per column."""
-    seeds = records["seeds"]
-    header = "| stage | chapter | " + " | ".join(h for _, h, _ in REPORT_COLUMNS) + " |"
-    lines = [header, "| --- | --- |" + " ---: |" * len(REPORT_COLUMNS)]
-    for name in STAGES:
-        if not records["stages"].get(name):
-            continue
-        cells = []
-        for key in REPORT_KEYS:
-            if key == "win_rate" and name == "base":  # against the SFT model's wrong replies: SFT's measure
-                cells.append("–")
-                continue
-            try:
-                values = seed_values(records, name, key)
-            except ValueError:
-                cells.append("–")
-                continue
-            fmt = _fmt(key)
-            mark = ""
-            own = key == "win_rate" and name == "sft"  # its own replies are the reference: low by construction
-            if STAGE_INFO[name].parent and records["stages"].get(STAGE_INFO[name].parent) and not own:
-                try:
-                    direction = stage_effect(name, key, records)["direction"]
-                    mark = {"up": " ▲", "down": " ▼"}.get(direction, "")
-                except ValueError:
-                    pass
-            mean = sum(values) / len(values)
-            cells.append(f"{fmt(mean)}{mark}<br>({fmt(min(values))}–{fmt(max(values))})")
-        lines.append(f"| {name} | {STAGE_INFO[name].chapter} | " + " | ".join(cells) + " |")
-    first = records["stages"]["sft"][str(seeds[0])]["metrics"] if records["stages"].get("sft") else {}
-    counts = {"sum_accuracy": "sum_n", "story_accuracy": "story_n", "identity_accuracy": "identity_n",
-              "refusal_accuracy": "refusal_n", "double_accuracy": "double_n", "preference_margin": "preference_n",
-              "win_rate": "win_rate_n"}
-    n_cells = [f"{int(first[counts[k]])}" if k in counts and counts[k] in first else "" for k in REPORT_KEYS]
-    lines.append("| held-out prompts | | " + " | ".join(n_cells) + " |")
-    legend = (f"\nMean over {len(seeds)} seeds ({', '.join(map(str, seeds))}), range (min–max) below it. "
-              "▲ / ▼: every seed of the stage lies above / below every seed of its parent stage (`base` for "
-              "`sft`, `sft` for the others). `base` is one model (chapter 08's), evaluated once per lineage. The win "
-              "rate is measured on the held-out prompts the lineage's SFT model answers wrongly, against that "
-              "model's own replies (so `sft`'s own win rate is low by construction, and the number of such "
-              f"prompts varies by seed; seed {seeds[0]}'s count is shown).\n")
-    return "\n".join(lines) + "\n" + legend
-
-
-def render_seed_figure(records: Dict[str, Any], path: Path) -> Path:
-    """The report's figure: per stage, the mean of each accuracy column with its seed range."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    columns = [(k, h) for k, h, t in REPORT_COLUMNS if t == "pct"]
-    names = [n for n in STAGES if records["stages"].get(n)]
-    fig, ax = plt.subplots(figsize=(10, 4.2))
-    width = 0.8 / len(names)
-    for i, name in enumerate(names):
-        means, lows, highs = [], [], []
-        for key, _ in columns:
-            if key == "win_rate" and name == "base":  # as in the table: the SFT model's measure
-                means.append(float("nan"))
-                lows.append(0.0)
-                highs.append(0.0)
-                continue
-            v = seed_values(records, name, key)
-            m = sum(v) / len(v)
-            means.append(100 * m)
-            lows.append(100 * (m - min(v)))
-            highs.append(100 * (max(v) - m))
-        xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(columns))]
-        ax.bar(xs, means, width, yerr=[lows, highs], capsize=2, label=name)
-    ax.set_xticks(range(len(columns)))
-    ax.set_xticklabels([h.replace("`<\\|im_end\\|>`", "<|im_end|>") for _, h in columns], fontsize=8)
-    ax.set_ylabel("% of held-out prompts")
-    ax.set_ylim(0, 105)
-    ax.set_title(f"The stage report: mean and range over {len(records['seeds'])} seeds")
-    ax.legend(ncol=len(names), fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12))
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -340,3 +340,37 @@ def test_fragments_in_ignores_prose_that_looks_like_code():
     fragments = solution_fragments("return max(0, (memory_bytes - weights) // per_token)")
     assert not fragments_in("the weights (in bytes) leave room for the cache; max out the tokens", fragments)
     assert fragments_in("(memory_bytes - weights) // per_token", fragments)
+
+
+def test_a_check_declares_its_exercise_values_where_it_is_defined(exercise_0_97):
+    """``@check(name, shown=..., why=...)`` is ``expected_values`` for the exercise ``name`` names (the
+    chapters declare it so, beside each check), and refuses a declaration it cannot file."""
+    from minimind_ref.checks import check
+
+    @check(exercise_0_97, shown=False, why="a closed form of the case's numbers")
+    def check_demo(fn):
+        return fn()
+
+    assert core._VALUES["0.97"] == (False, "a closed form of the case's numbers")
+    with pytest.raises(ExerciseError) as err:
+        check_demo(lambda: check_equal(13_056, 14_592, name=exercise_0_97))
+    assert "14592" not in str(err.value) and "14,592" not in str(err.value)
+    with pytest.raises(ValueError, match="shown=True/False"):
+        check(exercise_0_97, why="one entry of random tensors")
+    with pytest.raises(ValueError, match="a name like"):
+        check("demo without a number", shown=True, why="one entry of random tensors")
+    with pytest.raises(ValueError, match="say why"):
+        check(exercise_0_97, shown=True, why=" ")
+
+
+def test_check_close_says_nan_in_the_exercises_words(exercise_0_97):
+    nan = ("your loss is NaN (an empty mask)", "divide each masked sum by its mask's sum.")
+    with pytest.raises(ExerciseError) as err:
+        check_close(torch.tensor([1.0, float("nan")]), torch.tensor([1.0, 2.0]), name=exercise_0_97, nan=nan)
+    assert "your loss is NaN (an empty mask)" in str(err.value) and "divide each masked sum" in str(err.value)
+    with pytest.raises(ExerciseError, match="shape mismatch"):  # the shape is compared first
+        check_close(torch.tensor([float("nan")]), torch.tensor([1.0, 2.0]), name=exercise_0_97, nan=nan)
+    with pytest.raises(ExerciseError) as err:  # without NaN, the ordinary comparison
+        check_close(torch.tensor([1.0, 3.0]), torch.tensor([1.0, 2.0]), name=exercise_0_97, nan=nan)
+    assert "NaN" not in str(err.value)
+    check_close(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0]), name=exercise_0_97, nan=nan)

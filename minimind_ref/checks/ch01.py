@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from ..config import MiniMindConfig, minimind2_small
 from ..model import MiniMindForCausalLM
 from ..norm import RMSNorm
-from .core import Outcome, as_number, call, check, check_close, check_equal, check_numbers, expected_values, fail, seeded, solution
+from .core import Outcome, as_number, call, check, check_close, check_equal, check_numbers, fail, seeded, solution
 
 __all__ = [
     "check_rms_norm",
@@ -94,7 +94,9 @@ def _rms_mistakes(x: torch.Tensor, w: torch.Tensor, eps: float) -> Dict[str, Cal
     }
 
 
-@check("Exercise 1.1 rms_norm")
+@check("Exercise 1.1 rms_norm", shown=True,
+       why="one entry of RMSNorm of random tensors, whose entries the message does not show: nothing to read the "
+           "formula back from")
 def check_rms_norm(fn: Callable[..., Any]) -> str:
     """``fn(x, weight, eps)`` must equal ``minimind_ref.RMSNorm`` (fp32: rtol = atol = 1e-5; bf16
     input with a bf16 weight: a bf16 result within bf16's tolerance, 2e-2) and leave ``x`` alone."""
@@ -155,7 +157,8 @@ def _ln_mistakes(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float) 
     }
 
 
-@check("Exercise 1.2 layer_norm")
+@check("Exercise 1.2 layer_norm", shown=True,
+       why="one entry of LayerNorm of random tensors, whose entries the message does not show")
 def check_layer_norm(fn: Callable[..., Any]) -> str:
     """``fn(x, weight, bias, eps)`` must equal ``torch.nn.functional.layer_norm`` (fp32, 1e-5)."""
     name = "Exercise 1.2 layer_norm"
@@ -202,7 +205,8 @@ def _safe_mistakes(x: torch.Tensor, w: torch.Tensor, eps: float) -> Dict[str, Ca
     }
 
 
-@check("Exercise 1.3 rms_norm_safe")
+@check("Exercise 1.3 rms_norm_safe", shown=True,
+       why="one entry of RMSNorm of random fp16 tensors, whose entries the message does not show")
 def check_fp16_safe_rms_norm(fn: Callable[..., Any]) -> str:
     """``fn(x, weight, eps)`` must reproduce ``minimind_ref.RMSNorm`` exactly, dtype included:
     statistics in fp32, the normalized value cast back to ``x.dtype``, then times ``weight``.
@@ -276,7 +280,8 @@ solution("1.4", "sum(isinstance(m, RMSNorm) for m in model.modules()), with RMSN
                 "(not torch.nn.RMSNorm).")
 
 
-@check("Exercise 1.4 count_rmsnorm")
+@check("Exercise 1.4 count_rmsnorm", shown=False,
+       why="the count of a model the case names: three counts give away how the count grows with the layers")
 def check_norm_count(fn: Callable[[torch.nn.Module], Any]) -> str:
     """``fn(model)`` must return the number of ``minimind_ref.RMSNorm`` modules in ``model``,
     counted from the model (three differently sized models, so a hard-coded number fails)."""
@@ -337,17 +342,9 @@ def _norm_param_candidates(c: MiniMindConfig, h: int, layers: int, d: int, block
 solution("1.5", "(2 * L + 1) * hidden_size, plus 2 * L * head_dim when config.qk_norm (L = num_hidden_layers)")
 
 
-expected_values("1.1", shown=True, why="one entry of RMSNorm of random tensors, whose entries the message does not "
-                "show: nothing to read the formula back from")
-expected_values("1.2", shown=True, why="one entry of LayerNorm of random tensors, whose entries the message does not show")
-expected_values("1.3", shown=True, why="one entry of RMSNorm of random fp16 tensors, whose entries the message does not show")
-expected_values("1.4", shown=False, why="the count of a model the case names: three counts give away how the count "
-                "grows with the layers")
-expected_values("1.5", shown=False, why="a closed form of the config's fields, which the case names: a few expected "
-                "counts are enough to fit the formula")
-
-
-@check("Exercise 1.5 rmsnorm_parameters")
+@check("Exercise 1.5 rmsnorm_parameters", shown=False,
+       why="a closed form of the config's fields, which the case names: a few expected counts are enough to fit the "
+           "formula")
 def check_norm_parameters(fn: Callable[[MiniMindConfig], Any]) -> str:
     """``fn(config) -> int``: the number of RMSNorm gain parameters a model built from ``config`` has,
     derived from the config alone; the check counts them in the model (built on the meta device)."""

@@ -21,7 +21,7 @@ import torch
 from .. import rope
 from ..attention import Attention
 from ..config import YARN_ROPE_SCALING
-from .core import call, check, check_close, expect_pair, expected_values, fail, seeded, solution
+from .core import call, check, check_close, expect_pair, fail, seeded, solution
 
 __all__ = [
     "check_rotate_half",
@@ -58,7 +58,8 @@ def _rotate_mistakes(x: torch.Tensor) -> Dict[str, Callable[[], torch.Tensor]]:
 solution("2.1", "half = x.shape[-1] // 2; return torch.cat((-x[..., half:], x[..., :half]), dim=-1)")
 
 
-@check("Exercise 2.1 rotate_half")
+@check("Exercise 2.1 rotate_half", shown=True,
+       why="one entry of the result on random tensors, whose entries the message does not show")
 def check_rotate_half(fn: Callable[[torch.Tensor], torch.Tensor]) -> str:
     """``fn(x)`` must equal ``minimind_ref.rope.rotate_half(x)`` on several shapes and dtypes, and
     leave ``x`` unchanged."""
@@ -123,7 +124,8 @@ solution("2.2", "freqs = 1.0 / rope_base ** (torch.arange(0, dim, 2).float() / d
                 "end).float(), freqs); cos = torch.cat([angles.cos(), angles.cos()], -1), and the same for sin.")
 
 
-@check("Exercise 2.2 precompute_freqs_cis")
+@check("Exercise 2.2 precompute_freqs_cis", shown=True,
+       why="one entry of a cos/sin table; the exercise states the frequencies, the check is about the table's layout")
 def check_precompute_freqs_cis(fn: Callable[..., Any]) -> str:
     """``fn(dim, end, rope_base)`` must return ``(cos, sin)`` equal to ``minimind_ref``'s tables."""
     name = "Exercise 2.2 precompute_freqs_cis"
@@ -172,7 +174,8 @@ solution("2.3", "cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [seq, 1, head_
                 "rotate_half(q) * sin).to(q.dtype), the same for k.")
 
 
-@check("Exercise 2.3 apply_rotary_pos_emb")
+@check("Exercise 2.3 apply_rotary_pos_emb", shown=True,
+       why="one entry of the rotation of random tensors, whose entries the message does not show")
 def check_apply_rotary_pos_emb(fn: Callable[..., Any]) -> str:
     """``fn(q, k, cos, sin)`` must rotate ``q`` ``[b, s, h, d]`` and ``k`` ``[b, s, kv, d]`` like
     ``minimind_ref`` does, for tables sliced at a start position and in bfloat16, and leave the
@@ -264,7 +267,8 @@ solution("2.4", "freqs = 1 / rope_base ** (torch.arange(0, dim, 2).float() / dim
                 "freqs = freqs * ((1 - ramp) + ramp / factor) (read the four values from the dict with .get).")
 
 
-@check("Exercise 2.4 yarn_frequencies")
+@check("Exercise 2.4 yarn_frequencies", shown=True,
+       why="one frequency; section 9 states the formula, the exercise is about when and with which settings it applies")
 def check_yarn_frequencies(fn: Callable[..., Any]) -> str:
     """``fn(dim, end, rope_base, rope_scaling)`` must return the (possibly YaRN-scaled)
     frequencies ``[dim // 2]`` that ``minimind_ref`` uses to build its tables."""
@@ -392,19 +396,13 @@ def _layout_mistakes(weights, cfg, x) -> Dict[str, Callable[[], torch.Tensor]]:
     return {description: thunk(kwargs) for description, kwargs in _LAYOUT_MISTAKES.items()}
 
 
-expected_values("2.1", shown=True, why="one entry of the result on random tensors, whose entries the message does not show")
-expected_values("2.2", shown=True, why="one entry of a cos/sin table; the exercise states the frequencies, the check is "
-                "about the table's layout")
-expected_values("2.3", shown=True, why="one entry of the rotation of random tensors, whose entries the message does not show")
-expected_values("2.4", shown=True, why="one frequency; section 9 states the formula, the exercise is about when and with "
-                "which settings it applies")
-expected_values("2.5", shown=True, why="one entry of an attention layer's output on random weights and inputs")
 solution("2.5", "perm = torch.cat([torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)]); out = dict(weights); "
                 "for q_proj and k_proj: out[name] = w.view(-1, head_dim, w.shape[1])[:, perm].reshape(w.shape); for "
                 "q_norm and k_norm (if present): out[name] = weights[name][perm]; v_proj and o_proj unchanged")
 
 
-@check("Exercise 2.5 to_half_split")
+@check("Exercise 2.5 to_half_split", shown=True,
+       why="one entry of an attention layer's output on random weights and inputs")
 def check_to_half_split(fn: Callable[..., Any]) -> str:
     """``fn(weights, head_dim) -> dict``: an interleaved-layout layer's weights (the keys of
     ``minimind_ref.Attention``'s state dict) converted so that ``minimind_ref.Attention`` (half-split

@@ -1,10 +1,8 @@
 """Checks for chapter 03 · Attention and GQA.
 
-Each ``check_*`` runs the learner's function on inputs it makes itself (with its own random
-generator, so the notebook's random stream is untouched), compares with PyTorch or
-``minimind_ref`` and prints one ``✓`` line, or raises ``AssertionError`` saying on which input it
-failed, which known mistake the result matches (computed on the same input), a hint about it,
-and the line that says how to see a worked solution last.
+Each check compares the learner's function with PyTorch (``F.scaled_dot_product_attention``) and
+``minimind_ref`` (``Attention``, ``repeat_kv``) on inputs it makes itself, and reports as
+``minimind_ref.checks`` describes.
 
     from minimind_ref.checks import ch03
     ch03.check_stable_softmax(stable_softmax)
@@ -28,7 +26,7 @@ from ..attention import Attention
 from ..attention import repeat_kv as _ref_repeat_kv
 from ..config import MiniMindConfig
 from ..rope import apply_rotary_pos_emb, precompute_freqs_cis
-from .core import Outcome, as_number, call, check, check_close, check_numbers, expected_values, fail, seeded, solution
+from .core import Outcome, as_number, call, check, check_close, check_numbers, fail, seeded, solution
 
 __all__ = [
     "check_stable_softmax",
@@ -64,7 +62,8 @@ def _softmax_mistakes(x: torch.Tensor, dim: int) -> Dict[str, Callable[[], torch
 solution("3.1", "e = torch.exp(x - x.max(dim=dim, keepdim=True).values); return e / e.sum(dim=dim, keepdim=True)")
 
 
-@check("Exercise 3.1 stable_softmax")
+@check("Exercise 3.1 stable_softmax", shown=True,
+       why="one entry of a softmax of random logits, whose entries the message does not show")
 def check_stable_softmax(fn: Callable[..., torch.Tensor]) -> str:
     """``fn(x, dim=-1)`` must equal ``torch.softmax(x, dim)``, also for logits in the thousands,
     and leave ``x`` unchanged."""
@@ -116,7 +115,8 @@ solution("3.2", "scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]); if m
                 "return stable_softmax(scores, dim=-1) @ v")
 
 
-@check("Exercise 3.2 scaled_dot_product_attention")
+@check("Exercise 3.2 scaled_dot_product_attention", shown=True,
+       why="one entry of attention over random tensors, whose entries the message does not show")
 def check_scaled_dot_product_attention(fn: Callable[..., torch.Tensor]) -> str:
     """``fn(q, k, v, mask=None)`` must equal ``F.scaled_dot_product_attention(q, k, v, attn_mask=mask)``
     for an additive float mask (0 = visible, -inf = hidden)."""
@@ -172,7 +172,8 @@ solution("3.3", "kv_len = q_len if kv_len is None else kv_len; return torch.triu
                 "float('-inf')), diagonal=kv_len - q_len + 1)")
 
 
-@check("Exercise 3.3 causal_mask")
+@check("Exercise 3.3 causal_mask", shown=True,
+       why="a mask entry is 0 or -inf: it tells where the mask is wrong, the case names the shape")
 def check_causal_mask(fn: Callable[..., torch.Tensor]) -> str:
     """``fn(q_len, kv_len=None)`` -> float32 ``[q_len, kv_len]``: 0 where key ``j`` is visible to
     query ``i`` (``j <= i + kv_len - q_len``), ``-inf`` elsewhere."""
@@ -216,7 +217,8 @@ solution("3.4", "torch.repeat_interleave(x, n_rep, dim=2), or x[:, :, :, None, :
                 ".reshape(b, t, n_kv * n_rep, d)")
 
 
-@check("Exercise 3.4 repeat_kv")
+@check("Exercise 3.4 repeat_kv", shown=True,
+       why="one entry of random tensors, repeated: nothing to read back beyond the layout")
 def check_repeat_kv(fn: Callable[..., torch.Tensor]) -> str:
     """``fn(x, n_rep)``: ``[b, t, n_kv, d] -> [b, t, n_kv * n_rep, d]``, output head ``j`` = KV head ``j // n_rep``."""
     name = "Exercise 3.4 repeat_kv"
@@ -338,7 +340,8 @@ solution("3.5", "project with attn.q_proj/k_proj/v_proj and view as [b, s, heads
                 ":]) * -1e9); scaled_dot_product_attention; merge the heads; attn.o_proj.")
 
 
-@check("Exercise 3.5 gqa_attention")
+@check("Exercise 3.5 gqa_attention", shown=True,
+       why="one entry of an attention layer's output on random weights and inputs")
 def check_gqa_attention(fn: Callable[..., tuple]) -> str:
     """``fn(attn, x, cos, sin, attention_mask=None, past_key_value=None) -> (out, (k, v))`` must equal
     ``attn(x, (cos, sin), past_key_value, use_cache=True, attention_mask=attention_mask)`` for MHA, GQA
@@ -509,7 +512,8 @@ solution("3.6", "in __init__: self.q_norm = RMSNorm(self.head_dim, eps=config.rm
                 "forward, after the view into heads and before RoPE: q, k = self.q_norm(q), self.k_norm(k)")
 
 
-@check("Exercise 3.6 QKNormAttention")
+@check("Exercise 3.6 QKNormAttention", shown=True,
+       why="one entry of an attention layer's output on random weights, inputs and gains")
 def check_qk_norm_attention(cls: Callable[..., Any]) -> str:
     """``cls(config)`` must build a layer with ``minimind_ref.Attention(qk_norm=True)``'s parameters
     (``q_norm.weight`` and ``k_norm.weight`` of ``[head_dim]``), and ``layer(x, cos, sin,
@@ -600,20 +604,14 @@ def _bound_mistakes(q: torch.Tensor, k: torch.Tensor) -> Dict[str, float]:
     }
 
 
-expected_values("3.1", shown=True, why="one entry of a softmax of random logits, whose entries the message does not show")
-expected_values("3.2", shown=True, why="one entry of attention over random tensors, whose entries the message does not show")
-expected_values("3.3", shown=True, why="a mask entry is 0 or -inf: it tells where the mask is wrong, the case names the shape")
-expected_values("3.4", shown=True, why="one entry of random tensors, repeated: nothing to read back beyond the layout")
-expected_values("3.5", shown=True, why="one entry of an attention layer's output on random weights and inputs")
-expected_values("3.6", shown=True, why="one entry of an attention layer's output on random weights, inputs and gains")
-expected_values("3.7", shown=False, why="the bound is a closed form of the gains; the expected value next to the gains "
-                "the case names would give the formula away")
 solution("3.7", "return math.sqrt(d) * q_gain.abs().max().item() * k_gain.abs().max().item() with d = q_gain.shape[0]: "
                 "|RMSNorm(x)| < sqrt(d) before the gain, the gain stretches it by at most max|g|, RoPE keeps lengths, "
                 "and Cauchy-Schwarz bounds the dot product")
 
 
-@check("Exercise 3.7 qk_logit_bound")
+@check("Exercise 3.7 qk_logit_bound", shown=False,
+       why="the bound is a closed form of the gains; the expected value next to the gains the case names would give "
+           "the formula away")
 def check_qk_logit_bound(fn: Callable[..., Any]) -> str:
     """``fn(q_gain, k_gain) -> float``: the largest ``|q . k| / sqrt(head_dim)`` QK-norm allows, which
     ``minimind_ref.attention.qk_logit_bound`` derives; checked on gains where that bound is reached

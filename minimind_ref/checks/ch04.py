@@ -1,10 +1,8 @@
 """Checks for chapter 04 · Feed-forward (SwiGLU).
 
-Each ``check_*`` runs the learner's function on inputs it makes itself (with its own random
-generator, so the notebook's random stream is untouched), compares with PyTorch or
-``minimind_ref`` and prints one ``✓`` line, or raises ``AssertionError`` saying on which input it
-failed, which known mistake the result matches (computed on the same input), a hint about it,
-and the line that says how to see a worked solution last.
+Each check compares the learner's function with PyTorch (``F.silu``, autograd) and ``minimind_ref``
+(``FeedForward``, ``default_intermediate_size``) on inputs it makes itself, and reports as
+``minimind_ref.checks`` describes.
 
     from minimind_ref.checks import ch04
     ch04.check_silu(silu)
@@ -25,8 +23,7 @@ import torch.nn.functional as F
 
 from ..config import MiniMindConfig, default_intermediate_size
 from ..ffn import FeedForward
-from .core import (Outcome, as_number, call, check, check_close, check_numbers, expected_values, fail, seeded,
-                   solution)
+from .core import Outcome, as_number, call, check, check_close, check_numbers, fail, seeded, solution
 
 __all__ = ["check_silu", "check_silu_grad", "check_swiglu_ffn", "check_intermediate_size", "check_minimind3_ffn"]
 
@@ -66,7 +63,9 @@ def _exp_form_grad(x: torch.Tensor) -> torch.Tensor:
 solution("4.1", "return x * torch.sigmoid(x)")
 
 
-@check("Exercise 4.1 silu")
+@check("Exercise 4.1 silu", shown=False,
+       why="the edge case names its inputs (0, 1, -1, ...): SiLU's value at a named input is the formula evaluated "
+           "there")
 def check_silu(fn: Callable[[torch.Tensor], torch.Tensor]) -> str:
     """``fn(x)`` must equal ``F.silu(x)`` = x * sigmoid(x), elementwise, keeping shape and dtype,
     without changing ``x``; and autograd must differentiate it as it does ``F.silu`` (finite
@@ -118,7 +117,8 @@ def _silu_grad_mistakes(x: torch.Tensor) -> Dict[str, Callable[[], torch.Tensor]
 solution("4.2", "s = torch.sigmoid(x); return s * (1 + x * (1 - s))   # = s + x * s * (1 - s)")
 
 
-@check("Exercise 4.2 silu_grad")
+@check("Exercise 4.2 silu_grad", shown=False,
+       why="the edge case names its inputs: the derivative's value at a named input is the formula evaluated there")
 def check_silu_grad(fn: Callable[[torch.Tensor], torch.Tensor]) -> str:
     """``fn(x)`` must equal d silu / dx, as autograd computes it, and leave ``x`` unchanged."""
     name = "Exercise 4.2 silu_grad"
@@ -156,7 +156,7 @@ def _swiglu_mistakes(x, w_gate, w_up, w_down) -> Dict[str, Callable[[], torch.Te
 solution("4.3", "return (F.silu(x @ w_gate.T) * (x @ w_up.T)) @ w_down.T   # or F.linear(x, w) for x @ w.T")
 
 
-@check("Exercise 4.3 swiglu_ffn")
+@check("Exercise 4.3 swiglu_ffn", shown=True, why="one entry of the FFN's output on random weights and inputs")
 def check_swiglu_ffn(fn: Callable[..., torch.Tensor]) -> str:
     """``fn(x, w_gate, w_up, w_down)`` must equal ``minimind_ref.FeedForward`` with those weights.
 
@@ -205,7 +205,8 @@ def _size_mistakes(h: int) -> Dict[str, int]:
 solution("4.4", "return 64 * math.ceil(int(8 * hidden_size / 3) / 64)")
 
 
-@check("Exercise 4.4 intermediate_size")
+@check("Exercise 4.4 intermediate_size", shown=False,
+       why="the width is a closed form of hidden_size, which the case names")
 def check_intermediate_size(fn: Callable[[int], int]) -> str:
     """``fn(hidden_size)`` must equal ``minimind_ref.config.default_intermediate_size``."""
     name = "Exercise 4.4 intermediate_size"
@@ -261,17 +262,10 @@ def _ffn_config(h: int, layers: int) -> MiniMindConfig:
 solution("4.5", "width = math.ceil(hidden_size * math.pi / 64) * 64; "
                 "return width, 3 * hidden_size * width * num_hidden_layers")
 
-expected_values("4.1", shown=False, why="the edge case names its inputs (0, 1, -1, ...): SiLU's value at a named input "
-                "is the formula evaluated there")
-expected_values("4.2", shown=False, why="the edge case names its inputs: the derivative's value at a named input is the "
-                "formula evaluated there")
-expected_values("4.3", shown=True, why="one entry of the FFN's output on random weights and inputs")
-expected_values("4.4", shown=False, why="the width is a closed form of hidden_size, which the case names")
-expected_values("4.5", shown=False, why="the width and the count are closed forms of the case's two numbers; section 8 "
-                "gives three widths to derive the rule from, the check gives no more")
 
-
-@check("Exercise 4.5 minimind3_ffn")
+@check("Exercise 4.5 minimind3_ffn", shown=False,
+       why="the width and the count are closed forms of the case's two numbers; section 8 gives three widths to "
+           "derive the rule from, the check gives no more")
 def check_minimind3_ffn(fn: Callable[[int, int], tuple]) -> str:
     """``fn(hidden_size, num_hidden_layers) -> (intermediate_size, ffn_parameters)`` for a dense
     minimind-3 model: the width ``minimind_ref.config.minimind3_intermediate_size`` gives and the

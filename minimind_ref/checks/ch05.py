@@ -1,10 +1,8 @@
 """Checks for chapter 05 · Assembling MiniMind.
 
-Each ``check_*`` runs the learner's function on inputs it makes itself (with its own random
-generator, so the notebook's random stream is untouched), compares with ``minimind_ref`` and
-prints one ``✓`` line, or raises ``AssertionError`` that names the mistake it recognised (when it
-recognises one), what was expected and what came back, a hint about the bug, and last the line
-that says how to see a worked solution.
+Each check compares the learner's function with ``minimind_ref`` (``MiniMindBlock``,
+``MiniMindForCausalLM``, ``count_parameters``) and PyTorch's ``F.cross_entropy`` on inputs it makes
+itself, and reports as ``minimind_ref.checks`` describes.
 
     from minimind_ref.checks import ch05
     ch05.check_block_forward(block_forward)                # Exercise 5.1
@@ -27,7 +25,7 @@ from ..config import MiniMindConfig, default_intermediate_size, minimind2, minim
 from ..model import MiniMindBlock, MiniMindForCausalLM
 from ..params import count_parameters
 from ..rope import precompute_freqs_cis
-from .core import Outcome, as_number, call, check, check_close, check_numbers, expected_values, fail, seeded, solution
+from .core import Outcome, as_number, call, check, check_close, check_numbers, fail, seeded, solution
 
 __all__ = ["check_block_forward", "check_tie_weights", "check_count_parameters", "check_shifted_cross_entropy",
            "check_minimind3_parameters"]
@@ -120,7 +118,7 @@ solution("5.1", "h = h + block.self_attn(block.input_layernorm(h), position_embe
                 "h = h + block.mlp(block.post_attention_layernorm(h)); return h")
 
 
-@check(BLOCK)
+@check(BLOCK, shown=True, why="one entry of a block's output on random weights and inputs")
 def check_block_forward(fn: Callable[..., torch.Tensor]) -> str:
     """``fn(block, h, position_embeddings)`` must equal ``MiniMindBlock.forward(h, pe)[0]`` and
     leave ``h`` unchanged.
@@ -154,7 +152,8 @@ def check_block_forward(fn: Callable[..., torch.Tensor]) -> str:
 solution("5.2", "assign the head's Parameter to the embedding: model.model.embed_tokens.weight = model.lm_head.weight")
 
 
-@check(TIE)
+@check(TIE, shown=True,
+       why="the check compares objects and counts a tied model's parameters, which the exercise states")
 def check_tie_weights(fn: Callable[[nn.Module], object]) -> str:
     """``fn(model)`` must make ``model.model.embed_tokens`` and ``model.lm_head`` share one Parameter,
     the head's: after the call, both are the head's original matrix (as upstream ties them)."""
@@ -250,7 +249,7 @@ solution("5.3", "per layer: q and o are hidden x (heads * head_dim), k and v hid
                 "hidden, and a second vocab * hidden only when the head is NOT tied")
 
 
-@check(COUNT)
+@check(COUNT, shown=False, why="the count is a closed form of the config's fields, which the case names")
 def check_count_parameters(fn: Callable[..., int]) -> str:
     """``fn(config, tie_word_embeddings=True)`` must equal the number of parameters of a dense
     MiniMind built from ``config`` (with an untied head when ``tie_word_embeddings=False``)."""
@@ -311,7 +310,7 @@ solution("5.4", "F.cross_entropy(logits[:, :-1].reshape(-1, V), labels[:, 1:].re
                 "with V = logits.shape[-1]")
 
 
-@check(LOSS)
+@check(LOSS, shown=True, why="a loss over random logits: nothing to read the formula back from")
 def check_shifted_cross_entropy(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> str:
     """``fn(logits [b, s, V], labels [b, s])`` must equal MiniMind's next-token loss: position ``i``
     predicts ``labels[i + 1]``; label ``-100`` is ignored; one mean over the remaining positions."""
@@ -397,15 +396,7 @@ solution("5.5", "h, L = hidden_size, num_hidden_layers; d = h // 8; width = ceil
                 "total = L * per layer + vocab_size * h (tied) + h (final norm)")
 
 
-expected_values("5.1", shown=True, why="one entry of a block's output on random weights and inputs")
-expected_values("5.2", shown=True, why="the check compares objects and counts a tied model's parameters, which the "
-                "exercise states")
-expected_values("5.3", shown=False, why="the count is a closed form of the config's fields, which the case names")
-expected_values("5.4", shown=True, why="a loss over random logits: nothing to read the formula back from")
-expected_values("5.5", shown=False, why="the count is a closed form of the case's four numbers")
-
-
-@check(COUNT3)
+@check(COUNT3, shown=False, why="the count is a closed form of the case's four numbers")
 def check_minimind3_parameters(fn: Callable[..., int]) -> str:
     """``fn(hidden_size, num_hidden_layers, use_moe=False, vocab_size=6400)`` must equal the parameter count of
     upstream's minimind-3 (d65ef2c defaults) of that width and depth: the published sizes (63,912,192 dense,

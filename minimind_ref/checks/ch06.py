@@ -1,10 +1,8 @@
 """Checks for chapter 06 · KV cache and generation.
 
-Each ``check_*`` runs the learner's function on inputs it makes itself (with its own random
-generator, so the notebook's random stream is untouched), compares with ``minimind_ref`` and prints
-one ``✓`` line, or raises ``AssertionError`` that names the mistake it recognised (when it
-recognises one), what was expected and what came back, a hint about the bug, and last the line
-that says how to see a worked solution.
+Each check compares the learner's function with ``minimind_ref`` (``count_parameters``,
+``generation.top_p_filter``, ``generation.apply_repetition_penalty``, ``rope``) on inputs it makes
+itself, and reports as ``minimind_ref.checks`` describes.
 
     from minimind_ref.checks import ch06
     ch06.check_update_cache(update_cache)                    # Exercise 6.1
@@ -28,8 +26,7 @@ from ..params import count_parameters
 from ..generation import apply_repetition_penalty as _ref_repetition_penalty
 from ..generation import top_p_filter as _ref_top_p_filter
 from ..rope import precompute_freqs_cis
-from .core import (Outcome, as_number, call, check, check_close, check_numbers, expect_pair, expected_values, fail, seeded,
-                   solution)
+from .core import Outcome, as_number, call, check, check_close, check_numbers, expect_pair, fail, seeded, solution
 
 __all__ = [
     "check_update_cache",
@@ -67,7 +64,7 @@ solution("6.1", "past is None: return (k_new, v_new); otherwise return (torch.ca
                 "torch.cat([past_v, v_new], dim=1))")
 
 
-@check(CACHE)
+@check(CACHE, shown=True, why="the cache entries are random tensors the check made, not shown in the message")
 def check_update_cache(fn: Callable[..., Tuple[torch.Tensor, torch.Tensor]]) -> str:
     """``fn(past, k_new, v_new) -> (k, v)``: ``past`` is ``None`` or a ``(k, v)`` pair of
     ``[batch, past_len, n_kv_heads, head_dim]``; the new keys/values go *after* the cached ones on
@@ -102,7 +99,7 @@ def check_update_cache(fn: Callable[..., Tuple[torch.Tensor, torch.Tensor]]) -> 
 solution("6.2", "return cos[past_len : past_len + n_new], sin[past_len : past_len + n_new]")
 
 
-@check(ROPE)
+@check(ROPE, shown=True, why="one entry of a cos/sin table the exercise hands over itself")
 def check_rope_for_new_tokens(fn: Callable[..., Tuple[torch.Tensor, torch.Tensor]]) -> str:
     """``fn(cos, sin, past_len, n_new) -> (cos_new, sin_new)``: the rows of the precomputed tables
     for the absolute positions ``past_len .. past_len + n_new - 1``."""
@@ -173,7 +170,7 @@ solution("6.3", "sorted_logits, sorted_idx = torch.sort(logits, descending=True,
                 "remove), float('-inf'))")
 
 
-@check(TOP_P)
+@check(TOP_P, shown=True, why="one filtered logit of random logits; -inf or the logit itself, the rule is not in it")
 def check_top_p_filter(fn: Callable[..., torch.Tensor]) -> str:
     """``fn(logits [b, vocab], top_p) -> logits`` with the tokens outside the nucleus set to
     ``-inf``, equal to ``minimind_ref.generation.top_p_filter``; ``logits`` is left unchanged."""
@@ -235,7 +232,7 @@ solution("6.4", "seen = logits.gather(1, previous_ids); seen = torch.where(seen 
                 "return logits.scatter(1, previous_ids, seen)")
 
 
-@check(PENALTY)
+@check(PENALTY, shown=True, why="one penalized logit of random logits, whose entries the message does not show")
 def check_repetition_penalty(fn: Callable[..., torch.Tensor]) -> str:
     """``fn(logits [b, vocab], previous_ids [b, t], penalty) -> logits``, equal to
     ``minimind_ref.generation.apply_repetition_penalty`` (without a mask); ``logits`` is left unchanged."""
@@ -303,14 +300,7 @@ solution("6.5", "weights = count_parameters(config) * bytes_per_value; per_token
                 "return max(0, (memory_bytes - weights) // per_token)")
 
 
-expected_values("6.1", shown=True, why="the cache entries are random tensors the check made, not shown in the message")
-expected_values("6.2", shown=True, why="one entry of a cos/sin table the exercise hands over itself")
-expected_values("6.3", shown=True, why="one filtered logit of random logits; -inf or the logit itself, the rule is not in it")
-expected_values("6.4", shown=True, why="one penalized logit of random logits, whose entries the message does not show")
-expected_values("6.5", shown=False, why="the length is a closed form of the config and the budget, which the case names")
-
-
-@check(CONTEXT)
+@check(CONTEXT, shown=False, why="the length is a closed form of the config and the budget, which the case names")
 def check_longest_context(fn: Callable[..., int]) -> str:
     """``fn(config, memory_bytes, bytes_per_value=2, batch=1) -> int``: the longest context (tokens per sequence)
     whose weights plus the KV cache of ``batch`` sequences fit in ``memory_bytes``, every value stored with

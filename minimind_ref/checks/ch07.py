@@ -28,7 +28,7 @@ from torch import nn
 
 from ..config import MiniMindConfig
 from ..moe import MOEFeedForward, MoEGate, global_aux_loss, router_aux_loss, seq_aux_loss
-from .core import Outcome, as_number, call, check, check_close, check_numbers, diagnose, expected_values, fail, solution
+from .core import Outcome, as_number, call, check, check_close, check_numbers, diagnose, fail, solution
 
 __all__ = ["check_route", "check_dispatch", "check_moe_forward", "check_seq_aux_loss", "check_minimind3_moe",
            "check_balanced_router_loss"]
@@ -82,7 +82,7 @@ solution("7.1", "scores = F.linear(x, weight).softmax(dim=-1); topk_weight, topk
                 "(topk_weight.sum(dim=-1, keepdim=True) + 1e-20)")
 
 
-@check(ROUTE)
+@check(ROUTE, shown=True, why="the experts and weights of random tokens under a random router")
 def check_route(route: Callable[..., Tuple[torch.Tensor, torch.Tensor]]) -> str:
     """``route(x [n, d], weight [E, d], top_k, norm_topk_prob) -> (topk_idx [n, k], topk_weight [n, k])``."""
     g = torch.Generator().manual_seed(71)
@@ -182,7 +182,7 @@ solution("7.2", "order = flat_idx.argsort(); ends = flat_idx.bincount(minlength=
                 "y = experts[i](x[tokens]) * flat_weight[order[start:end]], out.index_add_(0, tokens, y)")
 
 
-@check(DISPATCH)
+@check(DISPATCH, shown=True, why="one entry of the dispatched output of random tokens and experts")
 def check_dispatch(dispatch: Callable[..., torch.Tensor]) -> str:
     """``dispatch(x [n, d], experts, flat_idx [n*k], flat_weight [n*k, 1], top_k) -> [n, d]``; the
     inputs are left unchanged."""
@@ -247,7 +247,7 @@ solution("7.3", "topk_idx, topk_weight, _ = moe.gate(x); y = dispatch(x.view(-1,
                 "getattr(moe, 'shared_experts', []): y = y + expert(x)")
 
 
-@check(MOE)
+@check(MOE, shown=True, why="one entry of an MoE layer's output on random weights and inputs")
 def check_moe_forward(moe_forward: Callable[..., torch.Tensor]) -> str:
     """``moe_forward(moe: MOEFeedForward, x [b, s, d]) -> [b, s, d]``, equal to ``moe.eval()(x)``."""
     g = torch.Generator().manual_seed(73)
@@ -294,7 +294,7 @@ solution("7.4", "f = F.one_hot(topk_idx.view(b, s * k), E).float().mean(dim=1) *
                 "loss = alpha * (f * P).sum(dim=1).mean()")
 
 
-@check(BALANCE)
+@check(BALANCE, shown=True, why="a loss over random router scores: nothing to read the formula back from")
 def check_seq_aux_loss(seq_balance_loss: Callable[..., torch.Tensor]) -> str:
     """``seq_balance_loss(scores [b*s, E], topk_idx [b*s, k], batch, n_experts, alpha) -> scalar``,
     value and gradient w.r.t. ``scores`` equal to ``minimind_ref.moe.seq_aux_loss``."""
@@ -329,7 +329,6 @@ def check_seq_aux_loss(seq_balance_loss: Callable[..., torch.Tensor]) -> str:
         check_close(got_in.grad, ref_in.grad, name=f"{BALANCE}: gradient w.r.t. scores", case=case,
                     hint="the gradient flows only through P_i (the mean of the scores per sequence); f_i is a count")
     return f"{len(cases)} batches (value and gradient, sequences routed differently) match seq_aux_loss"
-
 
 
 # ---------------------------------------------------------------------------------- 7.5
@@ -419,7 +418,7 @@ def _moe3_cases(g: torch.Generator):
     ]
 
 
-@check(MOE3)
+@check(MOE3, shown=True, why="one entry of an MoE layer's output, its loss and gradients on random weights")
 def check_minimind3_moe(cls: Callable[..., nn.Module]) -> str:
     """``cls(config)`` must be minimind-3's MoE layer: upstream's state-dict keys (``gate.weight``, ``experts.{i}.*``),
     ``forward(x [b, s, d]) -> [b, s, d]`` equal to ``minimind_ref.MOEFeedForward`` with ``moe_variant="minimind-3"``
@@ -513,15 +512,7 @@ solution("7.6", "at perfect balance every load_i is top_k / num_experts and ever
                 "coef * num_experts * sum_i load_i * P_i = coef * top_k")
 
 
-expected_values("7.1", shown=True, why="the experts and weights of random tokens under a random router")
-expected_values("7.2", shown=True, why="one entry of the dispatched output of random tokens and experts")
-expected_values("7.3", shown=True, why="one entry of an MoE layer's output on random weights and inputs")
-expected_values("7.4", shown=True, why="a loss over random router scores: nothing to read the formula back from")
-expected_values("7.5", shown=True, why="one entry of an MoE layer's output, its loss and gradients on random weights")
-expected_values("7.6", shown=False, why="the value is a closed form of the case's three numbers")
-
-
-@check(BALANCED)
+@check(BALANCED, shown=False, why="the value is a closed form of the case's three numbers")
 def check_balanced_router_loss(fn: Callable[..., float]) -> str:
     """``fn(num_experts, top_k, coef) -> float``: the value of minimind-3's router loss when the routing is perfectly
     balanced (every expert chosen by the same share of tokens, uniform router probabilities)."""

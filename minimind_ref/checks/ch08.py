@@ -21,7 +21,7 @@ from ..tokenizer import merge_pair as ref_merge_pair
 from ..train import causal_lm_loss as ref_causal_lm_loss
 from ..train import lr_at as ref_lr_at
 from ..train import train_step as ref_train_step
-from .core import _direction, _expect, call, check, check_close, expected_values, fail, shows_expected, solution
+from .core import _direction, _expect, call, check, check_close, fail, shows_expected, solution
 
 
 # ---------------------------------------------------------------------- 8.1 BPE merge
@@ -65,7 +65,8 @@ solution("8.1", "out, i = [], 0; while i < len(ids): if i + 1 < len(ids) and (id
                 "out.append(new_id); i += 2; else: out.append(ids[i]); i += 1; return out")
 
 
-@check("Exercise 8.1 merge_pair")
+@check("Exercise 8.1 merge_pair", shown=True,
+       why="the merged list of a case the message names is an example of the rule, not the loop that implements it")
 def check_merge_pair(merge_pair: Callable[..., Any]) -> str:
     """``merge_pair(ids, pair, new_id)`` must equal ``minimind_ref.tokenizer.merge_pair`` and
     return a new list, leaving ``ids`` unchanged."""
@@ -123,7 +124,8 @@ solution("8.2", "labels = input_ids.masked_fill(attention_mask == 0, -100); comp
                 "labels[:, 1:] in F.cross_entropy(..., ignore_index=-100).")
 
 
-@check("Exercise 8.2 causal_lm_loss")
+@check("Exercise 8.2 causal_lm_loss", shown=True,
+       why="a loss over random logits: nothing to read the formula back from")
 def check_causal_lm_loss(causal_lm_loss: Callable[..., Any]) -> str:
     """``causal_lm_loss(logits, input_ids, attention_mask)``: mean next-token cross-entropy over
     positions whose *target* is a real token."""
@@ -178,7 +180,8 @@ solution("8.3", "warmup: max_lr * (step + 1) / warmup_steps; then progress = min
                 "max(1, max_steps - warmup_steps)) and min_lr + 0.5 * (max_lr - min_lr) * (1 + cos(pi * progress)).")
 
 
-@check("Exercise 8.3 lr_at")
+@check("Exercise 8.3 lr_at", shown=False,
+       why="the rate at a step is a closed form of the step and the settings the case names")
 def check_lr_at(lr_at: Callable[..., Any]) -> str:
     """``lr_at(step, max_steps, warmup_steps, max_lr, min_lr)`` must equal ``minimind_ref.train.lr_at``
     on whole schedules (relative tolerance 1e-9)."""
@@ -258,15 +261,8 @@ solution("8.4", "loss = out.loss + out.aux_loss; loss.backward(); torch.nn.utils
                 "max_grad_norm); optimizer.step(); optimizer.zero_grad().")
 
 
-expected_values("8.1", shown=True, why="the merged list of a case the message names is an example of the rule, not the "
-                "loop that implements it")
-expected_values("8.2", shown=True, why="a loss over random logits: nothing to read the formula back from")
-expected_values("8.3", shown=False, why="the rate at a step is a closed form of the step and the settings the case "
-                "names")
-expected_values("8.4", shown=True, why="the message shows the weights' difference after two steps, not their values")
-
-
-@check("Exercise 8.4 training_step")
+@check("Exercise 8.4 training_step", shown=True,
+       why="the message shows the weights' difference after two steps, not their values")
 def check_training_step(training_step: Callable[..., Any]) -> str:
     """``training_step(model, optimizer, input_ids, labels, max_grad_norm)`` runs one step and
     returns the cross-entropy loss; after two calls the weights must equal the reference's."""

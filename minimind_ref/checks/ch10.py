@@ -17,7 +17,7 @@ from torch import nn
 
 from .. import lora as ref_lora
 from ..config import MiniMindConfig, preset
-from .core import Outcome, as_number, call, check, check_close, check_numbers, expected_values, fail, seeded, solution
+from .core import Outcome, as_number, call, check, check_close, check_numbers, fail, seeded, solution
 
 
 # ---------------------------------------------------------------------- 10.1 the adapted layer
@@ -57,7 +57,8 @@ def _forward_mistakes(x, weight, A, B, scale) -> Dict[str, Callable[[], torch.Te
 solution("10.1", "F.linear(x, weight) + scale * F.linear(F.linear(x, A), B)")
 
 
-@check("Exercise 10.1 lora_forward")
+@check("Exercise 10.1 lora_forward", shown=True,
+       why="one entry of an adapted layer's output on random weights and inputs")
 def check_lora_forward(lora_forward: Callable[..., Any]) -> str:
     """``lora_forward(x [..., in], weight [out, in], A [rank, in], B [out, rank], scale)`` must equal
     ``x W^T + scale * B(A(x))`` within rtol = atol = 1e-5, leaving its inputs unchanged."""
@@ -91,7 +92,7 @@ def _merge_mistakes(weight, A, B, scale) -> Dict[str, Callable[[], torch.Tensor]
 solution("10.3", "weight + scale * (B @ A)")
 
 
-@check("Exercise 10.3 merge_weight")
+@check("Exercise 10.3 merge_weight", shown=True, why="one entry of a merged random weight")
 def check_merge_weight(merge_weight: Callable[..., Any]) -> str:
     """``merge_weight(weight [out, in], A [rank, in], B [out, rank], scale)`` must return a new
     ``W + scale * B @ A`` (rtol = atol = 1e-5) whose layer equals the adapted layer on inputs."""
@@ -158,7 +159,8 @@ solution("10.2", "h = config.hidden_size; kv = config.num_key_value_heads * (h /
                  "per_layer = 2 + (2 if kv == h else 0); return config.num_hidden_layers * per_layer * rank * 2 * h")
 
 
-@check("Exercise 10.2 lora_parameter_count")
+@check("Exercise 10.2 lora_parameter_count", shown=False,
+       why="the count is a closed form of the config's fields and the rank, which the case names")
 def check_lora_parameter_count(lora_parameter_count: Callable[..., Any]) -> str:
     """``lora_parameter_count(config, rank)`` must return, as an int, the number of parameters
     upstream's ``apply_lora`` adds to ``MiniMindForCausalLM(config)``."""
@@ -213,7 +215,8 @@ solution("10.4", "with torch.device('meta'): m = MiniMindForCausalLM(config); re
                  "m.named_modules() if isinstance(x, nn.Linear) and x.weight.shape[0] == x.weight.shape[1]]")
 
 
-@check("Exercise 10.4 adapted_layers")
+@check("Exercise 10.4 adapted_layers", shown=False,
+       why="the missing names would be the answer for the case's config: only their number is shown")
 def check_adapted_layers(adapted_layers: Callable[..., Any]) -> str:
     """``adapted_layers(config) -> list of module names``: the modules of
     ``MiniMindForCausalLM(config)`` that upstream's ``apply_lora`` gives an adapter (every
@@ -268,7 +271,8 @@ solution("10.5", "out = {k: v.half() for k, v in state_dict.items()}; for each l
                  "out[layer + '.weight'] = state_dict[layer + '.weight'].half() + (B @ A).half()")
 
 
-@check("Exercise 10.5 merge_file")
+@check("Exercise 10.5 merge_file", shown=True,
+       why="one fp16 entry of a merged random weight: the rounding order is not in it")
 def check_merge_file(merge_file: Callable[..., Any]) -> str:
     """``merge_file(state_dict, adapters) -> state dict``: what upstream's ``merge_lora(model,
     lora_path, save_path)`` writes, from the base model's fp32 ``state_dict`` and the adapters
@@ -316,15 +320,6 @@ def check_merge_file(merge_file: Callable[..., Any]) -> str:
                         hint="read how d65ef2c's merge_lora forms an adapted layer's merged weight: which tensors are "
                              "rounded to fp16, and whether the sum is formed before or after that rounding.")
     return "two models, ranks 16 and 4, bit for bit"
-
-
-expected_values("10.1", shown=True, why="one entry of an adapted layer's output on random weights and inputs")
-expected_values("10.2", shown=False, why="the count is a closed form of the config's fields and the rank, which the case "
-                "names")
-expected_values("10.3", shown=True, why="one entry of a merged random weight")
-expected_values("10.4", shown=False, why="the missing names would be the answer for the case's config: only their number "
-                "is shown")
-expected_values("10.5", shown=True, why="one fp16 entry of a merged random weight: the rounding order is not in it")
 
 
 def check_all(lora_forward: Callable[..., Any], lora_parameter_count: Callable[..., Any],

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import dpo as ref_dpo
-from .core import Outcome, as_number, call, check, check_close, check_numbers, expect_pair, expected_values, fail, seeded, solution
+from .core import Outcome, as_number, call, check, check_close, check_numbers, expect_pair, fail, seeded, solution
 
 
 def _logits_case(seed: int, pairs: int = 3, seq: int = 9, vocab: int = 11, empty_row: bool = True
@@ -50,7 +50,7 @@ solution("11.1", "token_lp = log_softmax(logits, -1).gather(-1, labels[..., None
                  "return (token_lp * mask).sum(1) / mask.sum(1).clamp_min(1e-8)")
 
 
-@check("Exercise 11.1 sequence_log_probs")
+@check("Exercise 11.1 sequence_log_probs", shown=True, why="one sequence log-probability of random logits")
 def check_sequence_log_probs(sequence_log_probs: Callable[..., Any]) -> str:
     """``sequence_log_probs(logits, labels, mask) -> [batch]``: upstream's per-sequence
     log-probability, the mean log-probability of the labels over the masked positions (an empty
@@ -82,12 +82,12 @@ def check_sequence_log_probs(sequence_log_probs: Callable[..., Any]) -> str:
             "one count for the whole batch instead of one per sequence":
                 lambda: (token_lp * m).sum(1) / m.sum(),
         }
-        if isinstance(got, torch.Tensor) and got.shape == expected.shape and bool(torch.isnan(got).any()):
-            fail(name, f"your result has NaN for a sequence whose mask is all zeros ({case})",
-                 "0 / 0 is NaN: keep the count away from 0 (upstream clamps it at 1e-8), so an empty mask gives 0.")
         check_close(got, expected, name=name, rtol=1e-5, atol=1e-6, check_dtype=False, mistakes=mistakes, case=case,
                     hint="each label's log-probability under the model's distribution over the vocabulary, "
-                         "averaged over the positions the mask keeps: each row has its own count.")
+                         "averaged over the positions the mask keeps: each row has its own count.",
+                    nan=(f"your result has NaN for a sequence whose mask is all zeros ({case})",
+                         "0 / 0 is NaN: keep the count away from 0 (upstream clamps it at 1e-8), so an empty mask "
+                         "gives 0."))
     return "unequal lengths, an empty mask, one pair"
 
 
@@ -105,7 +105,8 @@ solution("11.2", "ids, mask = torch.tensor(ids, dtype=torch.long), torch.tensor(
                  "return ids[:-1], ids[1:], mask[1:]")
 
 
-@check("Exercise 11.2 shift_example")
+@check("Exercise 11.2 shift_example", shown=True,
+       why="the shifted ids of a case the message names are an example of the rule, not the rule")
 def check_shift_example(shift_example: Callable[..., Any]) -> str:
     """``shift_example(ids, mask) -> (x, y, loss_mask)``: upstream's ``DPODataset`` shift,
     ``x = ids[:-1]``, ``y = ids[1:]``, ``loss_mask = mask[1:]`` (long tensors)."""
@@ -167,7 +168,8 @@ def _check_value_and_gradient(name: str, got: Any, pol: torch.Tensor, expected: 
                 hint="the value matches but the gradient does not: is something computed from a detached copy?")
 
 
-@check("Exercise 11.3 dpo_loss")
+@check("Exercise 11.3 dpo_loss", shown=True,
+       why="a loss over random log-probabilities: nothing to read the formula back from")
 def check_dpo_loss(dpo_loss: Callable[..., Any]) -> str:
     """``dpo_loss(ref_log_probs, policy_log_probs, mask, beta)`` must equal c090b69's ``dpo_loss``
     (the mean log-probability per reply token: ``minimind_ref.dpo.dpo_loss(..., reduction="mean")``),
@@ -223,7 +225,7 @@ def check_dpo_loss(dpo_loss: Callable[..., Any]) -> str:
 solution("11.4", "r = beta * (policy_seq - ref_seq); B = r.shape[0] // 2; return r[:B], r[B:]")
 
 
-@check("Exercise 11.4 implicit_rewards")
+@check("Exercise 11.4 implicit_rewards", shown=True, why="one implicit reward of random log-probabilities")
 def check_implicit_rewards(implicit_rewards: Callable[..., Any]) -> str:
     """``implicit_rewards(policy_seq, ref_seq, beta) -> (chosen, rejected)``: from ``[2B]``
     sequence log-probabilities (chosen rows first), the implicit rewards
@@ -269,15 +271,6 @@ def gradient_ratio_reference(chosen_length: int, rejected_length: int, reduction
 solution("11.5", "return 1.0 if reduction == 'sum' else rejected_length / chosen_length")
 
 
-expected_values("11.1", shown=True, why="one sequence log-probability of random logits")
-expected_values("11.2", shown=True, why="the shifted ids of a case the message names are an example of the rule, not the "
-                "rule")
-expected_values("11.3", shown=True, why="a loss over random log-probabilities: nothing to read the formula back from")
-expected_values("11.4", shown=True, why="one implicit reward of random log-probabilities")
-expected_values("11.5", shown=False, why="the ratio is a closed form of the case's two lengths: the measured value next "
-                "to them would be the answer")
-
-
 def _ratio_cases():
     """(chosen length, rejected length, reduction): both reductions, either reply the longer one, equal lengths,
     a one-token reply."""
@@ -298,7 +291,8 @@ def _measured_ratio(chosen_length: int, rejected_length: int, reduction: str) ->
     return float(policy.grad[0, 1].abs() / policy.grad[1, 1].abs())
 
 
-@check("Exercise 11.5 gradient_ratio")
+@check("Exercise 11.5 gradient_ratio", shown=False,
+       why="the ratio is a closed form of the case's two lengths: the measured value next to them would be the answer")
 def check_gradient_ratio(gradient_ratio: Callable[..., Any]) -> str:
     """``gradient_ratio(chosen_length, rejected_length, reduction) -> float``: predict, for a pair
     whose chosen reply has ``chosen_length`` tokens and rejected reply ``rejected_length``, the

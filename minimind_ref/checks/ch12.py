@@ -17,7 +17,7 @@ import torch
 from .. import grpo as ref_grpo
 import math
 
-from .core import Outcome, as_number, call, check, check_close, check_numbers, expected_values, fail, seeded, solution
+from .core import Outcome, as_number, call, check, check_close, check_numbers, fail, seeded, solution
 
 
 # ---------------------------------------------------------------------- 12.1 advantages
@@ -48,7 +48,8 @@ solution("12.1", "g = rewards.view(-1, G); a = ((rewards - g.mean(1).repeat_inte
                  "(g.std(1).repeat_interleave(G) + 1e-4)).clamp(-10, 10); return (a - a.mean()) / (a.std() + 1e-8)")
 
 
-@check("Exercise 12.1 group_advantages")
+@check("Exercise 12.1 group_advantages", shown=True,
+       why="one advantage of random rewards, whose values the message does not show")
 def check_group_advantages(group_advantages: Callable[..., Any]) -> str:
     """``group_advantages(rewards [N], num_generations) -> [N]``: c090b69's two normalisations
     (per group with the unbiased std, + 1e-4, clamped to +-10; then over the whole batch, + 1e-8);
@@ -90,14 +91,14 @@ def check_group_advantages(group_advantages: Callable[..., Any]) -> str:
                 lambda: batch_norm(torch.clamp((rewards - rewards.view(size, -1).mean(0).repeat(size))
                                                / (rewards.view(size, -1).std(0).repeat(size) + 1e-4), -10, 10)),
         }
-        if isinstance(got, torch.Tensor) and got.shape == expected.shape and bool(torch.isnan(got).any()):
-            fail(name, f"your advantages have NaN ({case})",
-                 "A group whose rewards are all equal has std 0, and its z-score divides 0 by 0. Upstream keeps the "
-                 "denominator away from 0 with a small constant, so that group gets advantage 0 (no signal).")
         check_close(got, expected, name=name, rtol=1e-5, atol=1e-5, check_dtype=False, mistakes=mistakes, case=case,
                     hint="two normalisations, as the chapter lists them: first each group's z-score (the rows of "
                          "one prompt sit next to each other; torch's default, unbiased std), then the whole batch "
-                         "again; mind the constants that keep each denominator away from 0 and the clamp.")
+                         "again; mind the constants that keep each denominator away from 0 and the clamp.",
+                    nan=(f"your advantages have NaN ({case})",
+                         "A group whose rewards are all equal has std 0, and its z-score divides 0 by 0. Upstream "
+                         "keeps the denominator away from 0 with a small constant, so that group gets advantage 0 "
+                         "(no signal)."))
     return "groups of 2 to 128, a group with no spread, a lone success the clamp cuts"
 
 
@@ -118,7 +119,7 @@ solution("12.2", "is_eos = ids == eos; idx = torch.full((N,), R); has = is_eos.a
                  "idx[has] = is_eos.int().argmax(1)[has]; return (torch.arange(R) <= idx[:, None]).int()")
 
 
-@check("Exercise 12.2 completion_mask")
+@check("Exercise 12.2 completion_mask", shown=True, why="a mask entry is 0 or 1: it tells where the mask is wrong")
 def check_completion_mask(completion_mask: Callable[..., Any]) -> str:
     """``completion_mask(completion_ids [N, R], eos_token_id) -> [N, R]`` (int): 1 up to and
     including each row's first end marker; a row without one is kept whole (upstream)."""
@@ -152,6 +153,11 @@ def check_completion_mask(completion_mask: Callable[..., Any]) -> str:
 
 
 # ---------------------------------------------------------------------- 12.3 the loss
+def _loss_nan(case: str) -> Tuple[str, str]:
+    """What ``check_close`` says of a loss that is NaN (``nan=``): an empty completion's mask divided by its zero sum."""
+    return f"your loss is NaN ({case})", "divide each completion's masked sum by its mask's sum."
+
+
 def _loss_case(seed: int, rows: int, length: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     g = seeded(seed)
     ref = -torch.rand(rows, length, generator=g) * 3
@@ -180,7 +186,8 @@ def _gradient_mistakes(forms: Dict[str, Callable[[torch.Tensor], torch.Tensor]],
     return out
 
 
-@check("Exercise 12.3 grpo_loss")
+@check("Exercise 12.3 grpo_loss", shown=True,
+       why="a loss over random log-probabilities: nothing to read the formula back from")
 def check_grpo_loss(grpo_loss: Callable[..., Any]) -> str:
     """``grpo_loss(per_token_logps, ref_per_token_logps, advantages, completion_mask, beta)``:
     c090b69's loss (ratio ``exp(lp - lp.detach())``; d65ef2c's ``grpo_loss(lp, lp.detach(), ...,
@@ -222,12 +229,11 @@ def check_grpo_loss(grpo_loss: Callable[..., Any]) -> str:
                 lambda p: seq(-(torch.ones_like(p) * adv[:, None] - beta * kl(p))),
         }
         expected = ref_grpo.grpo_loss(lp, lp.detach(), ref, adv, mask, beta, loss_type="grpo")
-        if isinstance(got, torch.Tensor) and got.shape == expected.shape and bool(torch.isnan(got)):
-            fail(name, f"your loss is NaN ({case})", "divide each completion's masked sum by its mask's sum.")
         mistakes = {k: (lambda f=f: f(lp).detach()) for k, f in forms.items()}
         check_close(got.detach(), expected, name=name, rtol=1e-5, atol=1e-6, check_dtype=False, mistakes=mistakes,
                     case=case, hint="the per-token term of the chapter's loss (the policy-gradient ratio times the "
-                    "advantage, minus beta times k3); average over each completion's mask, then over completions.")
+                    "advantage, minus beta times k3); average over each completion's mask, then over completions.",
+                    nan=_loss_nan(case))
         if not got.requires_grad:
             fail(name, f"your loss has no gradient with respect to per_token_logps ({case})",
                  "do not detach lp or call .item(): the loss must stay in the graph. Only the ratio's denominator is detached.")
@@ -244,7 +250,6 @@ def check_grpo_loss(grpo_loss: Callable[..., Any]) -> str:
                     hint="the value can be right while the gradient is not: the ratio's value is 1, but its gradient "
                          "must be the policy gradient; which part of it is detached?")
     return "value and gradient, beta from 0 to 2"
-
 
 
 # ---------------------------------------------------------------------- 12.4 d65ef2c's advantages
@@ -277,7 +282,9 @@ def _lone_mistakes(size: int, success: bool) -> Dict[str, Any]:
     }
 
 
-@check("Exercise 12.4 advantages_once")
+@check("Exercise 12.4 advantages_once", shown=False,
+       why="the lone success's advantage is a closed form of the group size the case names; the implementation's "
+           "values are one entry of random rewards, but the same exercise hides both")
 def check_advantages_once(group_advantages: Callable[..., Any], lone_success_advantages: Callable[..., Any]) -> str:
     """First the prediction: ``lone_success_advantages(group_size) -> (success, failure)``, d65ef2c's advantage
     of the one success and of each failure in a group of ``group_size`` 0/1 rewards with exactly one success,
@@ -323,13 +330,12 @@ def check_advantages_once(group_advantages: Callable[..., Any], lone_success_adv
             "one mean and std over the whole batch instead of per group":
                 lambda: (rewards - rewards.mean()) / (rewards.std(unbiased=False) + 1e-4),
         }
-        if isinstance(got, torch.Tensor) and got.shape == expected.shape and bool(torch.isnan(got).any()):
-            fail(name, f"your advantages have NaN ({case})",
-                 "A group whose rewards are all equal has std 0: keep the denominator away from 0 as upstream does, "
-                 "so that group gets advantage 0.")
         check_close(got, expected, name=name, rtol=1e-5, atol=1e-5, check_dtype=False, mistakes=mistakes, case=case,
                     hint="d65ef2c keeps only c090b69's first step, with the population std: compare your steps with "
-                         "section 2 (the rows of one group sit next to each other).")
+                         "section 2 (the rows of one group sit next to each other).",
+                    nan=(f"your advantages have NaN ({case})",
+                         "A group whose rewards are all equal has std 0: keep the denominator away from 0 as upstream "
+                         "does, so that group gets advantage 0."))
     return ("the lone success predicted for groups of 2 to 128; advantages for groups of 2 to 8 and a group with no "
             "spread")
 
@@ -381,10 +387,8 @@ def _check_cispo_loss(fn: Callable[..., Any], name: str) -> str:
                 "is capped, the k3 penalty; average over each row's mask, then over rows.")
         expected = loss(lp.detach())
         mistakes = {k: (lambda f=f: f(lp).detach()) for k, f in forms.items()}
-        if isinstance(got, torch.Tensor) and got.shape == expected.shape and bool(torch.isnan(got)):
-            fail(name, f"your loss is NaN ({case})", "divide each completion's masked sum by its mask's sum.")
         check_close(got.detach(), expected, name=name, rtol=1e-5, atol=1e-6, check_dtype=False, mistakes=mistakes,
-                    case=case, hint=hint)
+                    case=case, hint=hint, nan=_loss_nan(case))
         if not got.requires_grad:
             fail(name, f"your loss has no gradient with respect to per_token_logps ({case})",
                  "do not detach lp or call .item(): the loss must stay in the graph.")
@@ -455,7 +459,8 @@ def _silenced_mistakes(ratio: torch.Tensor, adv: torch.Tensor, eps: float) -> Di
     }
 
 
-@check("Exercise 12.5 silenced_by_clip")
+@check("Exercise 12.5 silenced_by_clip", shown=True,
+       why="a mask entry is True or False: it tells which token is wrong, not the rule")
 def check_silenced_by_clip(silenced_by_clip: Callable[..., Any]) -> str:
     """``silenced_by_clip(ratio [N, R], advantages [N], epsilon) -> bool [N, R]``: True for the tokens whose
     gradient through PPO's clipped surrogate ``min(ratio * A, clamp(ratio, 1 - epsilon, 1 + epsilon) * A)`` is
@@ -488,7 +493,8 @@ def check_silenced_by_clip(silenced_by_clip: Callable[..., Any]) -> str:
     return "on both ends of the clip and around them, both signs of the advantage and 0, and on grpo_loss's gradient"
 
 
-@check("Exercise 12.6 cispo_loss")
+@check("Exercise 12.6 cispo_loss", shown=True,
+       why="a loss over random log-probabilities: nothing to read the formula back from")
 def check_cispo_loss(cispo_loss: Callable[..., Any]) -> str:
     """``cispo_loss(per_token_logps, old_per_token_logps, ref_per_token_logps, advantages,
     completion_mask, beta, epsilon_high)``: d65ef2c's default ``--loss_type cispo``
@@ -528,17 +534,7 @@ def _first_group(condition) -> int:
     return next((g for g in range(2, 65) if condition(g)), 64)
 
 
-expected_values("12.1", shown=True, why="one advantage of random rewards, whose values the message does not show")
-expected_values("12.2", shown=True, why="a mask entry is 0 or 1: it tells where the mask is wrong")
-expected_values("12.3", shown=True, why="a loss over random log-probabilities: nothing to read the formula back from")
-expected_values("12.4", shown=False, why="the lone success's advantage is a closed form of the group size the case "
-                "names; the implementation's values are one entry of random rewards, but the same exercise hides both")
-expected_values("12.5", shown=True, why="a mask entry is True or False: it tells which token is wrong, not the rule")
-expected_values("12.6", shown=True, why="a loss over random log-probabilities: nothing to read the formula back from")
-expected_values("12.7", shown=False, why="the group size is a closed form of the case's two numbers")
-
-
-@check("Exercise 12.7 smallest_group")
+@check("Exercise 12.7 smallest_group", shown=False, why="the group size is a closed form of the case's two numbers")
 def check_smallest_group(smallest_group: Callable[..., Any]) -> str:
     """``smallest_group(p, max_no_signal) -> int``: given a measured success rate ``p`` of the
     sampled replies, the smallest group size ``G >= 2`` for which a group's rewards are all equal

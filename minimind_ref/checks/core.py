@@ -227,6 +227,7 @@ def check_close(
     check_dtype: bool = True,
     mistakes: Optional[Mapping[str, Any]] = None,
     case: Optional[str] = None,
+    nan: Optional[Tuple[str, str]] = None,
 ) -> None:
     """Assert ``got`` equals ``expected`` within tolerance, with a learner-friendly message.
 
@@ -237,6 +238,9 @@ def check_close(
     reports the first mismatching index (with the reference's value there when the exercise shows
     values, ``expected_values``; otherwise which way the learner's value is off) and the hint; the
     last line says how to see a solution. ``case`` says which input failed ("batch 2, padded on the left").
+    ``nan``: ``(message, hint)`` in the exercise's own words for a result of the right shape that holds
+    NaN (an empty mask divided by its zero count, a group without spread), said before the dtype and
+    the values are compared.
     """
     if not isinstance(got, torch.Tensor):
         fail(name, f"expected a torch.Tensor, got {type(got).__name__}: {got!r:.80}{_on(case)}", hint)
@@ -247,6 +251,8 @@ def check_close(
         seen = diagnose(got, mistakes, rtol, atol, expected)
         what = _t(f"shape mismatch: expected {tuple(expected.shape)}, got {tuple(got.shape)}{_on(case)}")
         _fail(name, (_t(f"this looks like {seen}: ") if seen else "") + what, hint)
+    if nan is not None and bool(torch.isnan(got).any()):
+        fail(name, *nan)
     if check_dtype and got.dtype != expected.dtype:
         fail(name, f"dtype mismatch: expected {expected.dtype}, got {got.dtype}{_on(case)}", hint)
     g = got.detach().to(device=expected.device, dtype=torch.float64)
@@ -555,9 +561,18 @@ def passed(name: str, detail: str = "") -> None:
     print(_t(f"✓ {name} passed: {detail}") if detail else _t(f"✓ {name} passed"))
 
 
-def check(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def check(name: str, shown: Optional[bool] = None,
+          why: Optional[str] = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator for a check function: converts stubs into failures and prints ``✓`` on success
-    (the decorated function should return an optional detail string)."""
+    (the decorated function should return an optional detail string). ``shown`` and ``why``, when
+    given, are the exercise's ``expected_values`` declaration (the exercise is the one ``name``
+    names), made where the check is defined."""
+    if shown is not None or why is not None:
+        number = exercise_number(name)
+        if number is None or shown is None:
+            raise ValueError(f"check: declaring which values a failure may show needs a name like 'Exercise 9.1 "
+                             f"...' and both shown=True/False and why=..., got name={name!r}, shown={shown!r}.")
+        expected_values(number, shown, why)
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
