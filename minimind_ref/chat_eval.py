@@ -59,7 +59,7 @@ def reply_logprobs(model: torch.nn.Module, tokenizer: Any, conversations: Sequen
             x, m = x.to(device), m.to(device)
             logp = F.log_softmax(model(x).logits[:, :-1].float(), dim=-1).gather(-1, x[:, 1:, None]).squeeze(-1)
             mask = m[:, 1:]
-            sums.append((logp * mask).sum(1).cpu())
+            sums.append(torch.where(mask.bool(), logp, torch.zeros_like(logp)).sum(1).cpu())  # select: -inf stays out
             counts.append(mask.sum(1).cpu())
     finally:
         model.train(was_training)
@@ -122,6 +122,10 @@ def evaluate_chat(model: torch.nn.Module, tokenizer: Any, reference: Optional[Di
     report passes the SFT model's of the same seed) for ``win_rate``. ``n_per_kind`` and
     ``n_pairs`` evaluate on the first prompts / pairs only (the report uses them all).
     Deterministic for a given model and machine."""
+    if reference is not None and not (isinstance(reference, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in reference.items())):
+        raise TypeError(f"reference must map each held-out prompt to the reference model's reply (a dict of str to "
+                        f"str, as reference_replies returns), got {type(reference).__name__}.")
     prompts = heldout_prompts(n_per_kind)
     replies = generate_replies(model, tokenizer, [[{"role": "user", "content": ex.user}] for ex in prompts],
                                max_new_tokens=max_new_tokens)

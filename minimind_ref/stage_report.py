@@ -28,7 +28,12 @@ def load_seed_records(path: Optional[Path] = None) -> Dict[str, Any]:
     path = Path(path) if path is not None else SEEDS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"no seed record at {path}: run `python -m minimind_ref.stages rebuild --seeds 0,1,2`.")
-    return json.loads(path.read_text(encoding="utf-8"))
+    records = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(records, dict) or not isinstance(records.get("stages"), dict):
+        raise ValueError(f"{path} is not a seed record: expected a JSON object with \"stages\" (as "
+                         "`python -m minimind_ref.stages rebuild --seeds 0,1,2` writes), got "
+                         f"{type(records).__name__}{' without stages' if isinstance(records, dict) else ''}.")
+    return records
 
 
 def seed_values(records: Dict[str, Any], stage: str, metric: str) -> List[float]:
@@ -52,6 +57,8 @@ def stage_effect(stage: str, metric: str, records: Optional[Dict[str, Any]] = No
     ``range`` / ``parent_range`` (min, max) and ``direction``: ``"up"`` when every seed of the
     stage lies above every seed of the parent (the ranges do not overlap), ``"down"`` in the
     opposite case, ``"within range"`` when the ranges overlap."""
+    if stage not in STAGE_INFO:
+        raise ValueError(f"unknown stage {stage!r}: the stages are {', '.join(STAGE_INFO)}.")
     records = records if records is not None else load_seed_records()
     parent = parent or STAGE_INFO[stage].parent
     if parent is None:

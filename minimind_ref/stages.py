@@ -284,11 +284,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = p.parse_args(argv)
     if args.command == "rebuild":
         if args.seeds:
-            rebuild_seeds([int(x) for x in args.seeds.split(",")])
+            try:
+                seeds = [int(x) for x in args.seeds.split(",")]
+            except ValueError:
+                p.error(f"--seeds takes comma-separated integers, e.g. --seeds 0,1,2; got {args.seeds!r}.")
+            if len(set(seeds)) != len(seeds) or min(seeds) < 0:
+                p.error(f"--seeds must name each seed once, each >= 0; got {args.seeds!r}.")
+            rebuild_seeds(seeds)
         else:
             for name in args.stages or list(SEEDED_STAGES):
                 rebuild(name)
     if args.command == "report":
+        from .files import check_writable
+
+        for path, what in ((args.out, "--out (the report's table)"), (args.figure, "--figure (the report's PNG)")):
+            if path:  # before any evaluation: a folder or an unwritable place fails now, not after minutes
+                check_writable(path, what)
         with torch.inference_mode(False):
             if args.recorded or args.evaluate:
                 table = render_markdown(recorded_rows() if args.recorded else stage_rows())

@@ -105,3 +105,39 @@ def test_rendering_marks_the_effects_and_shows_ranges():
     broken = copy.deepcopy(rec)
     del broken["stages"]["lora"]["2"]["metrics"]["win_rate"]
     assert "–" in stages.render_seed_report(broken)
+
+
+# ---------------------------------------------------------------------- bad input, named before any work
+def test_rebuild_refuses_seeds_that_are_not_integers(capsys):
+    from minimind_ref import stages
+
+    for bad in ("a", "0,,1", "0,0", "-1"):
+        with pytest.raises(SystemExit):
+            stages.main(["rebuild", "--seeds", bad])
+        assert "--seeds" in capsys.readouterr().err
+
+
+def test_report_checks_its_output_paths_before_evaluating(tmp_path, monkeypatch):
+    from minimind_ref import stages
+
+    monkeypatch.setattr(stages, "stage_rows", lambda *a, **k: pytest.fail("evaluated before checking --out"))
+    with pytest.raises(IsADirectoryError, match="--out"):
+        stages.main(["report", "--evaluate", "--out", str(tmp_path)])
+
+
+def test_seed_record_and_stage_names_are_checked(tmp_path):
+    from minimind_ref import stage_report
+
+    bad = tmp_path / "record.json"
+    bad.write_text("[1, 2]", encoding="utf-8")
+    with pytest.raises(ValueError, match="not a seed record"):
+        stage_report.load_seed_records(bad)
+    with pytest.raises(ValueError, match="unknown stage 'nope'"):
+        stage_report.stage_effect("nope", "sum_accuracy", records={"stages": {}})
+
+
+def test_evaluate_chat_names_a_reference_that_is_not_replies():
+    from minimind_ref import chat_eval
+
+    with pytest.raises(TypeError, match="reference must map"):
+        chat_eval.evaluate_chat(None, None, reference=[1])
