@@ -159,7 +159,7 @@ class FastDecoder:
         device, dtype = self.embed.device, self.embed.dtype
         # zeros, not empty: the masked (compiled) step multiplies the unwritten positions by weight 0
         keys = [torch.zeros(self.n_kv_heads, capacity, self.head_dim, device=device, dtype=dtype) for _ in self.qkv_t]
-        values = [torch.empty_like(k) for k in keys]
+        values = [torch.zeros_like(k) for k in keys]  # zeros too: weight 0 times uninitialised memory (NaN) is NaN
         for (k, v), k_cache, v_cache in zip(out.past_key_values, keys, values):
             k_cache[:, :prompt_len] = k[0].transpose(0, 1)
             v_cache[:, :prompt_len] = v[0].transpose(0, 1)

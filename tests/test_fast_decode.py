@@ -61,6 +61,21 @@ def test_compiled_step_gives_the_same_tokens():
     assert torch.equal(compiled, model.generate(prompt, max_new_tokens=16))
 
 
+def test_masked_step_ignores_what_the_cache_memory_held(monkeypatch):
+    """The static (compiled) step attends over the whole cache with weight 0 on unwritten positions;
+    0 * NaN is NaN, so those positions must be zeros, not uninitialised memory (which once made the
+    compiled step emit token 0 in CI). Here every new tensor starts as NaN, and the eager masked
+    step must still give generate's tokens."""
+    model = small_model(7)
+    prompt = torch.randint(0, 300, (1, 6), generator=torch.Generator().manual_seed(7))
+    expected = model.generate(prompt, max_new_tokens=16)
+    decoder = FastDecoder(model)
+    decoder._static_step = decoder._masked_step  # the compiled step's code, run eagerly
+    real_empty_like = torch.empty_like
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: real_empty_like(*a, **k).fill_(float("nan")))
+    assert torch.equal(decoder.generate(prompt, 16), expected)
+
+
 def minimind3_model(seed: int = 0, **overrides) -> mm.MiniMindForCausalLM:
     """A small minimind-3 (QK-norm, 8:4 GQA) with random QK-norm gains, so a skipped or misplaced QK-norm shows."""
     torch.manual_seed(seed)
