@@ -18,7 +18,19 @@ prompts only (``chat_data.heldout_exchanges``: distinct prompts no stage trained
   keeps moving when the accuracy cannot);
 * ``win_rate``: on the held-out prompts the ``reference`` model (the report uses the lineage's
   SFT model) answers wrongly, the share where the evaluated model gives the right answer a
-  higher log-probability than the reference's own reply (``win_rate_n`` such prompts).
+  higher log-probability than the reference's own reply (``win_rate_n`` such prompts). The
+  prompts and the rejected replies are the reference's: the same model has another win rate
+  against another lineage's SFT model.
+
+Deterministic up to ties. Greedy decoding and the log-probability comparisons are exact functions
+of the weights, but two CPUs (or ``ATEN_CPU_CAPABILITY=default``) round differently, by about
+1e-4 nats. A greedy reply that a step decided by less than ``GREEDY_TIE_MARGIN`` could score the
+other way on another machine (``greedy_near_ties``: a right reply with any near tie, a wrong one
+whose right token came that close where it went wrong, a stop decided that closely), and so could
+a win-rate pair whose two sums are within ``WIN_TIE_MARGIN``: ``<kind>_near_ties``,
+``stop_near_ties`` and ``win_near_ties`` count them, and ``stage_report.metric_interval`` widens a
+proportion's 95 % Wilson interval (``wilson_interval``, from its count: the finite set of held-out
+prompts) by them. Claims over seeds and float paths compare these intervals.
 """
 
 from __future__ import annotations
@@ -32,6 +44,13 @@ from . import chat_data
 from .sft import assistant_loss_mask, encode_chat, generate_replies, marker_ids, merged_newline_ids
 
 EVAL_MAX_NEW_TOKENS = 128  # the identity reply is 97 tokens and the refusal 69 with the course tokenizer
+# Float rounding between CPUs moves a summed log-probability by about 1e-4 nats (measured: at most
+# 2.4e-4 over the 227 win-rate pairs of base against the shipped sft, native vs ATEN_CPU_CAPABILITY=default)
+# and a logit by less: decisions closer than these margins are counted as near ties.
+GREEDY_TIE_MARGIN = 0.01  # logits: a greedy step whose top two logits are closer could pick the other token
+WIN_TIE_MARGIN = 0.01  # nats: a win-rate pair whose two summed log-probabilities are closer could flip
+Z_95 = 1.959963984540054  # the normal quantile of a two-sided 95 % interval
+
 
 
 @torch.no_grad()
@@ -73,9 +92,92 @@ def mean_logprobs(model: torch.nn.Module, tokenizer: Any, conversations: Sequenc
     return total / count.clamp_min(1.0)
 
 
+@torch.no_grad()
+def greedy_near_ties(model: torch.nn.Module, tokenizer: Any, conversations: Sequence[Sequence[Dict[str, str]]],
+                     replies: Sequence[Dict[str, Any]], answers: Sequence[str], margin: float = GREEDY_TIE_MARGIN,
+                     batch_size: int = 64) -> Tuple[List[bool], List[bool]]:
+    """Which greedy replies (``generate_replies``) another float path could score differently, to
+    first order: ``(score, stop)``, one bool per conversation.
+
+    * ``score``: for a reply that is right (``score_reply`` against ``answers``), some step's top two
+      logits lie within ``margin`` (any other token makes it wrong); for a wrong one, at the first
+      token where it leaves the right answer, the right token's logit lies within ``margin`` of the
+      chosen one (the only tie that could make it right).
+    * ``stop``: for a reply that stopped, ``<|im_end|>`` won its step by less than ``margin``; for
+      one that did not, ``<|im_end|>`` came within ``margin`` of the chosen token at some step.
+
+    The replies are re-read in one forward pass (teacher forcing), the same logits up to float
+    rounding. Ties that would only change a reply after another tie are not counted."""
+    from .chat_template import IM_END, _plain_ids, _special_id
+
+    device = next(model.parameters()).device
+    eos = _special_id(tokenizer, IM_END)
+    rows, starts = [], []
+    for conv, reply in zip(conversations, replies):
+        prompt = encode_chat(tokenizer, conv, add_generation_prompt=True)
+        rows.append(prompt + list(reply["ids"]) + ([eos] if reply["stopped"] else []))
+        starts.append(len(prompt))
+    score, stop = [], []
+    was_training = model.training
+    model.eval()
+    try:
+        for start in range(0, len(rows), batch_size):
+            chunk = rows[start : start + batch_size]
+            width = max(len(r) for r in chunk)
+            x = torch.zeros(len(chunk), width, dtype=torch.long)
+            for i, ids in enumerate(chunk):
+                x[i, : len(ids)] = torch.tensor(ids)
+            logits = model(x.to(device)).logits.float().cpu()
+            for i, ids in enumerate(chunk):
+                n = start + i
+                first = starts[n] - 1  # the position that predicted the reply's first token
+                chosen = ids[starts[n]:]
+                steps = logits[i, first : first + len(chosen)]  # [generated tokens, vocab]
+                if not chosen:
+                    score.append(False)
+                    stop.append(False)
+                    continue
+                top2 = steps.topk(2, dim=-1).values
+                gaps = top2[:, 0] - top2[:, 1]
+                picked = steps.gather(-1, torch.tensor(chosen)[:, None]).squeeze(-1)
+                if score_reply_text(replies[n]["text"], answers[n]):
+                    score.append(bool((gaps < margin).any()))
+                else:
+                    target = _plain_ids(tokenizer, answers[n].strip()) + [eos]
+                    j = next((t for t, (c, a) in enumerate(zip(chosen, target)) if c != a), None)
+                    score.append(j is not None and bool(picked[j] - steps[j, target[j]] < margin))
+                if replies[n]["stopped"]:
+                    stop.append(bool(gaps[-1] < margin))
+                else:
+                    stop.append(bool((picked - steps[:, eos] < margin).any()))
+    finally:
+        model.train(was_training)
+    return score, stop
+
+
+def wilson_interval(successes: float, n: float, z: float = Z_95) -> Tuple[float, float]:
+    """The Wilson score interval of a proportion ``successes / n`` (95 % with the default ``z``):
+    where the share would lie on another draw of ``n`` prompts of the same kind. ``(0, 1)`` for
+    ``n == 0``."""
+    if n < 0 or successes < 0 or successes > n:
+        raise ValueError(f"need 0 <= successes <= n, got successes={successes!r}, n={n!r}.")
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    denominator = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denominator
+    half = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / denominator
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def score_reply_text(reply: str, answer: str) -> bool:
+    """Whether ``reply`` is the whole ``answer`` (exact, after stripping whitespace)."""
+    return reply.strip() == answer.strip()
+
+
 def score_reply(exchange: chat_data.Exchange, reply: str) -> bool:
     """Whether a reply is the whole right answer (exact, after stripping whitespace)."""
-    return reply.strip() == exchange.answer.strip()
+    return score_reply_text(reply, exchange.answer)
 
 
 def heldout_prompts(n_per_kind: Optional[int] = None) -> List[chat_data.Exchange]:
@@ -121,23 +223,31 @@ def evaluate_chat(model: torch.nn.Module, tokenizer: Any, reference: Optional[Di
     docstring for the metrics). ``reference``: another model's ``reference_replies`` (the
     report passes the SFT model's of the same seed) for ``win_rate``. ``n_per_kind`` and
     ``n_pairs`` evaluate on the first prompts / pairs only (the report uses them all).
-    Deterministic for a given model and machine."""
+    Deterministic for a given model and machine; on another float path up to the near ties it
+    counts (``<kind>_near_ties``, ``stop_near_ties``, ``win_near_ties``: see the module docstring).
+    The counts (``<kind>_n``, ``stop_n``, ``win_rate_n``) give each share its interval
+    (``stage_report.metric_interval``)."""
     if reference is not None and not (isinstance(reference, dict) and all(
             isinstance(k, str) and isinstance(v, str) for k, v in reference.items())):
         raise TypeError(f"reference must map each held-out prompt to the reference model's reply (a dict of str to "
                         f"str, as reference_replies returns), got {type(reference).__name__}.")
     prompts = heldout_prompts(n_per_kind)
-    replies = generate_replies(model, tokenizer, [[{"role": "user", "content": ex.user}] for ex in prompts],
-                               max_new_tokens=max_new_tokens)
+    conversations = [[{"role": "user", "content": ex.user}] for ex in prompts]
+    replies = generate_replies(model, tokenizer, conversations, max_new_tokens=max_new_tokens)
+    near, near_stop = greedy_near_ties(model, tokenizer, conversations, replies, [ex.answer for ex in prompts])
     metrics: Dict[str, float] = {}
-    chat = [(ex, r) for ex, r in zip(prompts, replies) if ex.kind != "double"]
+    chat = [(ex, r, t) for ex, r, t in zip(prompts, replies, near_stop) if ex.kind != "double"]
     for kind in chat_data.KINDS + ("double",):
-        scored = [(score_reply(ex, r["text"]), len(r["ids"])) for ex, r in zip(prompts, replies) if ex.kind == kind]
-        metrics[f"{kind}_accuracy"] = sum(ok for ok, _ in scored) / len(scored)
+        scored = [(score_reply(ex, r["text"]), len(r["ids"]), t) for ex, r, t in zip(prompts, replies, near)
+                  if ex.kind == kind]
+        metrics[f"{kind}_accuracy"] = sum(ok for ok, _, _ in scored) / len(scored)
         metrics[f"{kind}_n"] = float(len(scored))
-        metrics[f"{kind}_length"] = sum(n for _, n in scored) / len(scored)
-    metrics["stop_rate"] = sum(r["stopped"] for _, r in chat) / len(chat)
-    metrics["mean_length"] = sum(len(r["ids"]) for _, r in chat) / len(chat)
+        metrics[f"{kind}_length"] = sum(n for _, n, _ in scored) / len(scored)
+        metrics[f"{kind}_near_ties"] = float(sum(t for _, _, t in scored))
+    metrics["stop_rate"] = sum(r["stopped"] for _, r, _ in chat) / len(chat)
+    metrics["stop_n"] = float(len(chat))
+    metrics["stop_near_ties"] = float(sum(t for _, _, t in chat))
+    metrics["mean_length"] = sum(len(r["ids"]) for _, r, _ in chat) / len(chat)
     pairs = chat_data.dpo_preference_pairs(n_pairs, seed=0, split="test")
     chosen, n_chosen = reply_logprobs(model, tokenizer, [p["chosen"] for p in pairs])
     rejected, n_rejected = reply_logprobs(model, tokenizer, [p["rejected"] for p in pairs])
@@ -152,4 +262,6 @@ def evaluate_chat(model: torch.nn.Module, tokenizer: Any, reference: Optional[Di
             r, _ = reply_logprobs(model, tokenizer, [p["rejected"] for p in own])
             metrics["win_rate"] = float((c > r).float().mean())
             metrics["win_margin"] = float((c - r).mean())
+            metrics["win_near_ties"] = float(((c - r).abs() < WIN_TIE_MARGIN).sum())
     return metrics
+

@@ -1,6 +1,7 @@
 """The shipped stages' registry: which stages exist (``STAGES``), each one's file, parent
 stage, chapter and description (``STAGE_INFO``), the stages the seeded rebuild trains
-(``SEEDED_STAGES``), the recipe that makes each (``RECIPES``, ``"module:function"`` strings
+(``SEEDED_STAGES``) and the record's seeds and float paths (``DEFAULT_SEEDS``,
+``FLOAT_PATHS``), the recipe that makes each (``RECIPES``, ``"module:function"`` strings
 imported at run time) and where the files live (``CHECKPOINT_DIR``, ``TOKENIZER_FILE``,
 ``SEEDS_FILE``). Data only: loading, saving and rebuilding the files is ``stages``', which
 re-exports every name here; the report over seeds (``stage_report``) reads the stages' order
@@ -18,6 +19,15 @@ TOKENIZER_FILE = CHECKPOINT_DIR / "tokenizer.json"
 STAGES = ("base", "sft", "lora", "dpo", "grpo")
 SEEDS_FILE = CHECKPOINT_DIR / "stage_seeds.json"
 SEEDED_STAGES = ("sft", "lora", "dpo", "grpo")
+RECORD_VERSION = 2  # 2: every run under every float path (stages -> seed -> path); 1 had one path
+#: The float paths the record holds: ``native`` (the CPU's own SIMD kernels, ATEN_CPU_CAPABILITY
+#: unset) and ``default`` (``ATEN_CPU_CAPABILITY=default``: no AVX2/AVX-512 kernels). ``avx2`` and
+#: ``avx512`` may be named too (a CPU that has them). The variable must be set before torch is
+#: imported, so every path runs in a process of its own.
+FLOAT_PATHS = ("native", "default")
+KNOWN_PATHS = ("native", "default", "avx2", "avx512")
+CAPABILITY_ENV = "ATEN_CPU_CAPABILITY"
+DEFAULT_SEEDS = (0, 1, 2, 3, 4)
 
 
 @dataclass

@@ -18,79 +18,210 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .stage_registry import SEEDS_FILE, STAGE_INFO, STAGES
+from . import chat_data
+from .chat_eval import Z_95, wilson_interval
+from .files import PathLike
+from .stage_registry import DEFAULT_SEEDS, RECORD_VERSION, SEEDED_STAGES, SEEDS_FILE, STAGE_INFO, STAGES
 
 
-def load_seed_records(path: Optional[Path] = None) -> Dict[str, Any]:
+def load_seed_records(path: Optional[PathLike] = None) -> Dict[str, Any]:
     """The seeded rebuild's record (``rebuild_seeds``), shipped beside the checkpoints."""
-    import json
+    from .files import read_json
 
     path = Path(path) if path is not None else SEEDS_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"no seed record at {path}: run `python -m minimind_ref.stages rebuild --seeds 0,1,2`.")
-    records = json.loads(path.read_text(encoding="utf-8"))
-    if not isinstance(records, dict) or not isinstance(records.get("stages"), dict):
-        raise ValueError(f"{path} is not a seed record: expected a JSON object with \"stages\" (as "
-                         "`python -m minimind_ref.stages rebuild --seeds 0,1,2` writes), got "
-                         f"{type(records).__name__}{' without stages' if isinstance(records, dict) else ''}.")
+        raise FileNotFoundError(f"no seed record at {path}: run `python -m minimind_ref.stages rebuild --seeds "
+                                f"{','.join(map(str, DEFAULT_SEEDS))}`.")
+    records = read_json(path, "seed record")
+    if not isinstance(records, dict) or records.get("version") != RECORD_VERSION:
+        raise ValueError(f"{path} is not a seed record of this version ({RECORD_VERSION}: every seed under every float "
+                         "path); make it again with `python -m minimind_ref.stages rebuild --seeds 0,1,2,3,4`.")
     return records
 
 
-def seed_values(records: Dict[str, Any], stage: str, metric: str) -> List[float]:
-    """The values of ``metric`` for ``stage`` over the recorded seeds (in seed order)."""
+def seed_runs(records: Dict[str, Any], stage: str, paths: Optional[Sequence[str]] = None
+              ) -> List[Tuple[int, str, Dict[str, Any]]]:
+    """``(seed, path, run)`` for every recorded run of ``stage`` (seed order, then path order);
+    ``run`` holds ``metrics``, ``seconds`` and ``stage_metrics``. ``paths``: only these paths."""
     per_seed = records["stages"].get(stage, {})
     if not per_seed:
         raise ValueError(f"the seed record has no stage {stage!r}; it has {', '.join(records['stages'])}.")
+    wanted = list(paths) if paths is not None else list(records["paths"])
+    unknown = [p for p in wanted if p not in records["paths"]]
+    if unknown:
+        raise ValueError(f"the seed record has no float path {unknown[0]!r}; it has {', '.join(records['paths'])}.")
+    return [(int(seed), path, per_seed[seed][path]) for seed in sorted(per_seed, key=int) for path in wanted
+            if path in per_seed[seed]]
+
+
+def run_metrics(records: Dict[str, Any], stage: str, seed: int, path: Optional[str] = None) -> Dict[str, float]:
+    """The ``evaluate_chat`` figures of one run: ``stage`` in lineage ``seed`` on float ``path``
+    (default: the record's first path, the one the shipped stages come from)."""
+    path = path or records["paths"][0]
+    try:
+        return records["stages"][stage][str(seed)][path]["metrics"]
+    except KeyError:
+        raise ValueError(f"the seed record has no run of {stage!r} with seed {seed} on float path {path!r}; it has "
+                         f"seeds {records['seeds']} and paths {records['paths']}.") from None
+
+
+def seed_values(records: Dict[str, Any], stage: str, metric: str, paths: Optional[Sequence[str]] = None) -> List[float]:
+    """The values of ``metric`` for ``stage`` over the recorded runs, every seed on every float path
+    (``seed_runs`` order); ``paths``: only these paths."""
     out = []
-    for seed in sorted(per_seed, key=int):
-        metrics = per_seed[seed]["metrics"]
-        if metric not in metrics:
-            raise ValueError(f"the seed record of {stage!r} has no metric {metric!r}; it has {', '.join(sorted(metrics))}.")
-        out.append(float(metrics[metric]))
+    for seed, path, run in seed_runs(records, stage, paths):
+        if metric not in run["metrics"]:
+            raise ValueError(f"the seed record of {stage!r} has no metric {metric!r}; it has "
+                             f"{', '.join(sorted(run['metrics']))}.")
+        out.append(float(run["metrics"][metric]))
     return out
 
 
+#: proportion metric -> (its count key, its near-ties key) in ``evaluate_chat``'s figures
+PROPORTIONS: Dict[str, Tuple[str, str]] = {
+    **{f"{kind}_accuracy": (f"{kind}_n", f"{kind}_near_ties") for kind in chat_data.KINDS + ("double",)},
+    "stop_rate": ("stop_n", "stop_near_ties"), "win_rate": ("win_rate_n", "win_near_ties"),
+}
+
+
+def metric_interval(metrics: Dict[str, float], metric: str, z: float = Z_95) -> Tuple[float, float]:
+    """Where ``metric`` of one run could lie: for a share (``PROPORTIONS``) the Wilson interval of
+    its count (``z``: 95 %), widened by its near ties (each could go either way on another float
+    path); for other figures (margins, lengths) the value itself (their spread comes from the seeds
+    and paths)."""
+    value = float(metrics[metric])
+    if metric not in PROPORTIONS:
+        return value, value
+    n_key, ties_key = PROPORTIONS[metric]
+    n = float(metrics[n_key])
+    successes = round(value * n)
+    ties = float(metrics.get(ties_key, 0.0))
+    return wilson_interval(max(0.0, successes - ties), n, z)[0], wilson_interval(min(n, successes + ties), n, z)[1]
+
+
 def stage_effect(stage: str, metric: str, records: Optional[Dict[str, Any]] = None,
-                 parent: Optional[str] = None) -> Dict[str, Any]:
-    """How ``stage`` changed ``metric`` relative to its parent stage (or ``parent``), over the
-    recorded seeds: ``mean`` / ``parent_mean`` / ``change`` (child mean - parent mean),
-    ``range`` / ``parent_range`` (min, max) and ``direction``: ``"up"`` when every seed of the
-    stage lies above every seed of the parent (the ranges do not overlap), ``"down"`` in the
-    opposite case, ``"within range"`` when the ranges overlap."""
+                 parent: Optional[str] = None, paths: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    """How ``stage`` changed ``metric`` relative to its parent stage (or ``parent``), over every
+    recorded run (each seed on each float path; ``paths``: only the runs on these paths).
+
+    ``mean`` / ``parent_mean`` / ``change``, ``range`` / ``parent_range`` (min, max of the values),
+    ``interval`` / ``parent_interval`` (the envelope of the runs' ``metric_interval``: lowest lower
+    bound, highest upper bound), ``lineages`` (runs compared with their own parent: seed and path
+    equal) and ``lineages_up`` / ``lineages_down`` (how many of them went up / down), and
+    ``direction``:
+
+    * ``"up"`` / ``"down"``: the envelopes do not overlap (every run's interval of the stage lies
+      above / below every run's interval of the parent): a re-run on any seed and path shows it;
+    * ``"up in every lineage"`` / ``"down in every lineage"``: the envelopes overlap, but in every
+      lineage the stage's value lies above / below its own parent's: a consistent change smaller
+      than what one run can resolve;
+    * ``"within range"``: neither."""
     if stage not in STAGE_INFO:
         raise ValueError(f"unknown stage {stage!r}: the stages are {', '.join(STAGE_INFO)}.")
     records = records if records is not None else load_seed_records()
     parent = parent or STAGE_INFO[stage].parent
     if parent is None:
         raise ValueError(f"stage {stage!r} has no parent to compare with; pass parent=...")
-    child, before = seed_values(records, stage, metric), seed_values(records, parent, metric)
-    if min(child) > max(before):
+    child_runs, parent_runs = seed_runs(records, stage, paths), seed_runs(records, parent, paths)
+    for name, runs in ((stage, child_runs), (parent, parent_runs)):
+        for seed, path, run in runs:
+            if metric not in run["metrics"]:
+                raise ValueError(f"the seed record of {name!r} has no metric {metric!r}; it has "
+                                 f"{', '.join(sorted(run['metrics']))}.")
+    child = [float(run["metrics"][metric]) for _, _, run in child_runs]
+    before = [float(run["metrics"][metric]) for _, _, run in parent_runs]
+    child_iv = [metric_interval(run["metrics"], metric) for _, _, run in child_runs]
+    parent_iv = [metric_interval(run["metrics"], metric) for _, _, run in parent_runs]
+    interval = (min(lo for lo, _ in child_iv), max(hi for _, hi in child_iv))
+    parent_interval = (min(lo for lo, _ in parent_iv), max(hi for _, hi in parent_iv))
+    own = {(seed, path): float(run["metrics"][metric]) for seed, path, run in parent_runs}
+    pairs = [(float(run["metrics"][metric]), own[(seed, path)]) for seed, path, run in child_runs if (seed, path) in own]
+    up, down = sum(c > p for c, p in pairs), sum(c < p for c, p in pairs)
+    if interval[0] > parent_interval[1]:
         direction = "up"
-    elif max(child) < min(before):
+    elif interval[1] < parent_interval[0]:
         direction = "down"
+    elif pairs and up == len(pairs):
+        direction = "up in every lineage"
+    elif pairs and down == len(pairs):
+        direction = "down in every lineage"
     else:
         direction = "within range"
     return {"stage": stage, "parent": parent, "metric": metric, "mean": sum(child) / len(child),
             "parent_mean": sum(before) / len(before), "change": sum(child) / len(child) - sum(before) / len(before),
-            "range": (min(child), max(child)), "parent_range": (min(before), max(before)), "direction": direction,
-            "seeds": len(child)}
+            "range": (min(child), max(child)), "parent_range": (min(before), max(before)), "interval": interval,
+            "parent_interval": parent_interval, "lineages": len(pairs), "lineages_up": up, "lineages_down": down,
+            "direction": direction, "runs": len(child), "seeds": len({s for s, _, _ in child_runs}),
+            "paths": len({p for _, p, _ in child_runs})}
+
+
+CLAIMS = ("up", "down", "up in every lineage", "down in every lineage", "within range")
+
+
+def describe_effect(stage: str, metric: str, records: Optional[Dict[str, Any]] = None,
+                    parent: Optional[str] = None, paths: Optional[Sequence[str]] = None) -> str:
+    """``stage_effect`` as one sentence (asserting nothing): the means, the intervals (shares) or
+    ranges (other figures), how many lineages went up and down, and the direction; where the
+    direction differs between float paths, each path's own."""
+    records = records if records is not None else load_seed_records()
+    e = stage_effect(stage, metric, records, parent, paths)
+    fmt = _fmt(metric)
+    kind = "95 % intervals" if metric in PROPORTIONS else "ranges"
+    low, high = ("interval", "parent_interval") if metric in PROPORTIONS else ("range", "parent_range")
+    sentence = (f"{e['stage']} vs {e['parent']}, {metric}: {fmt(e['parent_mean'])} -> {fmt(e['mean'])} ({e['seeds']} seeds "
+                f"x {e['paths']} float paths; {kind} {fmt(e[high][0])}-{fmt(e[high][1])} and {fmt(e[low][0])}-"
+                f"{fmt(e[low][1])}; higher in {e['lineages_up']} of {e['lineages']} lineages, lower in "
+                f"{e['lineages_down']}): {e['direction']}")
+    if paths is None and len(records["paths"]) > 1:
+        each = {p: stage_effect(stage, metric, records, parent, [p])["direction"] for p in records["paths"]}
+        if len(set(each.values())) > 1:
+            sentence += " (" + "; ".join(f"on {p} alone: {d}" for p, d in each.items()) + ")"
+    return sentence
 
 
 def check_claim(stage: str, metric: str, claim: str, records: Optional[Dict[str, Any]] = None,
                 parent: Optional[str] = None) -> str:
-    """Assert that the recorded seeds support a chapter's claim about a stage's effect, and return
-    it as a sentence. ``claim``: ``"up"`` / ``"down"`` (beyond the seed range) or ``"within
-    range"`` (no change beyond it). Raises ``AssertionError`` naming the recorded figures
-    otherwise, so a chapter cannot state an effect the report does not show."""
-    if claim not in ("up", "down", "within range"):
-        raise ValueError(f"claim must be 'up', 'down' or 'within range', got {claim!r}.")
-    e = stage_effect(stage, metric, records, parent)
-    fmt = _fmt(metric)
-    sentence = (f"{e['stage']} vs {e['parent']}, {metric}: {fmt(e['parent_mean'])} -> {fmt(e['mean'])} "
-                f"(seed ranges {fmt(e['parent_range'][0])}-{fmt(e['parent_range'][1])} and "
-                f"{fmt(e['range'][0])}-{fmt(e['range'][1])}, {e['seeds']} seeds): {e['direction']}")
-    assert e["direction"] == claim, f"the recorded seeds do not show '{claim}': {sentence}"
+    """Assert that the record (every seed on every float path) supports a chapter's claim about a
+    stage's effect, and return it as a sentence (``describe_effect``). ``claim``: one of
+    ``CLAIMS`` (see ``stage_effect``); ``"up in every lineage"`` also holds when the effect is
+    ``"up"``, and likewise for down. Raises ``AssertionError`` naming the recorded figures
+    otherwise, so a chapter cannot state an effect the record does not show."""
+    if claim not in CLAIMS:
+        raise ValueError(f"claim must be one of {', '.join(repr(c) for c in CLAIMS)}, got {claim!r}.")
+    direction = stage_effect(stage, metric, records, parent)["direction"]
+    sentence = describe_effect(stage, metric, records, parent)
+    holds = direction == claim or (claim.endswith("in every lineage") and direction == claim.split()[0])
+    assert holds, f"the recorded runs do not show '{claim}': {sentence}"
     return sentence
+
+
+#: The skills a later stage must not destroy (``destroyed_skills``).
+SKILLS = ("sum_accuracy", "identity_accuracy", "refusal_accuracy", "stop_rate")
+#: Losses a chapter teaches as the lesson, with the measurement: ``(stage, metric) -> chapter``.
+#: Chapter 10's LoRA learns the doubling ``n+n=2n`` in the sums' own format, and the held-out sums
+#: pay for it (rehearsal softens it); ``destroyed_skills`` marks such runs ``taught``.
+TAUGHT_COSTS: Dict[Tuple[str, str], str] = {("lora", "sum_accuracy"): "10"}
+
+
+def destroyed_skills(records: Dict[str, Any], stages: Sequence[str] = SEEDED_STAGES[1:],
+                     skills: Sequence[str] = SKILLS) -> List[Dict[str, Any]]:
+    """Every run in which a stage destroyed a skill its own parent (same seed and path) had: the
+    parent's interval (``metric_interval``) lies above 20 % and the stage's upper bound is below
+    half the parent's lower bound (e.g. refusals 83.7 % of 49 -> 0 %). Each entry says whether the
+    loss is one a chapter teaches (``TAUGHT_COSTS``: ``"taught"`` names the chapter, else None).
+    Empty when nothing was destroyed."""
+    out = []
+    for stage in stages:
+        parent = STAGE_INFO[stage].parent
+        for seed, path, run in seed_runs(records, stage):
+            before = records["stages"][parent][str(seed)][path]["metrics"]
+            for skill in skills:
+                had, now = metric_interval(before, skill), metric_interval(run["metrics"], skill)
+                if had[0] > 0.2 and now[1] < had[0] / 2:
+                    out.append({"stage": stage, "metric": skill, "seed": seed, "path": path,
+                                "parent_value": before[skill], "value": run["metrics"][skill],
+                                "taught": TAUGHT_COSTS.get((stage, skill))})
+    return out
 
 
 # ---------------------------------------------------------------------- the report
@@ -144,11 +275,20 @@ def render_markdown(rows: Sequence[Dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _mark(direction: str) -> str:
+    return {"up": " ▲", "down": " ▼", "up in every lineage": " ↑", "down in every lineage": " ↓"}.get(direction, "")
+
+
 def render_seed_report(records: Dict[str, Any]) -> str:
-    """The stage report over seeds, as markdown: per stage and column the mean and, below it, the
-    range (min-max) over the seeds; ▲ / ▼ where every seed of a stage lies above / below every
-    seed of its parent stage (``stage_effect``); then the number of held-out prompts per column."""
-    seeds = records["seeds"]
+    """The stage report over seeds and float paths, as markdown.
+
+    The main table: per stage and column the mean over every run (each seed on each float path)
+    and, below it, the range (min-max) of the runs; ▲ / ▼ where the stage's runs lie above / below
+    its parent's beyond their intervals (``stage_effect`` "up" / "down"), ↑ / ↓ where they overlap
+    but every lineage went up / down; then the number of held-out prompts per column. A second
+    table gives the mean and range per float path, then the runs in which a stage destroyed a
+    skill its parent had (``destroyed_skills``)."""
+    seeds, paths = records["seeds"], records["paths"]
     header = "| stage | chapter | " + " | ".join(h for _, h, _ in REPORT_COLUMNS) + " |"
     lines = [header, "| --- | --- |" + " ---: |" * len(REPORT_COLUMNS)]
     for name in STAGES:
@@ -169,30 +309,64 @@ def render_seed_report(records: Dict[str, Any]) -> str:
             own = key == "win_rate" and name == "sft"  # its own replies are the reference: low by construction
             if STAGE_INFO[name].parent and records["stages"].get(STAGE_INFO[name].parent) and not own:
                 try:
-                    direction = stage_effect(name, key, records)["direction"]
-                    mark = {"up": " ▲", "down": " ▼"}.get(direction, "")
+                    mark = _mark(stage_effect(name, key, records)["direction"])
                 except ValueError:
                     pass
             mean = sum(values) / len(values)
             cells.append(f"{fmt(mean)}{mark}<br>({fmt(min(values))}–{fmt(max(values))})")
         lines.append(f"| {name} | {STAGE_INFO[name].chapter} | " + " | ".join(cells) + " |")
-    first = records["stages"]["sft"][str(seeds[0])]["metrics"] if records["stages"].get("sft") else {}
+    first = run_metrics(records, "sft", seeds[0]) if records["stages"].get("sft") else {}
     counts = {"sum_accuracy": "sum_n", "story_accuracy": "story_n", "identity_accuracy": "identity_n",
-              "refusal_accuracy": "refusal_n", "double_accuracy": "double_n", "preference_margin": "preference_n",
-              "win_rate": "win_rate_n"}
+              "refusal_accuracy": "refusal_n", "double_accuracy": "double_n", "stop_rate": "stop_n",
+              "preference_margin": "preference_n", "win_rate": "win_rate_n"}
     n_cells = [f"{int(first[counts[k]])}" if k in counts and counts[k] in first else "" for k in REPORT_KEYS]
     lines.append("| held-out prompts | | " + " | ".join(n_cells) + " |")
-    legend = (f"\nMean over {len(seeds)} seeds ({', '.join(map(str, seeds))}), range (min–max) below it. "
-              "▲ / ▼: every seed of the stage lies above / below every seed of its parent stage (`base` for "
-              "`sft`, `sft` for the others). `base` is one model (chapter 08's), evaluated once per lineage. The win "
-              "rate is measured on the held-out prompts the lineage's SFT model answers wrongly, against that "
-              "model's own replies (so `sft`'s own win rate is low by construction, and the number of such "
-              f"prompts varies by seed; seed {seeds[0]}'s count is shown).\n")
-    return "\n".join(lines) + "\n" + legend
+    capabilities = records.get("capabilities", {})
+    where = ", ".join(f"`{p}`" + (f" ({capabilities[p]})" if p in capabilities else "") for p in paths)
+    ties = max((run["metrics"].get(PROPORTIONS[k][1], 0.0) for name in STAGES if records["stages"].get(name)
+                for _, _, run in seed_runs(records, name) for k in REPORT_KEYS if k in PROPORTIONS), default=0.0)
+    lines.append(f"\nMean over {len(seeds) * len(paths)} runs: {len(seeds)} seeds ({', '.join(map(str, seeds))}) on "
+                 f"{len(paths)} float paths ({where}); range (min–max) below it. ▲ / ▼: every run of the stage lies "
+                 "above / below every run of its parent stage (`base` for `sft`, `sft` for the others) beyond the 95 % "
+                 "intervals of both (Wilson intervals from the number of held-out prompts, widened by the near ties "
+                 f"a run counts: at most {int(ties)} per column here); ↑ / ↓: the intervals overlap, but every "
+                 "lineage (seed and path) moved that way from its own parent. `base` is one model (chapter 08's), "
+                 "evaluated once per lineage. The win rate is measured on the held-out prompts the lineage's SFT "
+                 "model answers wrongly, against that model's own replies (so `sft`'s own win rate is low by "
+                 "construction, the number of such prompts varies by lineage, and the same model scores "
+                 f"differently against another lineage's SFT model); seed {seeds[0]}'s count on `{paths[0]}` is "
+                 "shown.\n")
+    path_cols = [("sum_accuracy", "held-out sums"), ("identity_accuracy", "identity"), ("refusal_accuracy", "refusals"),
+                 ("double_accuracy", "doubling (ch. 10)"), ("stop_rate", "stops"), ("win_rate", "wins vs SFT's replies")]
+    lines.append("| stage | float path | " + " | ".join(h for _, h in path_cols) + " |")
+    lines.append("| --- | --- |" + " ---: |" * len(path_cols))
+    for name in STAGES:
+        if not records["stages"].get(name) or name == "base":
+            continue
+        for path in paths:
+            cells = []
+            for key, _ in path_cols:
+                values = seed_values(records, name, key, [path])
+                fmt = _fmt(key)
+                cells.append(f"{fmt(sum(values) / len(values))} ({fmt(min(values))}–{fmt(max(values))})")
+            lines.append(f"| {name} | `{path}` | " + " | ".join(cells) + " |")
+    lost = destroyed_skills(records)
+    untaught = [d for d in lost if not d["taught"]]
+    describe = lambda d: (f"{d['stage']} seed {d['seed']} on `{d['path']}`, {d['metric']} "  # noqa: E731
+                          f"{_fmt(d['metric'])(d['parent_value'])} -> {_fmt(d['metric'])(d['value'])}")
+    lines.append(f"\nMean (min–max) over the {len(seeds)} seeds of each float path. "
+                 + ("No run of a later stage destroyed a skill its own parent had (held-out sums, identity, "
+                    "refusals, stopping: the parent's interval above 20 % and the stage's below half of it)"
+                    if not untaught else "Runs in which a stage destroyed a skill its own parent had: "
+                    + "; ".join(describe(d) for d in untaught))
+                 + ("; beyond that line, only the cost chapter 10 teaches: " + "; ".join(describe(d) for d in lost if d["taught"])
+                    if any(d["taught"] for d in lost) else "") + ".")
+    return "\n".join(lines) + "\n"
 
 
 def render_seed_figure(records: Dict[str, Any], path: Path) -> Path:
-    """The report's figure: per stage, the mean of each accuracy column with its seed range."""
+    """The report's figure: per stage, the mean of each accuracy column over every run, with the
+    envelope of the runs' 95 % intervals (``metric_interval``) as error bars."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -210,18 +384,21 @@ def render_seed_figure(records: Dict[str, Any], path: Path) -> Path:
                 lows.append(0.0)
                 highs.append(0.0)
                 continue
-            v = seed_values(records, name, key)
+            runs = seed_runs(records, name)
+            v = [float(run["metrics"][key]) for _, _, run in runs]
+            intervals = [metric_interval(run["metrics"], key) for _, _, run in runs]
             m = sum(v) / len(v)
             means.append(100 * m)
-            lows.append(100 * (m - min(v)))
-            highs.append(100 * (max(v) - m))
+            lows.append(100 * max(0.0, m - min(lo for lo, _ in intervals)))
+            highs.append(100 * max(0.0, max(hi for _, hi in intervals) - m))
         xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(columns))]
         ax.bar(xs, means, width, yerr=[lows, highs], capsize=2, label=name)
     ax.set_xticks(range(len(columns)))
     ax.set_xticklabels([h.replace("`<\\|im_end\\|>`", "<|im_end|>") for _, h in columns], fontsize=8)
     ax.set_ylabel("% of held-out prompts")
     ax.set_ylim(0, 105)
-    ax.set_title(f"The stage report: mean and range over {len(records['seeds'])} seeds")
+    ax.set_title(f"The stage report: mean of {len(records['seeds'])} seeds x {len(records['paths'])} float paths, "
+                 "and the runs' 95 % intervals")
     ax.legend(ncol=len(names), fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12))
     fig.tight_layout()
     path = Path(path)
@@ -229,3 +406,5 @@ def render_seed_figure(records: Dict[str, Any], path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+

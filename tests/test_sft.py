@@ -7,12 +7,13 @@ both Apache-2.0, rendered here with jinja2 the way transformers renders chat tem
 """
 
 import random
+import re
 from pathlib import Path
 
 import pytest
 import torch
 
-from minimind_ref import chat_data
+from minimind_ref import chat_data, sft
 from minimind_ref.data import make_corpus
 from minimind_ref.pretrained import render_chat_template
 from minimind_ref.sft import (DEFAULT_SYSTEM_PROMPT, EMPTY_THINK, SFTDataset, assistant_labels, assistant_loss_mask,
@@ -301,3 +302,18 @@ def test_merging_dataset_keeps_whitespace_replies_either_way(merging_tok):
                         encoding=encoding)
         ids, labels = ds.examples[0]
         assert "return x" in merging_tok.decode([t for t in labels if t != -100]), encoding
+
+
+def test_sft_data_kind_weights(tok):
+    """``kind_weights`` sets the kinds of the training conversations only (the recipe's 65 % sums);
+    weights over unknown kinds, negative or all-zero weights are refused with ValueError."""
+    only_sums = sft.sft_data(tok, n_train=40, n_val=10, seed=0, kind_weights={"sum": 1.0})
+    default = sft.sft_data(tok, n_train=40, n_val=10, seed=0)
+    pattern = re.compile(r"\d\d\+\d\d=")
+    assert all(pattern.search(tok.decode([t for t in ids if t >= 0])) for ids, _ in only_sums.train.examples)
+    assert not all(pattern.search(tok.decode([t for t in ids if t >= 0])) for ids, _ in default.train.examples)
+    assert [ids for ids, _ in only_sums.val.examples] == [ids for ids, _ in default.val.examples]
+    assert set(sft.STAGE_SETTINGS["kind_weights"]) == set(chat_data.KINDS)
+    for bad in ({"sums": 1.0}, {"sum": -1.0}, {"sum": 0.0}, {}, {"sum": float("nan")}, [("sum", 1.0)]):
+        with pytest.raises(ValueError, match="kind_weights"):
+            sft.sft_data(tok, n_train=4, n_val=2, seed=0, kind_weights=bad)

@@ -22,8 +22,10 @@ def reevaluated():
 def test_sft_stage_is_a_useful_assistant_and_base_is_not():
     recorded = stages.stage_metadata("sft")["evaluate_chat"]
     assert recorded["sum_accuracy"] >= 0.3 and recorded["refusal_accuracy"] >= 0.6 and recorded["stop_rate"] >= 0.95
-    base = stages.load_seed_records()["stages"]["base"]["0"]["metrics"]
-    assert all(base[f"{k}_accuracy"] == 0 for k in ("sum", "story", "identity", "refusal", "double"))
+    records = stages.load_seed_records()
+    for path in records["paths"]:
+        base = stages.run_metrics(records, "base", records["seeds"][0], path)
+        assert all(base[f"{k}_accuracy"] == 0 for k in ("sum", "story", "identity", "refusal", "double"))
 
 
 def test_shipped_weights_give_the_recorded_figures(reevaluated):

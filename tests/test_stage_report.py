@@ -1,8 +1,10 @@
 """The stage report (book/performance.md) is produced by code, never typed: the committed table is
 what `make report` renders from the seeded rebuild's record (minimind_ref/checkpoints/stage_seeds.json,
-written by `python -m minimind_ref.stages rebuild --seeds 0,1,2`); the shipped stage files are the
-first seed's models with the figures the record holds for them; and every claim a chapter makes
-about a stage's effect (``stages.STAGE_CLAIMS``) agrees with the record."""
+written by `python -m minimind_ref.stages rebuild --seeds 0,1,2,3,4 --paths native,default`); the
+shipped stage files are the first seed's models on the first float path with the figures the record
+holds for them; every claim a chapter makes about a stage's effect (``stages.STAGE_CLAIMS``) agrees
+with the record over every seed and float path; and no run of a later stage destroyed a skill its
+parent had. The rebuild's machinery: tests/test_stage_seeds.py."""
 
 import copy
 from pathlib import Path
@@ -27,20 +29,32 @@ def test_committed_table_is_the_rendered_seed_record(records):
     assert FIGURE.is_file() and FIGURE.stat().st_size > 10_000
 
 
-def test_the_record_has_three_seeds_of_every_stage(records):
-    assert len(records["seeds"]) >= 3
+def test_the_record_has_five_seeds_on_both_float_paths_of_every_stage(records):
+    assert len(records["seeds"]) >= 5
+    assert {"native", "default"} <= set(records["paths"])
+    assert records["capabilities"]["default"] == "DEFAULT"
     for name in ("base",) + stages.SEEDED_STAGES:
         assert sorted(records["stages"][name], key=int) == [str(s) for s in records["seeds"]], name
-        for seed, entry in records["stages"][name].items():
-            assert set(stages.REPORT_KEYS) <= set(entry["metrics"]), (name, seed)
+        for seed, per_path in records["stages"][name].items():
+            assert sorted(per_path) == sorted(records["paths"]), (name, seed)
+            for path, entry in per_path.items():
+                assert set(stages.REPORT_KEYS) <= set(entry["metrics"]), (name, seed, path)
 
 
 def test_shipped_stages_are_the_first_seeds_models(records):
-    first = str(records["seeds"][0])
+    ship = records["ship"]
+    assert ship == {"seed": records["seeds"][0], "path": records["paths"][0]}
     for name in stages.SEEDED_STAGES:
         meta = stages.stage_metadata(name)
-        assert meta["seed"] == records["seeds"][0]
-        assert meta["evaluate_chat"] == records["stages"][name][first]["metrics"], name
+        assert meta["seed"] == ship["seed"] and meta["float_path"]["path"] == ship["path"]
+        assert meta["evaluate_chat"] == stages.run_metrics(records, name, ship["seed"], ship["path"]), name
+
+
+def test_no_later_stage_destroyed_a_skill_in_any_run(records):
+    """Only a cost a chapter teaches may go that far (chapter 10: LoRA and the held-out sums)."""
+    lost = stages.destroyed_skills(records)
+    assert [d for d in lost if not d["taught"]] == []
+    assert all((d["stage"], d["metric"]) in stages.TAUGHT_COSTS for d in lost)
 
 
 def test_report_command_writes_the_committed_table_and_a_figure(tmp_path):
@@ -64,25 +78,28 @@ def test_every_chapter_claim_agrees_with_the_record(records, claim):
 
 
 # ---------------------------------------------------------------------- the machinery, on a made-up record
-def _fake(values):
-    """A record with the given {stage: [values over seeds]} for every report column."""
+def _fake(values, paths=("native", "default")):
+    """A record with the given {stage: [values over seeds]} for every report column, the same on
+    every float path, 200 prompts per share."""
     seeds = [0, 1, 2]
-    out = {"seeds": seeds, "stages": {}}
+    out = {"version": stages.RECORD_VERSION, "seeds": seeds, "paths": list(paths), "stages": {}}
+    counts = {n_key: 200.0 for n_key, _ in stages.PROPORTIONS.values()}
     for name, vals in values.items():
-        out["stages"][name] = {str(s): {"metrics": {**{k: v for k in stages.REPORT_KEYS}, "sum_n": 200.0},
-                                        "seconds": 1.0} for s, v in zip(seeds, vals)}
+        out["stages"][name] = {str(s): {p: {"metrics": {**{k: v for k in stages.REPORT_KEYS}, **counts},
+                                            "seconds": 1.0} for p in paths} for s, v in zip(seeds, vals)}
     return out
 
 
-def test_effects_need_ranges_that_do_not_overlap():
+def test_effects_need_intervals_that_do_not_overlap():
     rec = _fake({"base": [0.0, 0.0, 0.0], "sft": [0.5, 0.6, 0.55], "lora": [0.58, 0.7, 0.65],
-                 "dpo": [0.2, 0.3, 0.25], "grpo": [0.61, 0.65, 0.7]})
+                 "dpo": [0.2, 0.3, 0.25], "grpo": [0.75, 0.8, 0.85]})
     assert stages.stage_effect("sft", "sum_accuracy", rec)["direction"] == "up"
-    assert stages.stage_effect("lora", "sum_accuracy", rec)["direction"] == "within range"  # 0.58 <= 0.6
+    assert stages.stage_effect("lora", "sum_accuracy", rec)["direction"] == "up in every lineage"  # 0.58 <= 0.6
     assert stages.stage_effect("dpo", "sum_accuracy", rec)["direction"] == "down"
     assert stages.stage_effect("grpo", "sum_accuracy", rec)["direction"] == "up"
     e = stages.stage_effect("grpo", "sum_accuracy", rec)
-    assert e["change"] == pytest.approx((0.61 + 0.65 + 0.7) / 3 - 0.55) and e["parent_range"] == (0.5, 0.6)
+    assert e["change"] == pytest.approx((0.75 + 0.8 + 0.85) / 3 - 0.55) and e["parent_range"] == (0.5, 0.6)
+    assert e["parent_interval"] == (stages.wilson_interval(100, 200)[0], stages.wilson_interval(120, 200)[1])
     assert stages.check_claim("grpo", "sum_accuracy", "up", rec).endswith("up")
     with pytest.raises(AssertionError, match="do not show 'up'"):
         stages.check_claim("lora", "sum_accuracy", "up", rec)
@@ -94,16 +111,16 @@ def test_effects_need_ranges_that_do_not_overlap():
 
 def test_rendering_marks_the_effects_and_shows_ranges():
     rec = _fake({"base": [0.0, 0.0, 0.0], "sft": [0.5, 0.6, 0.55], "lora": [0.58, 0.7, 0.65],
-                 "dpo": [0.2, 0.3, 0.25], "grpo": [0.61, 0.65, 0.7]})
+                 "dpo": [0.2, 0.3, 0.25], "grpo": [0.75, 0.8, 0.85]})
     table = stages.render_seed_report(rec)
     rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines() if line.startswith("| ")}
     assert "55.0% ▲<br>(50.0%–60.0%)" in rows["sft"]
-    assert "▲" not in rows["lora"] and "▼" not in rows["lora"]
-    assert "25.0% ▼" in rows["dpo"] and "65.3% ▲" in rows["grpo"]
-    assert "3 seeds (0, 1, 2)" in table
+    assert "▲" not in rows["lora"] and "▼" not in rows["lora"] and "64.3% ↑" in rows["lora"]
+    assert "25.0% ▼" in rows["dpo"] and "80.0% ▲" in rows["grpo"]
+    assert "6 runs: 3 seeds (0, 1, 2) on 2 float paths" in table
     assert rows["base"].split(" | ")[-2] == "–" and "▲" not in rows["sft"].split(" | ")[-2]  # the win rate
     broken = copy.deepcopy(rec)
-    del broken["stages"]["lora"]["2"]["metrics"]["win_rate"]
+    del broken["stages"]["lora"]["2"]["native"]["metrics"]["win_rate"]
     assert "–" in stages.render_seed_report(broken)
 
 
