@@ -162,11 +162,13 @@ browser:
 clean:
 	rm -rf _build .pytest_cache _vendor .colab-venv .current-venv
 
-# The stage report (book/performance.md includes it): mean and range over the seeds of every stage's
-# held-out evaluation, from the record the seeded rebuild wrote (minimind_ref/checkpoints/stage_seeds.json;
-# `$(BIN)/python -m minimind_ref.stages rebuild --seeds 0,1,2` re-trains every post-training stage with
-# three seeds, about an hour on a 2-core CPU; not part of make test). tests/test_stage_report.py checks
-# the committed table and figure against that record.
+# The stage report (book/performance.md includes it): mean and range over the seeds and float paths of
+# every stage's held-out evaluation, from the record the seeded rebuild wrote
+# (minimind_ref/checkpoints/stage_seeds.json; `$(BIN)/python -m minimind_ref.stages rebuild --seeds
+# 0,1,2,3,4 --paths native,default --jobs 2` re-trains every post-training stage with five seeds on the
+# CPU's own kernels and under ATEN_CPU_CAPABILITY=default, two lineages at a time, one thread each; the
+# time it took is in the record; not part of make test). tests/test_stage_report.py checks the
+# committed table and figure against that record.
 report: $(STAMP)
 	$(BIN)/python -m minimind_ref.stages report --out benchmarks/results/stage_report.md \
 		--figure benchmarks/results/figures/stage_report.png

@@ -19,8 +19,8 @@ samples; the ``*_recipe`` runs change nothing, and ``dpo_recipe`` / ``grpo_recip
 reproduce the shipped stages (``tests/test_posttrain_experiments.py`` checks it against the stage
 record), so every run is a one-setting change of a known model. One seed per setting, except
 ``dpo_recipe`` (seeds 0, 1, 2, all from the same ``sft`` model: the spread a chapter compares a
-one-seed change with); for GRPO that spread is the 3-seed stage record (``stage_seeds.json``),
-whose seed 0 is ``grpo_recipe``. The GRPO runs are the ones chapter 12 prints (a run takes two to
+one-seed change with); for GRPO that spread is the stage record (``stage_seeds.json``: five
+seeds on two float paths), whose seed 0 on the native path is ``grpo_recipe``. The GRPO runs are the ones chapter 12 prints (a run takes two to
 five minutes on one thread, so the list is kept to those).
 
 What a run records (``run_experiment``): its settings, the seconds it took (one thread, the

@@ -20,6 +20,7 @@ report's rendering).
     python -m minimind_ref.stages rebuild --seeds 0,1,2,3,4 --paths native,default --jobs 2
         # the seeded rebuild over seeds and float paths (not part of make test)
     python -m minimind_ref.stages report --out FILE --figure PNG   # the report from the seed record
+    python -m minimind_ref.stages claims [--seeds-file FILE]  # the chapters' claims against a record
     python -m minimind_ref.stages report --evaluate       # one row per shipped stage, re-evaluated here
     python -m minimind_ref.stages rebuild [stage]         # re-create one shipped stage (seed 0)
 """
@@ -415,11 +416,35 @@ def recorded_rows(stages: Sequence[str] = STAGES) -> List[Dict[str, Any]]:
 
 
 
-def _int_list(text: str, what: str) -> List[int]:
+def check_all_claims(records: Dict[str, Any], log: Callable[[str], None] = print) -> int:
+    """Every claim of ``STAGE_CLAIMS`` and the no-destroyed-skill rule checked against ``records``
+    (a seed record: the shipped one, or your own rebuild's), one line each; 0 when all hold, else 1."""
+    failed = 0
+    for stage, metric, claim in STAGE_CLAIMS:
+        try:
+            log(f"holds: {check_claim(stage, metric, claim, records)}")
+        except (AssertionError, ValueError) as error:
+            failed += 1
+            log(f"FAILS: {error}")
+    lost = [d for d in destroyed_skills(records) if not d["taught"]]
+    for d in lost:
+        log(f"FAILS: {d['stage']} seed {d['seed']} on {d['path']} destroyed {d['metric']}: "
+            f"{_fmt(d['metric'])(d['parent_value'])} -> {_fmt(d['metric'])(d['value'])}")
+    log(f"{len(STAGE_CLAIMS) - failed} of {len(STAGE_CLAIMS)} claims hold over {len(records['seeds'])} seeds x "
+        f"{len(records['paths'])} float paths; " + (f"{len(lost)} runs destroyed a skill" if lost else
+                                                      "no run destroyed a skill its parent had"))
+    return 1 if failed or lost else 0
+
+
+def _seed_list(text: str) -> List[int]:
+    """``--seeds``: comma-separated whole numbers >= 0, each once (argparse turns the error into a usage line)."""
     try:
-        return [int(x) for x in text.split(",") if x.strip() != ""]
+        seeds = [int(x) for x in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{what} must be comma-separated whole numbers, e.g. 0,1,2,3,4; got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"--seeds takes comma-separated integers, e.g. --seeds 0,1,2,3,4; got {text!r}") from None
+    if len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise argparse.ArgumentTypeError(f"--seeds must name each seed once, each >= 0; got {text!r}")
+    return seeds
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -434,7 +459,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rep.add_argument("--evaluate", action="store_true", help="one row per shipped stage, re-evaluated here")
     reb = sub.add_parser("rebuild", help="re-create shipped stage checkpoints with their recipes (in stage order)")
     reb.add_argument("stages", nargs="*", default=None, help=f"stages to rebuild (default: all of {', '.join(SEEDED_STAGES)})")
-    reb.add_argument("--seeds", default=None, type=lambda t: _int_list(t, "--seeds"),
+    reb.add_argument("--seeds", default=None, type=_seed_list,
                      help="comma-separated seeds, e.g. 0,1,2,3,4: train every post-training stage with each seed on "
                           "each float path (lineages from the shipped base), record every run's metrics, ship the first "
                           "seed's models of the first path")
@@ -448,6 +473,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     reb.add_argument("--ship-dir", default=None, help="where the rebuilt stage files go (default: the package's "
                                                       "checkpoints folder)")
     reb.add_argument("--no-ship", action="store_true", help="with --seeds: write the record only, no stage file")
+    cla = sub.add_parser("claims", help="check every claim the chapters make (STAGE_CLAIMS) and that no later stage "
+                                        "destroyed a skill, against a seed record; exit status 1 if one fails")
+    cla.add_argument("--seeds-file", default=None, help=f"the seed record (default {SEEDS_FILE.name} beside the "
+                                                        "checkpoints; e.g. the --out of your own rebuild)")
     lin = sub.add_parser("lineage", help="one lineage on this process's float path (what rebuild --seeds runs per "
                                          "seed and path): JSON result")
     lin.add_argument("--seed", type=int, required=True)
@@ -457,6 +486,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "rebuild":
         if args.seeds:
             paths = [x.strip() for x in args.paths.split(",") if x.strip()]
+            try:  # a usage line, not a traceback, for a bad path or job count (nothing has run yet)
+                _check_seeds_and_paths(args.seeds, paths)
+                if args.jobs < 1:
+                    raise ValueError(f"--jobs must be >= 1 (lineages run at a time), got {args.jobs}.")
+            except ValueError as error:
+                p.error(str(error))
             rebuild_seeds(args.seeds, paths, args.jobs, ship_seed=None if args.no_ship else args.seeds[0],
                           out=args.out or SEEDS_FILE, ship_dir=args.ship_dir or CHECKPOINT_DIR)
         else:
@@ -466,6 +501,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     raise SystemExit(f"unknown stage {name!r}; the stages are {', '.join(RECIPES)}.")
             for name in names:
                 rebuild(name, folder=args.ship_dir)
+    if args.command == "claims":
+        try:
+            records = load_seed_records(Path(args.seeds_file) if args.seeds_file else None)
+        except (FileNotFoundError, ValueError) as error:
+            p.error(str(error))
+        return check_all_claims(records)
     if args.command == "lineage":
         from .files import check_writable, write_text
 

@@ -50,6 +50,10 @@ def test_shipped_stages_are_the_first_seeds_models(records):
         assert meta["evaluate_chat"] == stages.run_metrics(records, name, ship["seed"], ship["path"]), name
 
 
+def test_the_claims_command_passes_on_the_shipped_record(capsys):
+    assert stages.main(["claims"]) == 0, capsys.readouterr().out
+
+
 def test_no_later_stage_destroyed_a_skill_in_any_run(records):
     """Only a cost a chapter teaches may go that far (chapter 10: LoRA and the held-out sums)."""
     lost = stages.destroyed_skills(records)
@@ -103,6 +107,13 @@ def test_effects_need_intervals_that_do_not_overlap():
     assert stages.check_claim("grpo", "sum_accuracy", "up", rec).endswith("up")
     with pytest.raises(AssertionError, match="do not show 'up'"):
         stages.check_claim("lora", "sum_accuracy", "up", rec)
+    # "within range": the envelopes overlap, whatever each lineage did inside them
+    assert stages.check_claim("lora", "sum_accuracy", "within range", rec).endswith("up in every lineage")
+    assert stages.check_claim("lora", "sum_accuracy", "up in every lineage", rec)
+    with pytest.raises(AssertionError, match="do not show 'within range'"):
+        stages.check_claim("grpo", "sum_accuracy", "within range", rec)
+    with pytest.raises(AssertionError, match="do not show 'down in every lineage'"):
+        stages.check_claim("lora", "sum_accuracy", "down in every lineage", rec)
     with pytest.raises(ValueError, match="claim"):
         stages.check_claim("lora", "sum_accuracy", "better", rec)
     with pytest.raises(ValueError, match="no metric"):
@@ -113,7 +124,8 @@ def test_rendering_marks_the_effects_and_shows_ranges():
     rec = _fake({"base": [0.0, 0.0, 0.0], "sft": [0.5, 0.6, 0.55], "lora": [0.58, 0.7, 0.65],
                  "dpo": [0.2, 0.3, 0.25], "grpo": [0.75, 0.8, 0.85]})
     table = stages.render_seed_report(rec)
-    rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines() if line.startswith("| ")}
+    main_table = table.split("\n\n")[0]  # the per-path table below repeats the stage names
+    rows = {line.split(" | ")[0].strip("| "): line for line in main_table.splitlines() if line.startswith("| ")}
     assert "55.0% ▲<br>(50.0%–60.0%)" in rows["sft"]
     assert "▲" not in rows["lora"] and "▼" not in rows["lora"] and "64.3% ↑" in rows["lora"]
     assert "25.0% ▼" in rows["dpo"] and "80.0% ▲" in rows["grpo"]
@@ -128,10 +140,22 @@ def test_rendering_marks_the_effects_and_shows_ranges():
 def test_rebuild_refuses_seeds_that_are_not_integers(capsys):
     from minimind_ref import stages
 
+    def refuse(*args, **kwargs):
+        pytest.fail("a real lineage started: the bad argument should have been refused first")
+
     for bad in ("a", "0,,1", "0,0", "-1"):
         with pytest.raises(SystemExit):
-            stages.main(["rebuild", "--seeds", bad])
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(stages, "rebuild_seeds", refuse)
+                stages.main(["rebuild", "--seeds", bad])
         assert "--seeds" in capsys.readouterr().err
+    for args, word in ((["--paths", "native,sse9"], "sse9"), (["--paths", "native,native"], "distinct"),
+                       (["--jobs", "0"], "--jobs")):
+        with pytest.raises(SystemExit):
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(stages, "rebuild_seeds", refuse)
+                stages.main(["rebuild", "--seeds", "0", *args])
+        assert word in capsys.readouterr().err
 
 
 def test_report_checks_its_output_paths_before_evaluating(tmp_path, monkeypatch):

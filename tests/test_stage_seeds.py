@@ -17,6 +17,14 @@ import torch
 from minimind_ref import stages
 
 
+@pytest.fixture(autouse=True)
+def no_real_lineage(monkeypatch):
+    """A real lineage trains four stages (minutes): a test that reaches one fails at once."""
+    def refuse(seed, path, *args):
+        pytest.fail(f"a test started a real lineage (seed {seed}, path {path}): it should have failed before")
+    monkeypatch.setattr(stages, "_subprocess_lineage", refuse)
+
+
 def _metrics(value, n=200.0):
     """evaluate_chat-shaped figures: every share ``value`` of ``n`` prompts, no near ties."""
     out = {"preference_margin": 100 * value, "mean_length": 20.0, "stop_n": n, "win_rate_n": n, "preference_n": n}
@@ -291,3 +299,16 @@ def test_near_ties_follow_the_margin():
         for k in (0, 1):
             assert all(b or not a for a, b in zip(counted[small][k], counted[large][k]))
     assert sum(counted[stages.GREEDY_TIE_MARGIN][0]) <= 0.1 * len(conv), "the shipped sft model decides clearly"
+
+
+def test_the_claims_command_checks_a_record_and_fails_loudly(tmp_path, capsys):
+    """``stages claims --seeds-file``: what a reader runs on their own rebuild's record."""
+    out = tmp_path / "record.json"
+    stages.rebuild_seeds([0, 1], ["native"], ship_seed=None, out=out, log=lambda line: None,
+                         runner=_fake_runner(VALUES))
+    assert stages.main(["claims", "--seeds-file", str(out)]) == 1  # made-up figures: the chapters' claims fail
+    printed = capsys.readouterr().out
+    assert "FAILS: the recorded runs do not show" in printed and "claims hold over 2 seeds x 1 float paths" in printed
+    with pytest.raises(SystemExit):
+        stages.main(["claims", "--seeds-file", str(tmp_path / "missing.json")])
+    assert "no seed record" in capsys.readouterr().err
