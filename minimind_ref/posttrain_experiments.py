@@ -78,6 +78,8 @@ _run("dpo_no_own_pairs", "dpo", "only the generated pairs, none of the sft model
 _run("grpo_recipe", "grpo", "the shipped recipe (the shipped grpo stage)")
 _run("grpo_lr2e-3", "grpo", "four times the recipe's learning rate", lr=2e-3)
 _run("grpo_beta_0", "grpo", "no KL term (beta 0)", beta=0.0)
+_run("grpo_no_rehearsal", "grpo", "no rehearsal of chapter 09's conversations (rehearsal 0)", rehearsal=0)
+_run("grpo_beta_0_no_rehearsal", "grpo", "neither the KL term nor the rehearsal", beta=0.0, rehearsal=0)
 _run("grpo_sync8_ppo_lr2e-3", "grpo", "a sampler refreshed every 8 steps at four times the learning rate, PPO's clip",
      sync_every=8, loss_type="grpo", lr=2e-3)
 _run("grpo_sync8_cispo_lr2e-3", "grpo", "a sampler refreshed every 8 steps at four times the learning rate, CISPO",

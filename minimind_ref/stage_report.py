@@ -252,23 +252,24 @@ REPORT_COLUMNS: Tuple[Tuple[str, str, str], ...] = (
 REPORT_KEYS = tuple(c[0] for c in REPORT_COLUMNS)
 METRICS = REPORT_KEYS
 
-#: What the chapters state about each stage's effect, as ``(stage, metric, "up" | "down" | "within
-#: range")`` against the stage's parent over the recorded seeds (``check_claim``). tests/test_stage_report.py
+#: What the chapters state about each stage's effect, as ``(stage, metric, claim)`` against the stage's
+#: parent over every recorded run (``check_claim``; ``claim`` one of ``CLAIMS``). tests/test_stage_report.py
 #: checks every entry against the shipped record; a chapter that states an effect adds it here.
 STAGE_CLAIMS: List[Tuple[str, str, str]] = [
     # chapter 09: base -> sft
     ("sft", "sum_accuracy", "up"), ("sft", "identity_accuracy", "up"), ("sft", "refusal_accuracy", "up"),
     ("sft", "stop_rate", "up"), ("sft", "preference_margin", "up"), ("sft", "story_accuracy", "within range"),
     # chapter 10: sft -> lora (the new skill, and what it costs)
-    ("lora", "double_accuracy", "up"), ("lora", "sum_accuracy", "down"), ("lora", "preference_margin", "down"),
-    ("lora", "refusal_accuracy", "within range"), ("lora", "identity_accuracy", "within range"),
-    ("lora", "stop_rate", "within range"),
-    # chapter 11: sft -> dpo (preferences move, refusals are kept)
-    ("dpo", "preference_margin", "up"), ("dpo", "win_rate", "up"), ("dpo", "refusal_accuracy", "within range"),
-    ("dpo", "sum_accuracy", "within range"), ("dpo", "mean_length", "within range"),
-    # chapter 12: sft -> grpo (a greedy gain on held-out sums)
-    ("grpo", "sum_accuracy", "up"), ("grpo", "win_rate", "up"), ("grpo", "refusal_accuracy", "within range"),
-    ("grpo", "stop_rate", "within range"),
+    ("lora", "double_accuracy", "up in every lineage"), ("lora", "sum_accuracy", "down"),
+    ("lora", "preference_margin", "down in every lineage"), ("lora", "refusal_accuracy", "within range"),
+    ("lora", "identity_accuracy", "within range"), ("lora", "stop_rate", "within range"),
+    # chapter 11: sft -> dpo (preferences move, the rest is kept on the whole)
+    ("dpo", "preference_margin", "up"), ("dpo", "win_rate", "up in every lineage"),
+    ("dpo", "refusal_accuracy", "within range"), ("dpo", "sum_accuracy", "within range"),
+    ("dpo", "mean_length", "within range"),
+    # chapter 12: sft -> grpo (the win rate moves; greedy held-out sums stay within what one run resolves)
+    ("grpo", "win_rate", "up in every lineage"), ("grpo", "sum_accuracy", "within range"),
+    ("grpo", "refusal_accuracy", "within range"), ("grpo", "stop_rate", "within range"),
 ]
 
 

@@ -22,11 +22,15 @@ def test_recorded_metrics_are_consistent():
               "heldout_stop_rate_after"):
         assert 0.0 <= m[k] <= 1.0
     assert m["heldout_stop_rate_after"] >= 0.95
-    assert m["heldout_accuracy_after"] > m["heldout_accuracy_before"]  # the greedy gain (its size over seeds: the report)
+    # no greedy gain is claimed (the stage record: within range over 10 runs); the KL term and the rehearsal keep
+    # the greedy sums near sft's (largest change in the record's 10 runs: 6.5 points)
+    assert abs(m["heldout_accuracy_after"] - m["heldout_accuracy_before"]) <= 0.1
     assert m["final_reward_mean10"] > m["first_reward_mean10"]
     ev = meta["evaluate_chat"]
     assert ev["sum_accuracy"] == pytest.approx(m["heldout_accuracy_after"], abs=0.01)  # the same 200 held-out sums
     assert ev["stop_rate"] >= 0.95
+    # what GRPO moves: the right answer gains on the prompts sft gets wrong (the win rate against sft's replies)
+    assert ev["win_rate"] > stages.stage_metadata("sft")["evaluate_chat"]["win_rate"] + 0.05
 
 
 def test_shipped_weights_reproduce_the_recorded_heldout_accuracy():

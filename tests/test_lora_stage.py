@@ -60,7 +60,8 @@ def test_shipped_stage_loads_and_its_metrics_are_consistent():
     recorded = meta["evaluate_chat"]
     sft_recorded = stages.stage_metadata("sft")["evaluate_chat"]
     # the cost (tests/test_stage_report.py checks it over seeds): held-out sums fall, stopping does not
-    assert recorded["sum_accuracy"] >= sft_recorded["sum_accuracy"] - 0.3 and recorded["stop_rate"] >= 0.95
+    # chapter 10's taught cost: the held-out sums fall (every lineage of the stage record; how far: the report)
+    assert recorded["sum_accuracy"] < sft_recorded["sum_accuracy"] and recorded["stop_rate"] >= 0.95
     # the shipped model answers the new skill on a few held-out prompts, as recorded (greedy, this machine)
     again = lora.double_accuracy(model, tok)
     assert abs(again - m["double_accuracy"]) <= 0.1
