@@ -180,8 +180,7 @@ def _run_grpo(spec: Dict[str, Any], parent: torch.nn.Module, tok: Any, reference
     cfg = TrainConfig.from_json(grpo.GRPO_CONFIG).replace(progress=False, out_dir=None, seed=seed, **cfg_changes)
     policy = copy.deepcopy(parent)
     ref = dpo.freeze_reference(parent)
-    keys = ("num_generations", "max_new_tokens", "beta", "temperature", "loss_type", "epsilon", "epsilon_high",
-            "sync_every", "reduction", "n_train", "advantages")
+    keys = tuple(grpo.STAGE_SETTINGS) + ("advantages",)  # every setting of the recipe, the rehearsal included
     start = time.perf_counter()
     # n_heldout: the held-out check every cfg.eval_every steps (its sampling has its own generator,
     # so the training run is the same as build_stage's, which checks nothing while it trains)

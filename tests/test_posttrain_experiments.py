@@ -106,3 +106,24 @@ def test_bad_setting_is_a_clear_error():
 def test_missing_record_says_how_to_make_it(tmp_path):
     with pytest.raises(FileNotFoundError, match="run `python -m minimind_ref.posttrain_experiments`"):
         px.load_record(tmp_path / "none.json")
+
+
+@pytest.mark.parametrize("name", ["grpo_recipe", "grpo_no_rehearsal", "grpo_beta_0"])
+def test_a_grpo_run_trains_with_every_setting_of_the_recipe(name, monkeypatch):
+    """Every key of grpo.STAGE_SETTINGS reaches train_grpo, changed only where the run says (a run once
+    dropped the rehearsal silently). Stopped before the first step."""
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def capture(policy, tok, cfg, **kwargs):
+        seen.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(grpo, "train_grpo", capture)
+    parent, tok = stages.load_stage("sft")
+    with pytest.raises(Stop):
+        px._run_grpo(px.RUNS[name], parent, tok, {})
+    want = {**grpo.STAGE_SETTINGS, **px.RUNS[name]["changes"]}
+    assert {k: seen[k] for k in grpo.STAGE_SETTINGS} == want
