@@ -65,6 +65,7 @@ import copy
 import math
 import numbers
 import re
+import warnings
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 import torch
@@ -670,8 +671,10 @@ def train_grpo(model: torch.nn.Module, tokenizer: Any, cfg: "Optional[TrainConfi
         from . import chat_data
         from .sft import SFTDataset
 
-        pool = SFTDataset(chat_data.sft_conversations(REHEARSAL_CONVERSATIONS, seed=seed, split="train"), tokenizer,
-                          max_length=256, seed=seed, empty_think_ratio=1.0)
+        with warnings.catch_warnings():  # chapter 09's conversations at chapter 09's length: its truncation warning,
+            warnings.simplefilter("ignore")  # said there, would repeat at every GRPO run
+            pool = SFTDataset(chat_data.sft_conversations(REHEARSAL_CONVERSATIONS, seed=seed, split="train"), tokenizer,
+                              max_length=256, seed=seed, empty_think_ratio=1.0)
         loop_objective = Rehearsal(objective, pool, rehearsal, rehearsal_weight, seed)
 
     def evaluate(policy: torch.nn.Module, step: int) -> Dict[str, float]:
