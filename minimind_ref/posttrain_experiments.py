@@ -20,8 +20,10 @@ reproduce the shipped stages (``tests/test_posttrain_experiments.py`` checks it 
 record), so every run is a one-setting change of a known model. One seed per setting, except
 ``dpo_recipe`` (seeds 0, 1, 2, all from the same ``sft`` model: the spread a chapter compares a
 one-seed change with); for GRPO that spread is the stage record (``stage_seeds.json``: five
-seeds on two float paths), whose seed 0 on the native path is ``grpo_recipe``. The GRPO runs are the ones chapter 12 prints (a run takes two to
-five minutes on one thread, so the list is kept to those).
+seeds on two float paths), whose seed 0 on the native path is ``grpo_recipe`` (not bit for bit:
+the stage trained from the ``sft`` model in memory, the record from the shipped fp16 file). The
+GRPO runs are the ones chapter 12 prints (a run takes one to three minutes on one thread, so the
+list is kept to those).
 
 What a run records (``run_experiment``): its settings, the seconds it took (one thread, the
 machine named in ``torch``/``machine``), ``after``: ``stages.evaluate_chat`` of the trained model

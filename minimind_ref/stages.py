@@ -11,8 +11,9 @@ This module owns the shipped files (``stage_path``, ``load_stage``, ``save_stage
 ``stage_metadata``), re-creating them (``build_base``, ``train_stage``, ``rebuild``), the
 seeded rebuild over seeds and float paths (``run_lineage``: one seed's stages in this process;
 ``rebuild_seeds``: every seed on every path, each lineage in a process of its own with
-``ATEN_CPU_CAPABILITY`` set, ``--jobs`` at a time), one report row per shipped stage (``stage_rows``, ``recorded_rows``) and the
-command line. It stands on three modules, whose names are importable from here as before:
+``ATEN_CPU_CAPABILITY`` set, ``--jobs`` at a time), one report row per shipped stage
+(``stage_rows``, ``recorded_rows``), the chapters' claims against a record (``check_all_claims``)
+and the command line. It stands on three modules, whose names are importable from here as before:
 ``stage_registry`` (the stages, their parents, files and recipes), ``chat_eval`` (the held-out
 evaluation, ``evaluate_chat``) and ``stage_report`` (the record over seeds, the claims and the
 report's rendering).
