@@ -7,7 +7,7 @@ import os
 import platform
 import random
 import time
-from typing import Callable, Dict, Hashable, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Callable, Dict, Hashable, Iterator, List, Mapping, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -55,6 +55,42 @@ def default_tolerance(device: Union[str, torch.device] = "cpu", dtype: torch.dty
     if kind in ("cuda", "mps"):
         return 1e-3, 1e-3
     return 1e-5, 1e-5
+
+
+class HalfPrecision(NamedTuple):
+    """What ``half_precision`` chose for a device: the autocast dtype (``None``: stay in fp32),
+    whether training needs a gradient scaler with it, and why, in words to print."""
+
+    dtype: Optional[torch.dtype]
+    needs_scaler: bool
+    reason: str
+
+
+def half_precision(device: Union[str, torch.device]) -> HalfPrecision:
+    """The half precision a device runs natively, for autocast (training and decoding alike).
+
+    - ``cuda``: bf16 where the GPU has it in hardware (compute capability 8.0 or newer: A100, the
+      RTX 30 series and later, H100), else fp16 with a gradient scaler (T4 and V100: fp16 tensor
+      cores, no bf16). ``torch.cuda.is_bf16_supported()`` alone is not the rule: by default it
+      counts emulation and answers True on a T4.
+    - ``mps`` (Apple silicon): fp16 (bf16 needs macOS 14 and is not faster there); a scaler, as fp16
+      on any device can underflow gradients.
+    - ``cpu``: ``None``: the course's chapters and defaults stay in fp32 on a CPU (ask for bf16
+      explicitly where the CPU has AVX512-BF16 or AMX).
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        name = torch.cuda.get_device_name(device)
+        if (major, minor) >= (8, 0):
+            return HalfPrecision(torch.bfloat16, False,
+                                 f"bf16: {name} (compute capability {major}.{minor}) has it in hardware")
+        return HalfPrecision(torch.float16, True,
+                             f"fp16 with a gradient scaler: {name} (compute capability {major}.{minor}) "
+                             "has no native bf16")
+    if device.type == "mps":
+        return HalfPrecision(torch.float16, True, "fp16 with a gradient scaler: Apple MPS")
+    return HalfPrecision(None, False, f"fp32: no autocast on {device.type} by default")
 
 
 def device_name(device: Union[str, torch.device]) -> str:
