@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -122,60 +124,27 @@ def apply_first_row_only(q, k, cos, sin):
     return rope.apply_rotary_pos_emb(q, k, cos[:1].expand_as(cos), sin[:1].expand_as(sin))
 
 
-def apply_unsqueeze_0(q, k, cos, sin):
+def _unused_apply_unsqueeze_0(q, k, cos, sin):
     # broadcasting over the wrong axis: crashes (or silently misaligns) instead of covering the heads
     return rope.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=0)
 
 
-def yarn_ok(dim, end, base, scaling):
-    return ch02.reference_yarn_frequencies(dim, end, base, scaling)
+def ramp_ok(dim, base, original_max, beta_fast, beta_slow):
+    return rope.yarn_ramp(dim, base, original_max, beta_fast, beta_slow)
 
 
-def yarn_always(dim, end, base, scaling):
-    freqs = freqs_ok(dim, base)
-    if scaling is None:
-        return freqs
-    ramp = rope.yarn_ramp(dim, base, scaling["original_max_position_embeddings"], scaling["beta_fast"], scaling["beta_slow"])
-    return freqs * (1 - ramp + ramp / scaling["factor"])
+def ramp_float32_index(dim, base, original_max, beta_fast, beta_slow):
+    # the fractional ends computed in float32 tensors: far enough from whole indices, must pass
+    def index_for(turns):
+        t = torch.tensor(float(original_max) / (turns * 2 * math.pi))
+        return float(dim * torch.log(t) / (2 * torch.log(torch.tensor(float(base)))))
+    low = max(math.floor(index_for(beta_fast)), 0)
+    high = min(math.ceil(index_for(beta_slow)), dim // 2 - 1)
+    return torch.clamp((torch.arange(dim // 2).float() - low) / max(high - low, 0.001), 0, 1)
 
 
-def yarn_ge(dim, end, base, scaling):
-    # applies when end >= original_max (upstream needs end / original_max > 1)
-    if scaling is not None and end == scaling["original_max_position_embeddings"]:
-        return yarn_always(dim, end, base, scaling)
-    return yarn_ok(dim, end, base, scaling)
-
-
-def yarn_inverted_ramp(dim, end, base, scaling):
-    freqs = freqs_ok(dim, base)
-    if scaling is None or end <= scaling["original_max_position_embeddings"]:
-        return freqs
-    ramp = rope.yarn_ramp(dim, base, scaling["original_max_position_embeddings"], scaling["beta_fast"], scaling["beta_slow"])
-    return freqs * (ramp + (1 - ramp) / scaling["factor"])
-
-
-def yarn_uniform(dim, end, base, scaling):
-    freqs = freqs_ok(dim, base)
-    if scaling is None or end <= scaling["original_max_position_embeddings"]:
-        return freqs
-    return freqs / scaling["factor"]
-
-
-def yarn_never(dim, end, base, scaling):
-    return freqs_ok(dim, base)
-
-
-def yarn_multiplies(dim, end, base, scaling):
-    freqs = freqs_ok(dim, base)
-    if scaling is None or end <= scaling["original_max_position_embeddings"]:
-        return freqs
-    ramp = rope.yarn_ramp(dim, base, scaling["original_max_position_embeddings"], scaling["beta_fast"], scaling["beta_slow"])
-    return freqs * (1 - ramp + ramp * scaling["factor"])
-
-
-def yarn_hard_coded_defaults(dim, end, base, scaling):
-    # ignores the dict's values and always uses MiniMind's defaults
-    return yarn_ok(dim, end, base, None if scaling is None else dict(YARN_ROPE_SCALING))
+def ramp_variant(**kwargs):
+    return lambda *args: ch02._ramp_variant(*args, **kwargs)
 
 
 # --------------------------------------------------------------------------- tests
@@ -183,7 +152,7 @@ CHECKS = {
     "rotate_half": (ch02.check_rotate_half, rope.rotate_half),
     "precompute": (ch02.check_precompute_freqs_cis, precompute_ok),
     "apply": (ch02.check_apply_rotary_pos_emb, rope.apply_rotary_pos_emb),
-    "yarn": (ch02.check_yarn_frequencies, yarn_ok),
+    "yarn_ramp": (ch02.check_yarn_ramp, ramp_ok),
 }
 
 
@@ -199,6 +168,25 @@ def test_stub_fails_with_not_implemented(key):
     check_fn, _ = CHECKS[key]
     with pytest.raises(AssertionError, match="not implemented yet"):
         check_fn(stub)
+
+
+def test_ramp_with_float32_ends_passes():
+    ch02.check_yarn_ramp(ramp_float32_index)
+
+
+@pytest.mark.parametrize("case", ch02._RAMP_CASES)
+def test_ramp_cases_keep_their_ends_away_from_whole_indices(case):
+    """float32 and float64 arithmetic must round every fractional end alike: at least 0.01 from a whole index."""
+    dim, base, original_max, beta_fast, beta_slow = case
+    for turns in (beta_fast, beta_slow):
+        v = ch02._ramp_index(dim, base, original_max, turns)
+        assert min(v - math.floor(v), math.ceil(v) - v) > 0.01, (case, turns, v)
+
+
+def test_ramp_cases_clamp_both_ends_somewhere():
+    lows = [ch02._ramp_index(d, b, L, bf) for d, b, L, bf, _ in ch02._RAMP_CASES]
+    highs = [ch02._ramp_index(d, b, L, bs) - (d // 2 - 1) for d, b, L, _, bs in ch02._RAMP_CASES]
+    assert min(lows) < 0 and max(highs) > 0
 
 
 @pytest.mark.parametrize("good", [precompute_other_formula])
@@ -245,17 +233,36 @@ def apply_returns_one(q, k, cos, sin):
     return rope.apply_rotary_pos_emb(q, k, cos, sin)[0]
 
 
-def yarn_float64(dim, end, base, scaling):
-    return yarn_ok(dim, end, base, scaling).double()
+def precompute_draft(dim, end, base):  # the chapter's draft, unchanged
+    freqs = 1.0 / base ** (torch.arange(dim // 2) / dim)
+    angles = torch.outer(torch.arange(1, end + 1), freqs)
+    return angles.cos().repeat_interleave(2, dim=-1), angles.sin().repeat_interleave(2, dim=-1)
 
 
-def yarn_indexes_dict(dim, end, base, scaling):  # scaling["..."] instead of .get: fails on None
-    return yarn_ok(dim, end, base, scaling) if scaling["factor"] else None
+def precompute_draft_layout_fixed(dim, end, base):  # the draft with its layout fixed: two mistakes left
+    freqs = 1.0 / base ** (torch.arange(dim // 2) / dim)
+    angles = torch.outer(torch.arange(1, end + 1), freqs)
+    return torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+
+
+def apply_heads_axis(q, k, cos, sin):  # the tables broadcast against the heads axis: runs when seq == heads
+    return ((q * cos[None] + rope.rotate_half(q) * sin[None]).to(q.dtype),
+            (k * cos[None] + rope.rotate_half(k) * sin[None]).to(k.dtype))
+
+
+def apply_heads_axis_guarded(q, k, cos, sin):  # the same mistake, where it runs at all
+    if q.shape[1] == q.shape[2] == k.shape[2]:
+        return apply_heads_axis(q, k, cos, sin)
+    return rope.apply_rotary_pos_emb(q, k, cos, sin)
+
+
+def ramp_float64(*args):
+    return ramp_ok(*args).double()
 
 
 # (check, wrong answer, text the failure must contain: the named mistake, or the failing input)
 WRONG = [
-    (ch02.check_rotate_half, rotate_half_wrong_sign, "this looks like the minus sign on the first half"),
+    (ch02.check_rotate_half, rotate_half_wrong_sign, "this looks like a rotation the other way"),
     (ch02.check_rotate_half, rotate_half_no_sign, "this looks like no minus sign"),
     (ch02.check_rotate_half, rotate_half_halves_not_swapped, "this looks like the halves not swapped"),
     (ch02.check_rotate_half, rotate_half_interleaved, "this looks like neighbours paired"),
@@ -271,6 +278,10 @@ WRONG = [
     (ch02.check_precompute_freqs_cis, precompute_off_by_one, "this looks like positions starting at 1"),
     (ch02.check_precompute_freqs_cis, precompute_one_row_too_many, "this looks like positions 0 .. end (one row too many)"),
     (ch02.check_precompute_freqs_cis, precompute_float64, "dtype mismatch: expected torch.float32, got torch.float64"),
+    (ch02.check_precompute_freqs_cis, precompute_draft, "this looks like the draft unchanged"),
+    (ch02.check_precompute_freqs_cis, precompute_draft_layout_fixed, "this looks like two of the draft's mistakes still "
+     "there: the exponent of pair i taken as i/dim instead of 2i/dim (the frequencies fall too slowly) and positions "
+     "starting at 1 instead of 0"),
     (ch02.check_precompute_freqs_cis, lambda dim, end, base: precompute_ok(dim, end, base)[0], "expected a pair (cos, sin)"),
     (ch02.check_apply_rotary_pos_emb, apply_minus, "this looks like the sine term subtracted"),
     (ch02.check_apply_rotary_pos_emb, apply_interleaved, "this looks like the interleaved rotate_half"),
@@ -279,22 +290,24 @@ WRONG = [
     (ch02.check_apply_rotary_pos_emb, apply_no_cast, "dtype mismatch: expected torch.bfloat16, got torch.float32"),
     (ch02.check_apply_rotary_pos_emb, apply_first_row_only, "this looks like every position rotated by the first row's angles"),
     (ch02.check_apply_rotary_pos_emb, apply_swapped_tables, "this looks like cos and sin swapped"),
-    (ch02.check_apply_rotary_pos_emb, apply_unsqueeze_0, "raised RuntimeError"),
-    (ch02.check_apply_rotary_pos_emb, apply_unsqueeze_0, "broadcast over the heads"),
+    (ch02.check_apply_rotary_pos_emb, apply_heads_axis, "raised RuntimeError"),
+    (ch02.check_apply_rotary_pos_emb, apply_heads_axis, "broadcasting pairs the axes from the right"),
+    (ch02.check_apply_rotary_pos_emb, apply_heads_axis_guarded, "this looks like the tables lined up with the heads axis"),
     (ch02.check_apply_rotary_pos_emb, apply_no_unsqueeze, "raised RuntimeError"),
     (ch02.check_apply_rotary_pos_emb, apply_no_unsqueeze, "(on q (2, 7, 8, 64)"),
     (ch02.check_apply_rotary_pos_emb, apply_in_place, "changed its input (argument 1) in place"),
     (ch02.check_apply_rotary_pos_emb, apply_returns_one, "expected a pair (q_embed, k_embed)"),
-    (ch02.check_yarn_frequencies, yarn_always, "this looks like YaRN applied although the table (2048 positions) is not longer than original_max_position_embeddings (2048)"),
-    (ch02.check_yarn_frequencies, yarn_ge, "this looks like YaRN applied although the table (2048 positions)"),
-    (ch02.check_yarn_frequencies, yarn_inverted_ramp, "this looks like the ramp reversed"),
-    (ch02.check_yarn_frequencies, yarn_uniform, "this looks like every frequency divided by factor (no ramp)"),
-    (ch02.check_yarn_frequencies, yarn_never, "this looks like YaRN left out although the table (32768 positions) is longer than original_max_position_embeddings (2048)"),
-    (ch02.check_yarn_frequencies, yarn_multiplies, "this looks like frequencies multiplied by factor instead of divided"),
-    (ch02.check_yarn_frequencies, yarn_hard_coded_defaults, "this looks like MiniMind's default values used instead"),
-    (ch02.check_yarn_frequencies, yarn_float64, "dtype mismatch: expected torch.float32, got torch.float64"),
-    (ch02.check_yarn_frequencies, yarn_indexes_dict, "raised TypeError"),
-    (ch02.check_yarn_frequencies, yarn_indexes_dict, "rope_scaling=None"),
+    (ch02.check_yarn_ramp, ramp_variant(two_pi=False), "this looks like the turns of a pair counted in radians"),
+    (ch02.check_yarn_ramp, ramp_variant(exponent=1.0), "this looks like the pair index solved from base ** (-i/dim)"),
+    (ch02.check_yarn_ramp, ramp_variant(rounding="inward"), "this looks like the fractional ends rounded inward"),
+    (ch02.check_yarn_ramp, ramp_variant(rounding="nearest"), "this looks like the fractional ends rounded to the nearest"),
+    (ch02.check_yarn_ramp, ramp_variant(rounding="none"), "this looks like the fractional ends not rounded"),
+    (ch02.check_yarn_ramp, ramp_variant(clamp_ends=False), "this looks like the ends not clamped"),
+    (ch02.check_yarn_ramp, ramp_variant(clamp_ramp=False), "this looks like the ramp not clamped to [0, 1]"),
+    (ch02.check_yarn_ramp, ramp_variant(reverse=True), "this looks like the ramp reversed"),
+    (ch02.check_yarn_ramp, ramp_variant(swap_betas=True), "this looks like beta_fast and beta_slow swapped"),
+    (ch02.check_yarn_ramp, ramp_float64, "dtype mismatch: expected torch.float32, got torch.float64"),
+    (ch02.check_yarn_ramp, lambda *args: ramp_ok(*args)[1:], "shape mismatch"),
 ]
 
 
@@ -316,6 +329,7 @@ def test_wrong_version_message_names_expected_and_hint():
     assert "expected" in msg and "hint:" in msg and "the exponent of each pair" in msg
     assert "rope_base **" not in msg and "arange(" not in msg
     assert msg.index("this looks like") < msg.index("hint:") < msg.index('show_solution("2.2")')
+    assert "rope_properties" in msg
 
 
 def test_crash_in_learner_code_is_reported():

@@ -280,6 +280,11 @@ WRONG = [
     (ch03.check_gqa_attention, make_gqa(pad_value=float("-inf")), "this looks like padding added as -inf"),
     (ch03.check_gqa_attention, make_gqa(pad_value=float("-inf")), "NaN"),
     (ch03.check_gqa_attention, make_gqa(pad_value=0.0), "this looks like the padding mask ignored"),
+    # issue 44: -1e10 passed while every padding query's scores stayed below 32 in magnitude
+    (ch03.check_gqa_attention, make_gqa(pad_value=-1e10), "this looks like a padding constant larger in magnitude"),
+    (ch03.check_gqa_attention, make_gqa(pad_value=-1e8), "this looks like a padding constant smaller in magnitude"),
+    (ch03.check_gqa_attention, make_gqa(pad_value=torch.finfo(torch.float32).min),
+     "this looks like a padding constant larger in magnitude"),
     (ch03.check_gqa_attention, make_gqa(causal=causal_top_left), "this looks like the causal triangle aligned top-left"),
     (ch03.check_gqa_attention, make_gqa(causal=causal_off_by_one), "this looks like the diagonal hidden"),
     (ch03.check_gqa_attention, gqa_no_causal, "this looks like no causal mask"),
@@ -306,6 +311,30 @@ def test_failure_names_the_mistake_before_the_hint_and_how_to_ask_last():
         ch03.check_gqa_attention(make_gqa(scale=False))
     text = str(err.value)
     assert text.index("this looks like") < text.index("hint:") < text.index('show_solution("3.5")')
+
+
+def test_large_activation_case_keeps_its_scores_away_from_rounding_boundaries():
+    """The padding case with large activations: some padding query scores a padding key above 32 in magnitude
+    (so -1e10 and -1e9 give other weights), and every such score lies more than 3 from an odd multiple of 32,
+    where -1e9 + score would round the other way after float noise of another CPU."""
+    import math
+
+    from minimind_ref.rope import apply_rotary_pos_emb, precompute_freqs_cis
+    from minimind_ref.checks.core import seeded
+
+    attn = ch03._small_attention(2, seed=3052)
+    b, s = 2, 6
+    cos, sin = (t[:s] for t in precompute_freqs_cis(16, 32))
+    x = torch.randn(b, s, 64, generator=seeded(3070)) * 8
+    with torch.no_grad():
+        q = attn.q_proj(x).view(b, s, 4, 16)
+        k = attn.k_proj(x).view(b, s, 2, 16)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        scores = q.transpose(1, 2) @ ref_repeat_kv(k, 2).transpose(1, 2).transpose(-2, -1) / math.sqrt(16)
+    pad_scores = torch.cat([scores[row, :, i, : i + 1].flatten() for row, pads in ((0, 4), (1, 2)) for i in range(pads)])
+    assert (pad_scores.abs() > 32).any()
+    distance = (pad_scores.abs() - 32) % 64
+    assert torch.minimum(distance, 64 - distance).min() > 3
 
 
 def test_overflow_message_names_the_fix():

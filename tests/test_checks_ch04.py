@@ -8,6 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import minimind_ref as mm
+import minimind_ref.config
 from minimind_ref.checks import ch04
 from minimind_ref.config import default_intermediate_size
 
@@ -142,7 +144,7 @@ WRONG = [
     (ch04.check_swiglu_ffn, lambda x, g, u, d: F.silu(F.linear(x, g)) * F.linear(x, u), "this looks like the down projection left out"),
     (ch04.check_swiglu_ffn, lambda x, g, u, d: (F.silu(x @ g) * (x @ u)) @ d, "mat1 and mat2 shapes cannot be multiplied"),
     (ch04.check_swiglu_ffn, lambda x, g, u, d: (F.silu(x @ g) * (x @ u)) @ d, "(on x (2, 5, 32), w_gate and w_up (96, 32)"),
-    (ch04.check_swiglu_ffn, lambda x, g, u, d: (F.silu(x @ g) * (x @ u)) @ d, "needs it transposed"),
+    (ch04.check_swiglu_ffn, lambda x, g, u, d: (F.silu(x @ g) * (x @ u)) @ d, "which product gives [..., intermediate]"),
     (ch04.check_swiglu_ffn, _swiglu_in_place, "changed its input (argument 2) in place"),
     # intermediate size: rounding down, to nearest, not at all, a float, 4x, Llama's 256
     (ch04.check_intermediate_size, lambda h: 64 * math.floor(int(8 * h / 3) / 64), "this looks like rounding down"),
@@ -151,6 +153,11 @@ WRONG = [
     (ch04.check_intermediate_size, lambda h: 64.0 * math.ceil(int(8 * h / 3) / 64), "expected an int"),
     (ch04.check_intermediate_size, lambda h: 4 * h, "this looks like four times the width"),
     (ch04.check_intermediate_size, lambda h: 256 * math.ceil(int(8 * h / 3) / 256), "this looks like rounding up to a multiple of 256"),
+    (ch04.check_intermediate_size, lambda h: 64 * math.ceil(4 * h / 3 / 64), "this looks like parity with the two matrices"),
+    (ch04.check_intermediate_size, lambda h: 64 * math.ceil(4 * h / 64), "this looks like parity solved for three matrices"),
+    # issue 44: the package's rules do not pass the check (the exercise derives the width)
+    (ch04.check_intermediate_size, lambda h: mm.MiniMindConfig(hidden_size=h).intermediate_size, "raised WidthRuleHidden"),
+    (ch04.check_intermediate_size, lambda h: mm.config.default_intermediate_size(h), "asks you to derive the width"),
     (ch04.check_intermediate_size, lambda h: 64 * (int(8 * h / 3) // 64 + 1), "one multiple of 64 too many"),
     # minimind-3's width and FFN parameters (4.5): the width rule, then the count
     (ch04.check_minimind3_ffn, _pi_ffn(lambda h: math.floor(h * math.pi / 64) * 64), "this looks like rounding h times pi down"),
@@ -166,6 +173,17 @@ WRONG = [
     (ch04.check_minimind3_ffn, _pi_ffn(lambda h: math.ceil(int(h * math.pi) / 64) * 64),
      "this looks like h times pi truncated to a whole number before rounding up to a multiple of 64"),
     (ch04.check_minimind3_ffn, _pi_ffn(lambda h: math.ceil(h * 3.25 / 64) * 64), "this looks like a multiplier of 3.25"),
+    # issue 44: a multiplier of 3.2 was reported as 3.25 (both give 2496 at hidden 768)
+    (ch04.check_minimind3_ffn, _pi_ffn(lambda h: math.ceil(h * 3.2 / 64) * 64), "this looks like a multiplier of 3.2 "),
+    (ch04.check_minimind3_ffn, _pi_ffn(lambda h: math.ceil(h * 2432 / 768 / 64) * 64),
+     "this looks like a multiplier of 2432 / 768"),
+    (ch04.check_minimind3_ffn, _pi_ffn(lambda h: math.ceil(h * 3.15 / 64) * 64), "this looks like a constant multiplier between"),
+    (ch04.check_minimind3_ffn, _pi_ffn(lambda h: math.ceil(h * 3.142 / 64) * 64), "this looks like pi approximated as 3.142"),
+    (ch04.check_minimind3_ffn, _pi_ffn(lambda h: math.ceil(h * 3.1416 / 64) * 64), "this looks like pi approximated as 3.1416"),
+    # issue 44: WIDTH_RULES["minimind-3"] (imported by the chapter's setup cell) passed without deriving anything
+    (ch04.check_minimind3_ffn, _pi_ffn(lambda h: mm.config.WIDTH_RULES["minimind-3"](h)), "raised WidthRuleHidden"),
+    (ch04.check_minimind3_ffn, _pi_ffn(lambda h: mm.MiniMindConfig(generation="minimind-3", hidden_size=h).intermediate_size),
+     "asks you to derive the width"),
     (ch04.check_minimind3_ffn, _pi_ffn(lambda h: math.ceil(h * 22 / 7 / 64) * 64), "this looks like pi approximated as 22/7"),
     (ch04.check_minimind3_ffn, _pi_ffn(lambda h: math.ceil(h * math.pi / 64) * 64.0), "expected an int (intermediate_size), got float"),
     (ch04.check_minimind3_ffn, _pi_ffn(_PI, lambda h, m, n: 2 * h * m * n), "this looks like two matrices per layer"),
@@ -199,3 +217,15 @@ def test_failure_messages_carry_a_hint_and_how_to_ask_last():
     assert "1408" not in text and "1,408" not in text, "4.4 hides the expected width (a closed form of hidden_size)"
     assert text.index("this looks like") < text.index("hint:") < text.index('show_solution("4.4")')
     assert "math.ceil" not in text, "the solution (math.ceil) is shown only on request"
+
+
+def test_width_rules_come_back_after_a_check():
+    """The checks of 4.4 and 4.5 switch the package's width rules off only while the learner's function runs."""
+    from minimind_ref import config
+
+    rules = dict(config.WIDTH_RULES)
+    with pytest.raises(AssertionError):
+        ch04.check_minimind3_ffn(lambda h, n: (config.WIDTH_RULES["minimind-3"](h), 0))
+    assert config.WIDTH_RULES == rules
+    assert config.default_intermediate_size(512) == 1408 and config.minimind3_intermediate_size(768) == 2432
+    assert mm.MiniMindConfig(generation="minimind-3", hidden_size=768).intermediate_size == 2432

@@ -401,6 +401,7 @@ def test_chinese_stub_messages_have_no_untranslated_english():
 def test_stub_texts_are_extracted_and_translated():
     """The markers' texts are messages of the chapter catalogs, located at their code cell."""
     messages = dict(i18n.source_messages(ROOT / "notebooks" / "01_normalization.ipynb"))
-    assert "implement rms_norm" in messages and messages["implement rms_norm"].startswith("01_normalization.ipynb:")
+    marker = "rms_norm(x, weight, eps) -> a tensor shaped like x"
+    assert marker in messages and messages[marker].startswith("01_normalization.ipynb:")
     table = i18n.load_table(LANG, "01_normalization")
-    assert table["implement rms_norm"] == "实现 rms_norm"
+    assert table[marker] == "rms_norm(x, weight, eps) -> 与 x 形状相同的张量"

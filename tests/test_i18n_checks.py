@@ -290,8 +290,8 @@ CHAPTERS: Dict[str, Tuple[Callable, Callable, str, str]] = {
     # chapter: (check, planted mistake, what the English message says, what the Chinese one says)
     "01": (ch01.check_rms_norm, lambda x, w, eps=1e-5: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps),
            "this looks like the gain (weight) left out", "漏掉了增益（weight）"),
-    "02": (ch02.check_rotate_half, _rotate_wrong_sign, "this looks like the minus sign on the first half",
-           "负号加在了前一半上"),
+    "02": (ch02.check_rotate_half, _rotate_wrong_sign, "this looks like a rotation the other way",
+           "转向反了"),
     "03": (ch03.check_scaled_dot_product_attention, _sdpa_unscaled, "this looks like no scaling",
            "k 和 v (2, 3, 5, 16)，无掩码，head_dim 16"),
     "04": (ch04.check_silu, torch.sigmoid, "this looks like the sigmoid alone", "只有 sigmoid（没有乘以 x）"),

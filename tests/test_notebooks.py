@@ -210,3 +210,33 @@ def test_every_exercise_has_a_worked_solution_to_ask_for(nb, capsys):
         show_solution(f"{chapter}.{number}")
         out = capsys.readouterr().out
         assert out.startswith(f"Exercise {chapter}.{number}, one way to write it:\n    ") and len(out) > 40, out
+
+
+#: Chapters whose exercises follow issue 44's pattern (every exercise says what the learner decides).
+#: The other chapters join the set as their exercises are reworked.
+DECIDE_CHAPTERS = ("01", "02", "03", "04")
+YOU_DECIDE = re.compile(r"^\*\*You decide:\*\* \S", re.M)
+
+
+@pytest.mark.parametrize("chapter", DECIDE_CHAPTERS)
+def test_every_exercise_says_what_the_learner_decides(chapter):
+    """Under every ``### Exercise N.M`` heading, before its solution cell, one paragraph starts with
+    ``**You decide:**`` and says what the learner derives, decides, predicts or debugs (issue 44); the
+    Chinese edition translates it (``**由你决定**：``)."""
+    import i18n
+
+    path = next(p for p in NOTEBOOKS if p.name.startswith(chapter))
+    nb = nbformat.read(path, as_version=4)
+    found = _exercise_numbers(nb.cells)
+    table = i18n.load_table("zh_CN", path.stem)
+    for position, (number, start) in enumerate(found):
+        end = found[position + 1][1] if position + 1 < len(found) else len(nb.cells)
+        solution = next(i for i in range(start, end) if nb.cells[i].cell_type == "code"
+                        and make_student.has_solution(nb.cells[i].source))
+        lines = [m for cell in nb.cells[start:solution] if cell.cell_type == "markdown"
+                 for m in re.findall(r"^\*\*You decide:\*\*.*(?:\n(?!\n).*)*", cell.source, re.M)]
+        assert len(lines) == 1, f"Exercise {number[0]}.{number[1]}: {len(lines)} '**You decide:**' paragraphs"
+        assert YOU_DECIDE.match(lines[0])
+        assert table.get(lines[0], "").startswith("**由你决定**："), (
+            f"Exercise {number[0]}.{number[1]}: the '**You decide:**' paragraph has no Chinese translation "
+            "starting with '**由你决定**：'")

@@ -20,9 +20,21 @@ kind a learner makes by accident:
 * an integer constant off by one (``n`` -> ``n + 1``, ``n - 1``), a float constant scaled by 10, a
   boolean flipped (``keepdim=True`` -> ``False``, ``unbiased=False`` -> ``True``);
 * an axis changed (``dim=-1`` -> ``dim=0``; an integer ``dim``/``axis`` keyword off by one is above);
-* the first two positional arguments of a call swapped (not for commutative calls such as
-  ``torch.max(a, b)``), a ``.detach()``, ``.float()``, ``.clone()``, ``.item()``... call removed (the
-  object itself kept);
+* argument order: two neighbouring positional arguments of a call swapped (not for commutative
+  calls such as ``torch.max(a, b)``), or the values of two neighbouring keyword arguments
+  (``beta_fast=a, beta_slow=b`` -> ``beta_fast=b, beta_slow=a``); a ``.detach()``, ``.float()``,
+  ``.clone()``, ``.item()``... call removed (the object itself kept);
+* boundary constants: a float constant divided by 10 as well as multiplied (``-1e9`` -> ``-1e10``
+  and ``-1e8``), an integer constant of size 8 or more doubled and halved (``64`` -> ``128``, ``32``);
+* a fallback dropped: ``a or b`` -> ``a``, ``d.get(key, default)`` -> ``d.get(key)``,
+  ``getattr(obj, name, default)`` -> ``getattr(obj, name)``;
+* sort direction: ``sort``, ``argsort``, ``sorted`` and ``topk`` given the other direction
+  (``descending=True`` added, ``reverse=True`` added, ``largest=False`` added; a direction already
+  written as a constant is flipped by the boolean operator above);
+* a flag left at its default: a keyword argument whose value is a constant removed
+  (``ensure_ascii=False``, ``keepdim=True``, ``descending=True``, ``eps=1e-6`` ...);
+* a dropped special case: an ``if`` statement without ``else`` deleted, the ``if`` branch of one
+  with ``else`` never taken (its test replaced by ``False``), ``a if c else b`` -> ``b``;
 * one statement of the block deleted (an assignment, an augmented assignment, a bare call).
 
 Each mutant runs in a copy of the chapter's namespace: the mutated cell, then the exercise's check
@@ -70,6 +82,8 @@ SWAP_NAMES = {"min": "max", "max": "min", "minimum": "maximum", "maximum": "mini
 DROPPABLE_CALLS = {"detach", "float", "clone", "item", "contiguous", "half", "long", "int", "type_as", "to",
                    "squeeze", "unsqueeze", "abs", "sqrt", "exp", "log", "mean", "sum", "transpose", "t", "flatten",
                    "reshape", "view", "softmax", "sigmoid", "clamp", "clamp_min", "cumsum", "sort", "values"}
+SORTS = {"sort": ("descending", True), "argsort": ("descending", True), "msort": ("descending", True),
+         "sorted": ("reverse", True), "topk": ("largest", False)}  # the keyword that reverses the order
 COMMUTATIVE = {"min", "max", "minimum", "maximum", "add", "mul", "isclose", "allclose", "equal", "fmax", "fmin",
                "logical_and", "logical_or", "hypot", "transpose", "swapaxes", "swapdims"}  # transpose(a, b) = (b, a)
 
@@ -142,10 +156,6 @@ class _Collector(ast.NodeVisitor):
             self._add(f"cmp:{new.__name__}", f"{type(node.ops[0]).__name__} -> {new.__name__}", node)
         self.generic_visit(node)
 
-    def visit_BoolOp(self, node):
-        self._add("boolop", f"{type(node.op).__name__} swapped", node)
-        self.generic_visit(node)
-
     def visit_Constant(self, node):
         value = node.value
         if isinstance(value, bool):
@@ -153,15 +163,51 @@ class _Collector(ast.NodeVisitor):
         elif isinstance(value, int):
             self._add("const:+1", f"{value} -> {value + 1}", node)
             self._add("const:-1", f"{value} -> {value - 1}", node)
+            if abs(value) >= 8:  # a boundary constant of another size (64 -> 128, 32)
+                self._add("const:x2", f"{value} -> {value * 2}", node)
+                self._add("const:/2", f"{value} -> {value // 2}", node)
         elif isinstance(value, float):
             self._add("const:x10", f"{value!r} -> {value * 10!r}", node)
+            self._add("const:/10", f"{value!r} -> {value / 10!r}", node)
+
+    def visit_BoolOp(self, node):
+        self._add("boolop", f"{type(node.op).__name__} swapped", node)
+        if isinstance(node.op, ast.Or) and len(node.values) == 2:
+            self._add("fallback:or", "the fallback of `or` dropped", node)
+        self.generic_visit(node)
+
+    def visit_If(self, node):
+        if node.orelse:
+            self._add("if:never", f"the if branch on line {node.lineno} never taken (special case dropped)", node)
+        else:
+            self._add("if:drop", f"the if statement on line {node.lineno} deleted (special case dropped)", node)
+        self.generic_visit(node)
+
+    def visit_IfExp(self, node):
+        self._add("ifexp:else", "a if c else b -> b (special case dropped)", node)
+        self.generic_visit(node)
 
     def visit_Call(self, node):
         name = _name_of(node.func)
         if name in SWAP_NAMES:
             self._add("callname", f"{name} -> {SWAP_NAMES[name]}", node)
-        if len(node.args) >= 2 and name not in COMMUTATIVE and not any(isinstance(a, ast.Starred) for a in node.args[:2]):
-            self._add("swapargs", f"{name}(): first two arguments swapped", node)
+        if name not in COMMUTATIVE:
+            for i in range(len(node.args) - 1):
+                if not any(isinstance(a, ast.Starred) for a in node.args[i:i + 2]):
+                    what = "first two arguments" if i == 0 else f"arguments {i + 1} and {i + 2}"
+                    self._add(f"swapargs:{i}", f"{name}(): {what} swapped", node)
+        for i in range(len(node.keywords) - 1):
+            if node.keywords[i].arg and node.keywords[i + 1].arg:
+                self._add(f"swapkw:{i}", f"{name}(): the values of {node.keywords[i].arg}= and "
+                          f"{node.keywords[i + 1].arg}= swapped", node)
+        if name in ("get", "getattr") and len(node.args) == (2 if name == "get" else 3) and not node.keywords:
+            self._add("fallback:arg", f"{name}(): the default dropped", node)
+        if name in SORTS and SORTS[name][0] not in {kw.arg for kw in node.keywords}:
+            self._add("sortdir", f"{name}(): the other direction ({SORTS[name][0]}={SORTS[name][1]})", node)
+        for k, kw in enumerate(node.keywords):
+            value = kw.value.operand if isinstance(kw.value, ast.UnaryOp) else kw.value
+            if kw.arg and isinstance(value, ast.Constant):
+                self._add(f"kwdrop:{k}", f"{name}({kw.arg}=...) left at its default", node)
         if isinstance(node.func, ast.Attribute) and name in DROPPABLE_CALLS:
             self._add("dropcall", f".{name}(...) removed", node)
         for k, kw in enumerate(node.keywords):
@@ -240,8 +286,9 @@ def _apply(tree: ast.AST, path: Tuple[int, ...], kind: str) -> Optional[List[ast
     elif kind.startswith("const:"):
         t, node = fresh()
         v = node.value
-        node.value = (not v) if kind == "const:flip" else v + 1 if kind == "const:+1" else v - 1 if kind == "const:-1" \
-            else v * 10
+        node.value = {"const:flip": lambda: not v, "const:+1": lambda: v + 1, "const:-1": lambda: v - 1,
+                      "const:x2": lambda: v * 2, "const:/2": lambda: v // 2, "const:x10": lambda: v * 10,
+                      "const:/10": lambda: v / 10}[kind]()
         out.append(t)
     elif kind == "callname":
         t, node = fresh()
@@ -251,9 +298,44 @@ def _apply(tree: ast.AST, path: Tuple[int, ...], kind: str) -> Optional[List[ast
         else:
             node.func.attr = SWAP_NAMES[name]
         out.append(t)
-    elif kind == "swapargs":
+    elif kind.startswith("swapargs:"):
+        i = int(kind.split(":")[1])
         t, node = fresh()
-        node.args[0], node.args[1] = node.args[1], node.args[0]
+        node.args[i], node.args[i + 1] = node.args[i + 1], node.args[i]
+        out.append(t)
+    elif kind.startswith("swapkw:"):
+        i = int(kind.split(":")[1])
+        t, node = fresh()
+        node.keywords[i].value, node.keywords[i + 1].value = node.keywords[i + 1].value, node.keywords[i].value
+        out.append(t)
+    elif kind == "fallback:or":
+        t, node = fresh()
+        _replace_in_parent(t, path, node.values[0])
+        out.append(t)
+    elif kind == "fallback:arg":
+        t, node = fresh()
+        node.args.pop()
+        out.append(t)
+    elif kind == "sortdir":
+        t, node = fresh()
+        key, value = SORTS[_name_of(node.func)]
+        node.keywords.append(ast.keyword(arg=key, value=ast.Constant(value)))
+        out.append(t)
+    elif kind.startswith("kwdrop:"):
+        t, node = fresh()
+        del node.keywords[int(kind.split(":")[1])]
+        out.append(t)
+    elif kind == "if:never":
+        t, node = fresh()
+        node.test = ast.Constant(False)
+        out.append(t)
+    elif kind == "if:drop":
+        t, node = fresh()
+        _replace_in_parent(t, path, ast.Pass())
+        out.append(t)
+    elif kind == "ifexp:else":
+        t, node = fresh()
+        _replace_in_parent(t, path, node.orelse)
         out.append(t)
     elif kind == "dropcall":
         t, node = fresh()

@@ -182,10 +182,11 @@ def check_layer_norm(fn: Callable[..., Any]) -> str:
 
 # --------------------------------------------------------------------------- fp16-safe rms_norm
 _SAFE_HINT_OVERFLOW = ("in float16, 300**2 = 90000 is already larger than the largest float16 number (65504): the "
-                       "squares become inf, the mean is inf, and x / inf = 0. Compute the statistics in float32.")
-_SAFE_HINT_DTYPE = ("the result's dtype follows from where you cast back to x.dtype and where the weight multiplies: "
-                    "compare that order with MiniMind2's RMSNorm.forward as this chapter shows it; an fp16 x with an "
-                    "fp32 weight gives float32 there, with an fp16 weight float16.")
+                       "squares become inf, the mean is inf, and x / inf = 0. The squares need a dtype with a larger "
+                       "range.")
+_SAFE_HINT_DTYPE = ("the result's dtype follows from the dtypes that meet in your last multiplication: compare with "
+                    "the table of minimind_ref.RMSNorm's dtypes above the exercise (an fp16 x with an fp32 weight "
+                    "gives float32 there, with an fp16 weight float16).")
 _SAFE_HINT_VALUES = ("the rounding steps must be MiniMind2's: which values are computed in which precision, and how "
                      "many times (and where) a value is rounded to x.dtype.")
 solution("1.3", "xf = x.float(); normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps); "
@@ -258,20 +259,37 @@ def _count_models() -> List[Tuple[str, str, torch.nn.Module]]:
                 max_position_embeddings=64, intermediate_size=64)
     three = MiniMindForCausalLM(MiniMindConfig(num_hidden_layers=3, **tiny))
     moe = MiniMindForCausalLM(MiniMindConfig(num_hidden_layers=5, use_moe=True, **tiny))
+    # Two small containers that tell the draft's two mistakes apart: MiniMind's norms as direct children
+    # (a walk over the children alone finds them), and a torch.nn.RMSNorm nested one level down (only a
+    # full walk that tests for the wrong class counts it).
+    direct = torch.nn.Sequential(RMSNorm(8), RMSNorm(8))
+    nested_torch = torch.nn.Sequential(torch.nn.Sequential(torch.nn.RMSNorm(8)), torch.nn.Linear(8, 8))
     return [("MiniMind2-Small", "MiniMind2-Small", small), ("a 3-layer MiniMind", "3-layer", three),
-            ("a 5-layer MiniMind-MoE", "5-layer MoE", moe)]
+            ("a 5-layer MiniMind-MoE", "5-layer MoE", moe),
+            ("nn.Sequential(RMSNorm(8), RMSNorm(8)): two of MiniMind's norms as direct children", "2 direct", direct),
+            ("nn.Sequential(nn.Sequential(torch.nn.RMSNorm(8)), nn.Linear(8, 8)): PyTorch's RMSNorm, nested",
+             "0 of MiniMind's", nested_torch)]
 
 
 def _count_mistakes(model: torch.nn.Module, first_answer: Any) -> Dict[str, Any]:
-    layers = model.config.num_hidden_layers
+    config = getattr(model, "config", None)
+    layers = config.num_hidden_layers if config is not None else None
+
+    def of(cls, walk):
+        return sum(isinstance(m, cls) for m in walk())
+
     return {
+        "the draft unchanged: it walks only the top-level children and tests for PyTorch's class":
+            of(torch.nn.RMSNorm, model.children),
+        "a walk over the top-level children only (the blocks' norms sit inside nested modules)":
+            of(RMSNorm, model.children),
+        "a test for torch.nn.RMSNorm (MiniMind's norm is its own class, minimind_ref.RMSNorm, not a subclass of "
+        "PyTorch's)": of(torch.nn.RMSNorm, model.modules),
         "the same number for every model (hard-coded?)": first_answer,
-        "the two norms of each block without the final norm (model.norm)": 2 * layers,
-        "one norm per block plus the final norm": layers + 1,
+        "the two norms of each block without the final norm (model.norm)": None if layers is None else 2 * layers,
+        "one norm per block plus the final norm": None if layers is None else layers + 1,
         "one norm per block": layers,
-        "a count of the model's top-level children only (the norms sit inside nested modules)":
-            len(list(model.children())),
-        "a count of torch.nn.RMSNorm or torch.nn.LayerNorm modules (MiniMind's norm is minimind_ref.RMSNorm)": 0,
+        "a count of the model's top-level children": len(list(model.children())),
         "a count of every module": len(list(model.modules())),
     }
 
@@ -284,19 +302,39 @@ solution("1.4", "sum(isinstance(m, RMSNorm) for m in model.modules()), with RMSN
        why="the count of a model the case names: three counts give away how the count grows with the layers")
 def check_norm_count(fn: Callable[[torch.nn.Module], Any]) -> str:
     """``fn(model)`` must return the number of ``minimind_ref.RMSNorm`` modules in ``model``,
-    counted from the model (three differently sized models, so a hard-coded number fails)."""
+    counted from the model (three differently sized models, so a hard-coded number fails, and two small
+    containers that tell a walk over the children from a test for PyTorch's class)."""
     name = "Exercise 1.4 count_rmsnorm"
-    hint = ("each block has one norm before attention and one before the feed-forward network, and the model has "
-            "one more after the last block; count from the model rather than from that description.")
+    hint = ("compare what your counter walks over with where the norms sit (print the names of a model's modules), "
+            "and the class it tests for with the type of one of MiniMind's norms; count from the model, not from "
+            "the description of section 4.")
     outcomes, results, first = [], [], None
-    for index, (label, short, model) in enumerate(_count_models()):
-        got = call(fn, model, name=name, case=label, hint="the argument is a MiniMindForCausalLM (an nn.Module).")
+    models = _count_models()
+    for index, (label, short, model) in enumerate(models[:3]):  # the MiniMind models: every counter must run on them
+        got = call(fn, model, name=name, case=label, hint="the argument is an nn.Module (a MiniMindForCausalLM, or a "
+                   "small container of modules).")
         got = as_number(got, name, label, integer=True, what="a number of modules")
         first = got if index == 0 else first
         outcomes.append(Outcome(label, got, count_rmsnorm_modules(model), _count_mistakes(model, first if index else None)))
         results.append(f"{short}: {got}")
+    right = all(o.got == o.expected for o in outcomes)
+    for label, short, model in models[3:]:  # containers without a config: they tell the draft's mistakes apart
+        if right:  # a counter that is right on the models must also count here: failures are reported
+            got = call(fn, model, name=name, case=label, hint="count from the modules the argument holds: the "
+                       "argument may be any nn.Module, one without a config too.")
+        else:  # a counter already wrong: a crash here (reading model.config) must not hide its mistake
+            try:
+                got = fn(model)
+            except Exception:  # the models' cases alone name the mistake then
+                continue
+        if isinstance(got, torch.Tensor) and got.numel() == 1:
+            got = got.item()
+        if not right and (isinstance(got, bool) or not isinstance(got, int)):
+            continue
+        got = as_number(got, name, label, integer=True, what="a number of modules")
+        outcomes.append(Outcome(label, got, count_rmsnorm_modules(model), _count_mistakes(model, first)))
     check_numbers(name, outcomes, hint)
-    return "; ".join(results)
+    return "; ".join(results[:3])
 
 
 # --------------------------------------------------------------------------- normalization parameters from a config
@@ -310,6 +348,8 @@ def _norm_param_configs() -> List[Tuple[str, MiniMindConfig]]:
         ("minimind-3-moe", minimind3_moe()),
         ("minimind-3 with head_dim=64 (12 query heads, 4 KV heads)",
          minimind3(num_attention_heads=12, num_key_value_heads=4, head_dim=64)),
+        ("minimind-3 with head_dim=128 (8 query heads of 128 on a hidden size of 768, 4 KV heads)",
+         minimind3(head_dim=128)),
         ("a 5-layer MiniMind2 with qk_norm=True (hidden 256, 4 heads)",
          MiniMindConfig(hidden_size=256, num_hidden_layers=5, num_attention_heads=4, qk_norm=True)),
         ("a 3-layer minimind-3 with qk_norm=False", minimind3(num_hidden_layers=3, qk_norm=False)),
@@ -329,8 +369,11 @@ def _norm_param_candidates(c: MiniMindConfig, h: int, layers: int, d: int, block
     return {
         "the two norms of each block and the final norm, without QK-norm's q_norm and k_norm gains": blocks,
         "QK-norm counted although this config has qk_norm=False": blocks + qk,
-        "one QK-norm gain per head (QK-norm has one gain of head_dim values for all query heads, one for all key "
-        "heads)": blocks + (layers * (c.num_attention_heads + c.num_key_value_heads) * d if has else 0),
+        "one QK-norm gain per head (section 7 says how many gains one norm has, whatever the number of heads)": blocks + (layers * (c.num_attention_heads + c.num_key_value_heads) * d if has else 0),
+        "one gain per query head in both QK-norms (count again how many heads the keys have, and how many gains "
+        "one norm has)": blocks + (2 * layers * c.num_attention_heads * d if has else 0),
+        "head_dim taken as hidden_size divided by the number of heads (minimind-3's head_dim is a field of its "
+        "own, and it may differ)": blocks + (2 * layers * (h // c.num_attention_heads) if has else 0),
         "QK-norm gains of hidden_size values (they have head_dim values: the norm runs over one head)":
             blocks + (2 * layers * h if has else 0),
         "only q_norm counted (k_norm has a gain too)": blocks + (layers * d if has else 0),

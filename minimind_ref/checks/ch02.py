@@ -4,16 +4,21 @@ Each check runs the learner's function on inputs it generates and compares the r
 ``minimind_ref.rope``. A failure names the input it failed on and, when the result equals a known
 mistake computed on the same input, that mistake; then a hint about it, and the line that says how to see a worked solution (``show_solution``) last:
 
-* ``check_rotate_half(fn)``              ``fn(x) -> [-x2, x1]`` (half-split layout)
-* ``check_precompute_freqs_cis(fn)``     ``fn(dim, end, rope_base) -> (cos, sin)``, no scaling
+* ``check_rotate_half(fn)``              ``fn(x)``: the vector that, times the sines, completes the rotation
+  of every pair ``(x[i], x[i + d/2])`` (half-split layout)
+* ``check_precompute_freqs_cis(fn)``     ``fn(dim, end, rope_base) -> (cos, sin)``, no scaling; the chapter's
+  draft has three mistakes, and a failure names the ones left
 * ``check_apply_rotary_pos_emb(fn)``     ``fn(q, k, cos, sin) -> (q_rot, k_rot)``
-* ``check_yarn_frequencies(fn)``         ``fn(dim, end, rope_base, rope_scaling) -> freqs [dim // 2]``
+* ``check_yarn_ramp(fn)``                ``fn(dim, rope_base, original_max, beta_fast, beta_slow) -> gamma
+  [dim // 2]``: YaRN's ramp, whose ends the learner derives from the frequencies
 * ``check_to_half_split(fn)``            ``fn(weights, head_dim) -> weights``: an interleaved-layout
   attention layer converted to MiniMind's half-split RoPE (MiniMind2, and minimind-3 with QK-norm)
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from typing import Any, Callable, Dict, Optional
 
 import torch
@@ -27,7 +32,7 @@ __all__ = [
     "check_rotate_half",
     "check_precompute_freqs_cis",
     "check_apply_rotary_pos_emb",
-    "check_yarn_frequencies",
+    "check_yarn_ramp",
     "check_to_half_split",
     "reference_yarn_frequencies",
 ]
@@ -46,9 +51,9 @@ def _interleaved_rotate(x: torch.Tensor) -> torch.Tensor:
 def _rotate_mistakes(x: torch.Tensor) -> Dict[str, Callable[[], torch.Tensor]]:
     x1, x2 = _halves(x)
     return {
-        "the minus sign on the first half ([x2, -x1]: a rotation the other way)": lambda: torch.cat((x2, -x1), -1),
-        "no minus sign ([x2, x1]: a reflection, not a rotation)": lambda: torch.cat((x2, x1), -1),
-        "the halves not swapped ([-x1, x2])": lambda: torch.cat((-x1, x2), -1),
+        "a rotation the other way (the minus sign on the other member of each pair)": lambda: torch.cat((x2, -x1), -1),
+        "no minus sign (a reflection, not a rotation)": lambda: torch.cat((x2, x1), -1),
+        "the halves not swapped (each member of a pair stays in its own half)": lambda: torch.cat((-x1, x2), -1),
         "neighbours paired (x[2i], x[2i+1]): the interleaved layout of the paper, not MiniMind's half-split one":
             lambda: _interleaved_rotate(x),
         "the input returned unchanged": lambda: x.clone(),
@@ -61,11 +66,13 @@ solution("2.1", "half = x.shape[-1] // 2; return torch.cat((-x[..., half:], x[..
 @check("Exercise 2.1 rotate_half", shown=True,
        why="one entry of the result on random tensors, whose entries the message does not show")
 def check_rotate_half(fn: Callable[[torch.Tensor], torch.Tensor]) -> str:
-    """``fn(x)`` must equal ``minimind_ref.rope.rotate_half(x)`` on several shapes and dtypes, and
-    leave ``x`` unchanged."""
+    """``fn(x)`` must equal ``minimind_ref.rope.rotate_half(x)`` (the vector that, times the sines, turns
+    ``x * cos`` into the rotation of every half-split pair) on several shapes and dtypes, and leave ``x``
+    unchanged."""
     name = "Exercise 2.1 rotate_half"
-    hint = ("compare your output with rotate_half as section 5 defines it: which half comes first, and which one "
-            "carries the minus sign (the pairs are the dimensions i and i + d/2).")
+    hint = ("write section 3's R(alpha) applied to one pair (x[i], x[i + d/2]): the sine term of each member comes "
+            "from which member of the pair, and with which sign? rotate_half(x) puts those terms where x has the "
+            "members.")
     shapes = [(2,), (8,), (3, 6), (2, 5, 4, 64), (1, 3, 2, 96)]
     for n, shape in enumerate(shapes):
         x = torch.randn(shape, generator=seeded(100 + n))
@@ -100,24 +107,48 @@ def _tables(freqs: torch.Tensor, positions: torch.Tensor, interleave: bool = Fal
     return torch.cat([torch.cos(angles)] * 2, -1), torch.cat([torch.sin(angles)] * 2, -1)
 
 
+_DRAFT_BUGS = {  # the three mistakes of the chapter's draft precompute_freqs_cis_draft
+    "exponent": "the exponent of pair i taken as i/dim instead of 2i/dim (the frequencies fall too slowly)",
+    "positions": "positions starting at 1 instead of 0 (row 0 must rotate nothing)",
+    "interleave": "each angle repeated in place ([a0, a0, a1, a1, ...]: the interleaved layout) instead of filling "
+                  "the two halves alike, so the two members of a half-split pair get different angles",
+}
+
+
+def _draft_tables(dim: int, end: int, base: float, bugs) -> tuple:
+    """The tables with some of the draft's mistakes left in (none: the right tables)."""
+    exponent = torch.arange(dim // 2).float() if "exponent" in bugs else torch.arange(0, dim, 2)[: dim // 2].float()
+    freqs = 1.0 / (base ** (exponent / dim))
+    pos = torch.arange(1, end + 1) if "positions" in bugs else torch.arange(end)
+    return _tables(freqs, pos, interleave="interleave" in bugs)
+
+
 def _table_mistakes(dim: int, end: int, base: float, which: int) -> Dict[str, Callable[[], torch.Tensor]]:
-    """What the usual wrong tables look like (``which`` 0 = cos, 1 = sin)."""
+    """What the usual wrong tables look like (``which`` 0 = cos, 1 = sin): the draft's mistakes, every
+    combination of them (a failure names the ones left), then the other usual ones."""
     i2 = torch.arange(0, dim, 2)[: dim // 2].float()
     freqs = 1.0 / (base ** (i2 / dim))
     pos = torch.arange(end)
-    return {
-        "the exponent of pair i taken as i/dim instead of 2i/dim":
-            lambda: _tables(1.0 / (base ** (torch.arange(dim // 2).float() / dim)), pos)[which],
+    out: Dict[str, Callable[[], torch.Tensor]] = {}
+    names = list(_DRAFT_BUGS)
+    for size in (3, 2, 1):
+        for bugs in itertools.combinations(names, size):
+            if size == 3:
+                label = "the draft unchanged: all three of its mistakes are still there"
+            else:
+                label = " and ".join(_DRAFT_BUGS[b] for b in bugs)
+                if size == 2:
+                    label = f"two of the draft's mistakes still there: {label}"
+            out[label] = (lambda bugs=bugs: _draft_tables(dim, end, base, bugs)[which])
+    out.update({
         "the exponent's sign flipped (the frequencies must fall from 1 towards 1/rope_base, not grow)":
             lambda: _tables(base ** (i2 / dim), pos)[which],
-        "each angle repeated in place ([a0, a0, a1, a1, ...]: the interleaved layout) instead of the two halves "
-        "[a0, a1, ..., a0, a1, ...]": lambda: _tables(freqs, pos, interleave=True)[which],
         "half-width tables [end, dim // 2] (each table repeats its angles for the second half)":
             lambda: _tables(freqs, pos)[which][:, : dim // 2],
         "cos and sin swapped": lambda: _tables(freqs, pos)[1 - which],
-        "positions starting at 1 instead of 0": lambda: _tables(freqs, pos + 1)[which],
         "positions 0 .. end (one row too many)": lambda: _tables(freqs, torch.arange(end + 1))[which],
-    }
+    })
+    return out
 
 
 solution("2.2", "freqs = 1.0 / rope_base ** (torch.arange(0, dim, 2).float() / dim); angles = torch.outer(torch.arange("
@@ -125,12 +156,13 @@ solution("2.2", "freqs = 1.0 / rope_base ** (torch.arange(0, dim, 2).float() / d
 
 
 @check("Exercise 2.2 precompute_freqs_cis", shown=True,
-       why="one entry of a cos/sin table; the exercise states the frequencies, the check is about the table's layout")
+       why="one entry of a cos/sin table; section 4 states the frequencies, the exercise is about the draft's mistakes")
 def check_precompute_freqs_cis(fn: Callable[..., Any]) -> str:
     """``fn(dim, end, rope_base)`` must return ``(cos, sin)`` equal to ``minimind_ref``'s tables."""
     name = "Exercise 2.2 precompute_freqs_cis"
-    hint = ("compare with section 4's frequencies and section 5's tables: the exponent of each pair, which positions "
-            "the rows stand for, and how the angles fill the last dimension for the half-split layout.")
+    hint = ("run rope_properties on your function: each property that fails points at one part of the tables (the "
+            "exponent of each pair against section 4's formula, which positions the rows stand for, and which "
+            "columns of a row must hold the same angle for a half-split pair).")
     for dim, end, base in _TABLE_CASES:
         case = f"precompute_freqs_cis(dim={dim}, end={end}, rope_base={base:g})"
         got = call(fn, dim, end, base, name=name, case=case,
@@ -167,19 +199,21 @@ def _apply_mistakes(q, k, cos, sin, which: int) -> Dict[str, Callable[[], torch.
         "this tensor returned without rotation": lambda: x.clone(),
         "cos and sin swapped": lambda: out(x * s + rope.rotate_half(x) * c),
         "every position rotated by the first row's angles": lambda: out(x * c[:1] + rope.rotate_half(x) * s[:1]),
+        "the tables lined up with the heads axis instead of the sequence axis (row t must rotate every head of "
+        "token t)": lambda: out(x * cos[None] + rope.rotate_half(x) * sin[None]),
     }
 
 
-solution("2.3", "cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [seq, 1, head_dim]; q_embed = (q * cos + "
-                "rotate_half(q) * sin).to(q.dtype), the same for k.")
+solution("2.3", "cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [seq, 1, head_dim]: broadcast over the heads; "
+                "q_embed = (q * cos + rotate_half(q) * sin).to(q.dtype), the same for k.")
 
 
 @check("Exercise 2.3 apply_rotary_pos_emb", shown=True,
        why="one entry of the rotation of random tensors, whose entries the message does not show")
 def check_apply_rotary_pos_emb(fn: Callable[..., Any]) -> str:
     """``fn(q, k, cos, sin)`` must rotate ``q`` ``[b, s, h, d]`` and ``k`` ``[b, s, kv, d]`` like
-    ``minimind_ref`` does, for tables sliced at a start position and in bfloat16, and leave the
-    inputs unchanged."""
+    ``minimind_ref`` does, for tables sliced at a start position, in bfloat16, and with as many positions
+    as heads (a table broadcast over the wrong axis then runs), and leave the inputs unchanged."""
     name = "Exercise 2.3 apply_rotary_pos_emb"
     cases = [
         # (batch, seq, heads, kv_heads, dim, start_pos, dtype)
@@ -187,11 +221,13 @@ def check_apply_rotary_pos_emb(fn: Callable[..., Any]) -> str:
         (1, 5, 4, 4, 96, 1000, torch.float32),
         (3, 1, 2, 1, 8, 31, torch.float32),
         (1, 6, 8, 2, 64, 0, torch.bfloat16),
+        (2, 4, 4, 4, 16, 9, torch.float32),  # as many positions as heads: a table lined up with the heads runs
     ]
     hint = ("compare with section 5's rotation: which table multiplies which term, and how row t of the tables lines "
             "up with sequence position t, the same for every batch entry and every head; q and k both rotate.")
     crash_hint = ("a size mismatch means cos/sin [seq, head_dim] do not line up with q [batch, seq, heads, "
-                  "head_dim]: give them a size-1 axis where q has its heads, so they broadcast over the heads.")
+                  "head_dim]: broadcasting pairs the axes from the right, so say which axis of q the tables' rows "
+                  "belong to.")
     for n, (b, s, h, kv, d, start, dtype) in enumerate(cases):
         g = seeded(200 + n)
         q = torch.randn(b, s, h, d, generator=g).to(dtype)
@@ -218,74 +254,102 @@ def reference_yarn_frequencies(dim: int, end: int, rope_base: float = 1e6,
     return rope.scaled_frequencies(dim, end, rope_base, rope_scaling)[0]
 
 
-_YARN_CASES = [
-    # (dim, end, rope_base, rope_scaling)
-    (64, 32768, 1e6, dict(YARN_ROPE_SCALING)),
-    (64, 2048, 1e6, dict(YARN_ROPE_SCALING)),   # end == original_max: no scaling
-    (64, 1000, 1e6, dict(YARN_ROPE_SCALING)),   # shorter than original_max: no scaling
-    (64, 2049, 1e6, dict(YARN_ROPE_SCALING)),   # one past: scaling on
-    (96, 32768, 1e6, dict(YARN_ROPE_SCALING)),
-    (64, 8192, 1e4, {"factor": 4, "original_max_position_embeddings": 1024, "beta_fast": 16, "beta_slow": 2}),
-    (32, 4096, 1e6, None),
-    # keys missing from the dict take MiniMind's values (2048, 16, 32, 1), as upstream reads them with .get
-    (64, 8192, 1e6, {"factor": 4}),
-    (64, 3000, 1e6, {"original_max_position_embeddings": 1024, "beta_slow": 2}),
-    (96, 2049, 1e6, {"beta_fast": 16, "type": "yarn"}),
-    (64, 2048, 1e6, {"factor": 4}),  # exactly MiniMind's default length, which the dict does not give: no scaling
+_RAMP_CASES = [
+    # (dim, rope_base, original_max, beta_fast, beta_slow); every fractional end lies at least 0.01 from a
+    # whole index, so float32 and float64 arithmetic round them alike (tests/test_checks_ch02.py checks it)
+    (64, 1e6, 2048, 32, 1),       # MiniMind2-Small with MiniMind's settings: low 5, high 14
+    (96, 1e6, 2048, 32, 1),       # MiniMind2 and minimind-3
+    (80, 1e6, 2048, 32, 1),       # MiniMind2-MoE
+    (64, 1e4, 1024, 16, 2),       # other base, length and betas
+    (128, 5e5, 4096, 32, 1.5),    # a fractional beta
+    (32, 1e4, 64, 32, 1),         # the fast end falls below pair 0: low is clamped to 0
+    (16, 1e4, 180_000, 32, 1),    # the slow end falls past the last pair: high is clamped to dim // 2 - 1
+    (48, 1e6, 8192, 64, 4),
 ]
 
 
-def _yarn_mistakes(dim: int, end: int, base: float, scaling: Optional[Dict[str, Any]]) -> Dict[str, Callable[[], torch.Tensor]]:
-    freqs = rope.rope_frequencies(dim, base)
-    if scaling is None:
-        return {}
-    orig = scaling.get("original_max_position_embeddings", 2048)
-    factor = scaling.get("factor", 16)
-    ramp = rope.yarn_ramp(dim, base, orig, scaling.get("beta_fast", 32.0), scaling.get("beta_slow", 1.0))
-    scaled = freqs * ((1 - ramp) + ramp / factor)
-    on = end / orig > 1
-    defaults = dict(YARN_ROPE_SCALING)
-    ramp_default = rope.yarn_ramp(dim, base, defaults["original_max_position_embeddings"], defaults["beta_fast"],
-                                  defaults["beta_slow"])
-    return {
-        f"YaRN applied although the table ({end} positions) is not longer than original_max_position_embeddings "
-        f"({orig}): upstream scales only longer tables": lambda: scaled,
-        f"YaRN left out although the table ({end} positions) is longer than original_max_position_embeddings ({orig})":
-            lambda: freqs,
-        "the ramp reversed (fast pairs slowed down, slow pairs kept)":
-            lambda: freqs * (ramp + (1 - ramp) / factor) if on else freqs,
-        "every frequency divided by factor (no ramp)": lambda: freqs / factor if on else freqs,
-        "frequencies multiplied by factor instead of divided": lambda: freqs * ((1 - ramp) + ramp * factor) if on else freqs,
-        "MiniMind's default values used instead of the rope_scaling dict's":
-            lambda: freqs * ((1 - ramp_default) + ramp_default / defaults["factor"])
-            if end / defaults["original_max_position_embeddings"] > 1 else freqs,
-    }
+def _ramp_index(dim: int, base: float, original_max: float, turns: float, *, two_pi: bool = True,
+                exponent: float = 2.0) -> float:
+    """The fractional pair index that makes ``turns`` turns in ``original_max`` positions (a mistake switched in
+    by ``two_pi=False``, turns counted in radians, or ``exponent=1``, frequencies base ** (-i/dim))."""
+    per_turn = 2 * math.pi if two_pi else 1.0
+    return dim * math.log(original_max / (turns * per_turn)) / (exponent * math.log(base))
 
 
-solution("2.4", "freqs = 1 / rope_base ** (torch.arange(0, dim, 2).float() / dim); if rope_scaling and end / "
-                "original_max > 1: ramp, _, _ = my_yarn_ramp(dim, rope_base, original_max, beta_fast, beta_slow); "
-                "freqs = freqs * ((1 - ramp) + ramp / factor) (read the four values from the dict with .get).")
+def _ramp_variant(dim: int, base: float, original_max: float, beta_fast: float, beta_slow: float, *,
+                  two_pi: bool = True, exponent: float = 2.0, rounding: str = "outward", clamp_ends: bool = True,
+                  clamp_ramp: bool = True, reverse: bool = False, swap_betas: bool = False) -> torch.Tensor:
+    """YaRN's ramp with one typical mistake switched in (the defaults are the right answer)."""
+    if swap_betas:
+        beta_fast, beta_slow = beta_slow, beta_fast
+    lo_i = _ramp_index(dim, base, original_max, beta_fast, two_pi=two_pi, exponent=exponent)
+    hi_i = _ramp_index(dim, base, original_max, beta_slow, two_pi=two_pi, exponent=exponent)
+    lo, hi = {"outward": (math.floor(lo_i), math.ceil(hi_i)), "inward": (math.ceil(lo_i), math.floor(hi_i)),
+              "nearest": (round(lo_i), round(hi_i)), "none": (lo_i, hi_i)}[rounding]
+    if clamp_ends:
+        lo, hi = max(lo, 0), min(hi, dim // 2 - 1)
+    ramp = (torch.arange(dim // 2).float() - lo) / max(hi - lo, 0.001)
+    if clamp_ramp:
+        ramp = torch.clamp(ramp, 0, 1)
+    return 1 - ramp if reverse else ramp
 
 
-@check("Exercise 2.4 yarn_frequencies", shown=True,
-       why="one frequency; section 9 states the formula, the exercise is about when and with which settings it applies")
-def check_yarn_frequencies(fn: Callable[..., Any]) -> str:
-    """``fn(dim, end, rope_base, rope_scaling)`` must return the (possibly YaRN-scaled)
-    frequencies ``[dim // 2]`` that ``minimind_ref`` uses to build its tables."""
-    name = "Exercise 2.4 yarn_frequencies"
-    hint = ("compare with section 9: when YaRN applies at all (rope_scaling given, and a table longer than the "
-            "original length), and how the ramp blends each pair between keeping its frequency and dividing it by "
-            "factor (fast pairs kept, slow pairs divided); a key missing from the dict takes MiniMind's value.")
-    for dim, end, base, scaling in _YARN_CASES:
-        case = f"yarn_frequencies(dim={dim}, end={end}, rope_base={base:g}, rope_scaling={scaling})"
-        got = call(fn, dim, end, base, scaling, name=name, case=case,
-                   hint="rope_scaling may be None, and a dict may lack any of its keys: a missing key takes MiniMind's "
-                        "value, as the exercise says.")
-        expected = reference_yarn_frequencies(dim, end, base, scaling)
+_RAMP_MISTAKES = {
+    "the turns of a pair counted in radians (a turn is 2 pi radians)": dict(two_pi=False),
+    "the pair index solved from base ** (-i/dim) instead of section 4's frequencies (pair i has the exponent -2i/dim)":
+        dict(exponent=1.0),
+    "the fractional ends rounded inward (low up, high down) instead of outward": dict(rounding="inward"),
+    "the fractional ends rounded to the nearest index instead of outward (low down, high up)": dict(rounding="nearest"),
+    "the fractional ends not rounded to whole pair indices": dict(rounding="none"),
+    "the ends not clamped to the pairs that exist (low no lower than the first pair, high no higher than the last)":
+        dict(clamp_ends=False),
+    "the ramp not clamped to [0, 1] outside its two ends": dict(clamp_ramp=False),
+    "the ramp reversed (1 for the fast pairs, 0 for the slow ones)": dict(reverse=True),
+    "beta_fast and beta_slow swapped (beta_fast, the larger number of turns, sets the low end)": dict(swap_betas=True),
+}
+
+
+def _ramp_mistakes(case) -> Dict[str, Callable[[], torch.Tensor]]:
+    def thunk(kwargs):
+        return lambda: _ramp_variant(*case, **kwargs)
+    return {description: thunk(kwargs) for description, kwargs in _RAMP_MISTAKES.items()}
+
+
+def reference_yarn_frequencies(dim: int, end: int, rope_base: float = 1e6,
+                               rope_scaling: Optional[Dict[str, Any]] = None) -> torch.Tensor:
+    """The frequencies ``minimind_ref.rope.precompute_freqs_cis`` uses, shape ``[dim // 2]``, fp32."""
+    return rope.scaled_frequencies(dim, end, rope_base, rope_scaling)[0]
+
+
+solution("2.4", "def index_for(turns): return dim * math.log(original_max / (turns * 2 * math.pi)) / (2 * math.log("
+                "rope_base)); low = max(math.floor(index_for(beta_fast)), 0); high = min(math.ceil(index_for("
+                "beta_slow)), dim // 2 - 1); return torch.clamp((torch.arange(dim // 2).float() - low) / max(high - "
+                "low, 0.001), 0, 1)   # pair i makes original_max * theta_i / (2 pi) turns; solved for i")
+
+
+@check("Exercise 2.4 yarn_ramp", shown=True,
+       why="one value of the ramp, between 0 and 1; the exercise is about the two ends, which the message does not "
+           "show")
+def check_yarn_ramp(fn: Callable[..., Any]) -> str:
+    """``fn(dim, rope_base, original_max, beta_fast, beta_slow)`` must return YaRN's ramp, ``[dim // 2]``
+    float32 values in [0, 1], equal to ``minimind_ref.rope.yarn_ramp``: 0 up to the pair index that makes
+    ``beta_fast`` turns in ``original_max`` positions (rounded down), 1 from the one that makes ``beta_slow``
+    turns (rounded up), linear in between, the ends clamped to the pairs that exist."""
+    name = "Exercise 2.4 yarn_ramp"
+    hint = ("section 4 gives pair i's frequency and its period: from them, how many turns pair i makes in "
+            "original_max positions; set that equal to a number of turns and solve for i. Then the two ends are "
+            "whole indices, rounded as section 9 says and kept within the pairs that exist.")
+    for case in _RAMP_CASES:
+        dim, base, original_max, beta_fast, beta_slow = case
+        label = (f"yarn_ramp(dim={dim}, rope_base={base:g}, original_max={original_max}, beta_fast={beta_fast:g}, "
+                 f"beta_slow={beta_slow:g})")
+        got = call(fn, dim, base, original_max, beta_fast, beta_slow, name=name, case=label,
+                   hint="the arguments are plain Python numbers; return a tensor of dim // 2 values.")
+        expected = rope.yarn_ramp(dim, base, original_max, beta_fast, beta_slow)
         wrong_dtype = isinstance(got, torch.Tensor) and got.dtype != expected.dtype
-        check_close(got, expected, name=name, case=case, mistakes=_yarn_mistakes(dim, end, base, scaling),
-                    hint="the frequencies are float32, like the tables built from them." if wrong_dtype else hint)
-    return f"{len(_YARN_CASES)} cases (scaling on, off at end <= original_max, other settings) match minimind_ref"
+        check_close(got, expected, name=name, case=label, mistakes=_ramp_mistakes(case),
+                    hint="the ramp is float32, like the frequencies it scales." if wrong_dtype else hint)
+    return f"{len(_RAMP_CASES)} settings (MiniMind's, other widths, bases and betas, ends clamped) match minimind_ref"
 
 
 # --------------------------------------------------------------------------- 2.5 an interleaved checkpoint
@@ -409,7 +473,7 @@ def check_to_half_split(fn: Callable[..., Any]) -> str:
     RoPE) loaded with them computes what the interleaved layer computed; with and without QK-norm."""
     name = "Exercise 2.5 to_half_split"
     hint = ("section 6 permutes the rows of one head's W_q and W_k; a layer stacks its heads in q_proj and k_proj, "
-            "and a minimind-3 layer also multiplies every query and key dimension by its own gain before RoPE. "
+            "and a minimind-3 layer also multiplies every query and key dimension by its own gain (QK-norm). "
             "Go through the six tensors and decide for each whether RoPE's pairing touches it.")
     g = seeded(205)
     for qk_norm, head_dim in [(False, 16), (True, 24), (True, 8)]:

@@ -68,8 +68,9 @@ def check_stable_softmax(fn: Callable[..., torch.Tensor]) -> str:
     """``fn(x, dim=-1)`` must equal ``torch.softmax(x, dim)``, also for logits in the thousands,
     and leave ``x`` unchanged."""
     name = "Exercise 3.1 stable_softmax"
-    hint = ("section 2 shows which constant to take out of the logits so that no exponential can overflow, and why "
-            "the result does not change; take it along dim, row by row, and keep the -inf entries' weight at 0.")
+    hint = ("section 2 shows why any constant can be taken out of the logits without changing the result; choose one "
+            "that leaves no exponent above 0 and one exponent at exactly 0, take it along dim, row by row, and keep "
+            "the -inf entries' weight at 0.")
     crash = ("dim may be any axis (0, -1, ...): reduce along it and keep the reduced dimension (the reductions have an "
              "argument for it), so the result broadcasts against x.")
     g = seeded(301)
@@ -121,8 +122,8 @@ def check_scaled_dot_product_attention(fn: Callable[..., torch.Tensor]) -> str:
     """``fn(q, k, v, mask=None)`` must equal ``F.scaled_dot_product_attention(q, k, v, attn_mask=mask)``
     for an additive float mask (0 = visible, -inf = hidden)."""
     name = "Exercise 3.2 scaled_dot_product_attention"
-    hint = ("compare with section 4's definition: which scores, scaled by what, where the mask enters, along which "
-            "axis the softmax runs, and what it weights.")
+    hint = ("compare with the formula of section 1 and the scaling of section 3: which scores, scaled by what, where "
+            "the mask enters, along which axis the softmax runs, and what it weights.")
     crash = ("q is [..., s, d] and k, v are [..., t, d]: the scores of s queries against t keys are [..., s, t]; there "
              "may be fewer queries than keys, and mask may be None.")
     g = seeded(302)
@@ -203,7 +204,7 @@ def check_causal_mask(fn: Callable[..., torch.Tensor]) -> str:
 # ----------------------------------------------------------------------------- 3.4 repeat_kv
 def _repeat_mistakes(x: torch.Tensor, n_rep: int) -> Dict[str, Callable[[], torch.Tensor]]:
     return {
-        "the heads tiled ([a, b, a, b]: x.repeat) instead of each repeated in a row ([a, a, b, b])":
+        "the heads tiled ([a, b, a, b]: the whole set repeated), which is not the order PyTorch's enable_gqa uses":
             lambda: x.repeat(1, 1, n_rep, 1),
         "the sequence axis (dim 1) repeated instead of the heads axis (dim 2)":
             lambda: torch.repeat_interleave(x, n_rep, dim=1),
@@ -220,10 +221,11 @@ solution("3.4", "torch.repeat_interleave(x, n_rep, dim=2), or x[:, :, :, None, :
 @check("Exercise 3.4 repeat_kv", shown=True,
        why="one entry of random tensors, repeated: nothing to read back beyond the layout")
 def check_repeat_kv(fn: Callable[..., torch.Tensor]) -> str:
-    """``fn(x, n_rep)``: ``[b, t, n_kv, d] -> [b, t, n_kv * n_rep, d]``, output head ``j`` = KV head ``j // n_rep``."""
+    """``fn(x, n_rep)``: ``[b, t, n_kv, d] -> [b, t, n_kv * n_rep, d]``, output head ``j`` = KV head ``j // n_rep``
+    (the grouping of ``F.scaled_dot_product_attention(..., enable_gqa=True)``)."""
     name = "Exercise 3.4 repeat_kv"
-    hint = ("the query heads of one group share one KV head, so each KV head appears n_rep times in a row along the "
-            "heads axis: heads [a, b] with n_rep = 2 become [a, a, b, b].")
+    hint = ("compare with the KV head PyTorch's kernel gives each query head with enable_gqa=True: give every KV head "
+            "values that say which head it is, and read which one each query head returns.")
     g = seeded(304)
     for b, t, n_kv, d, n_rep in [(2, 5, 2, 4, 4), (1, 3, 4, 8, 2), (2, 3, 2, 6, 1), (1, 4, 1, 4, 8), (1, 2, 3, 2, 3)]:
         x = torch.randn(b, t, n_kv, d, generator=g)
@@ -284,6 +286,11 @@ _GQA_MISTAKES = {
     "of -inf, whose softmax is NaN)":
         dict(pad_value=float("-inf")),
     "the padding mask ignored": dict(pad_value=None),
+    "a padding constant larger in magnitude than section 5's (-1e10, float32's lowest number, ...): where a padding "
+    "query's scores pass 32 in magnitude, the rounding next to the constant (section 5) changes its weights":
+        dict(pad_value=-1e10),
+    "a padding constant smaller in magnitude than section 5's (-1e8, ...): the rounding next to the constant "
+    "(section 5) changes a padding query's weights": dict(pad_value=-1e8),
     "the causal triangle aligned top-left (with a cache, the new queries sit after the cached positions)":
         dict(causal="top-left"),
     "the diagonal hidden (a query must see its own key)": dict(causal="diagonal hidden"),
@@ -349,9 +356,9 @@ def check_gqa_attention(fn: Callable[..., tuple]) -> str:
     g = seeded(305)
     base_hint = ("every query head reads the KV head of its group, the scores are scaled as in Exercise 3.2, and a "
                  "query sees the keys up to its own position (RoPE applied to q and k).")
-    pad_hint = ("padding enters the scores additively, as a large finite negative number where the mask is 0, broadcast "
-                "over heads and queries; with -inf instead, a query that sees only padding gets a row of -inf and the "
-                "softmax returns NaN.")
+    pad_hint = ("padding enters the scores additively, as section 5's finite negative constant where the mask is 0, "
+                "broadcast over heads and queries; with -inf instead, a query that sees only padding gets a row of -inf "
+                "and the softmax returns NaN, and another finite constant rounds a large score differently.")
     cache_hint = ("with a cache of p positions, the s new queries come after them: the keys are the p cached ones "
                   "followed by the new ones, and a new query may see every cached key and the new keys up to its own "
                   "position (the causal mask covers the last s key columns, aligned bottom-right).")
@@ -370,6 +377,15 @@ def check_gqa_attention(fn: Callable[..., tuple]) -> str:
         _compare_gqa(fn, attn, x, cos, sin, mask, None, f"{kind}, left-padded batch", pad_hint)
         if n_kv != 2:
             continue
+        # large activations: some padding queries score padding keys above 32 in magnitude, where -1e9 + score no
+        # longer rounds to -1e9 (section 5) and another padding constant gives other weights; every such score lies
+        # more than 3 from a rounding boundary (tests/test_checks_ch03.py), so no float noise can flip it
+        big = torch.randn(b, s, 64, generator=seeded(3070)) * 8
+        mask = torch.ones(b, s)
+        mask[0, :4] = 0
+        mask[1, :2] = 0
+        _compare_gqa(fn, attn, big, cos, sin, mask, None, f"{kind}, left-padded batch with large activations (padding "
+                     "queries score padding keys above 32 in magnitude)", pad_hint)
         # a KV cache of p tokens, then one new token (decode) and then three new tokens (chunked prefill)
         with torch.no_grad():
             _, past = attn(torch.randn(b, p, 64, generator=g), (cos_all[:p], sin_all[:p]), use_cache=True)
@@ -447,8 +463,8 @@ def _qk_variant(attn: Attention, x, cos, sin, mask, past, *, where: str = "befor
 
 
 _QK_MISTAKES = {
-    "the norms applied after RoPE instead of before it":
-        dict(where="after"),
+    "the norms applied after RoPE: their gains then multiply rotated coordinates, and a score depends on the two "
+    "positions themselves, not only on their offset": dict(where="after"),
     "no QK-norm at all": dict(where="none"),
     "only the queries normalized (the keys need k_norm too)": dict(norm_k=False),
     "only the keys normalized (the queries need q_norm too)": dict(norm_q=False),
@@ -520,8 +536,9 @@ def check_qk_norm_attention(cls: Callable[..., Any]) -> str:
     attention_mask=None, past_key_value=None) -> (out, (k, v))`` must equal the reference for
     prefill, padding and a KV cache, with gains that are not all equal."""
     name = "Exercise 3.6 QKNormAttention"
-    hint = ("decide, for each of the two norms, which vectors it sees (their width) and where in the forward it acts, "
-            "relative to the split into heads and to RoPE; section 10 says what QK-norm is for.")
+    hint = ("decide, for each of the two norms, which vectors it sees (one head's) and where in the forward it acts, "
+            "relative to the split into heads and to RoPE: the order must keep chapter 02's relative-position property "
+            "whatever the gains are.")
     crash = ("QKNormAttention(config) builds the layer; layer(x, cos, sin, attention_mask, past_key_value) returns "
              "(out, (k, v)); x is [b, s, hidden], q and k are [b, s, heads, head_dim] after the view.")
     g = seeded(306)
