@@ -44,9 +44,9 @@ from . import chat_data
 from .sft import assistant_loss_mask, encode_chat, generate_replies, marker_ids, merged_newline_ids
 
 EVAL_MAX_NEW_TOKENS = 128  # the identity reply is 97 tokens and the refusal 69 with the course tokenizer
-# Float rounding between CPUs moves a summed log-probability by about 1e-4 nats (measured: at most
-# 2.4e-4 over the 227 win-rate pairs of base against the shipped sft, native vs ATEN_CPU_CAPABILITY=default)
-# and a logit by less: decisions closer than these margins are counted as near ties.
+# Float rounding between CPUs moves a summed log-probability and the gap between two logits far less than
+# these margins (benchmarks/results/float_paths.json, made by `python -m benchmarks.float_paths`: native vs
+# ATEN_CPU_CAPABILITY=default on the shipped stages); decisions closer than them are counted as near ties.
 GREEDY_TIE_MARGIN = 0.01  # logits: a greedy step whose top two logits are closer could pick the other token
 WIN_TIE_MARGIN = 0.01  # nats: a win-rate pair whose two summed log-probabilities are closer could flip
 Z_95 = 1.959963984540054  # the normal quantile of a two-sided 95 % interval

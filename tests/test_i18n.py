@@ -405,3 +405,117 @@ def test_stub_texts_are_extracted_and_translated():
     assert marker in messages and messages[marker].startswith("01_normalization.ipynb:")
     table = i18n.load_table(LANG, "01_normalization")
     assert table[marker] == "rms_norm(x, weight, eps) -> 与 x 形状相同的张量"
+
+
+# ----------------------------------------------------------------------------- the glossary, term by term (issue 45)
+#: CONTRIBUTING's glossary as (term, English that means it, Chinese a translation must hold, Chinese it
+#: must not hold there). Every catalog entry, the chapters', the pages' and the check messages' (checks.po),
+#: whose English (code spans left out) holds the term is checked. The specialised tests above tell the
+#: longer stories (addition problems, chosen/rejected, retired wordings looked for everywhere).
+GLOSSARY = [
+    ("chosen / rejected reply", r"\bchosen\b.*\brejected\b|\brejected\b.*\bchosen\b", r"优选[\s\S]*劣选|劣选[\s\S]*优选",
+     r"被选中的|被拒绝的"),
+    ("refusal", r"\brefusals?\b", r"拒答", r"拒绝回答"),
+    ("prompt", r"\bprompts?\b", r"提示词", None),
+    ("clip", r"\bclip(s|ped|ping)?\b", r"裁剪", r"截断"),
+    ("query head", r"\bquery heads?\b", r"查询头", r"query 头"),
+    ("GRPO's second normalisation", r"\bnormali[sz]es (them )?again\b|\bbatch normali[sz]ation\b", r"全批次优势归一化|再[^。]*归一化",
+     r"(?<!全)批次(?!优势)归一化"),
+    ("addition problems", ADDITION_PROBLEMS.pattern, r"加法", r"求和(题|问题)|留出的?求和|并非求和|错误求和"),
+    ("drill / calculator line", r"\bdrill lines?\b|\bcalculator lines?\b", r"算式", r"练习(?! ?\d)|计算器行"),
+    ("turn of a conversation", r"\b(assistant|system|user|tool) turns?\b|\bend of turn\b|\bends? (the|its) turn\b",
+     r"轮", r"(?<!返)回合"),
+    ("reply", r"\brepl(y|ies)\b", None, r"回复"),
+    ("held-out", r"\bheld-out\b", r"留出", None),
+    ("float path", r"\bfloat paths?\b", r"浮点路径", None),
+    ("lineage", r"\blineages?\b", r"谱系", None),
+    ("percentage points", r"\bpercentage points?\b", r"百分点", None),
+    ("citation of a paper", r"\bet al\.,? \(?\d{4}", r"等，\d{4}|等（\d{4}", r"\bet al\.,? \(?\d{4}"),
+]
+
+
+@pytest.mark.parametrize("term, english, required, forbidden", GLOSSARY, ids=[g[0] for g in GLOSSARY])
+def test_each_glossary_term_has_one_translation_in_every_catalog(term, english, required, forbidden):
+    english_re = re.compile(english, re.I)
+    bad = []
+    for name, entry in all_catalog_entries():
+        prose = re.sub(r"`[^`]*`|\"[^\"]*\"", "", " ".join(entry.msgid.split()))  # code and quoted labels
+        if not english_re.search(prose):
+            continue
+        if required and not re.search(required, entry.msgstr):
+            bad.append(f"{name}: {term!r} is {required!r}: {entry.msgid[:70]!r} -> {entry.msgstr[:70]!r}")
+        if forbidden:
+            bad += [f"{name}: {m.group(0)!r} ({term}: not {forbidden!r}) in {entry.msgstr[:80]!r}"
+                    for m in re.finditer(forbidden, re.sub(r"`[^`]*`", "", entry.msgstr))]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_glossary_table_and_contributing_name_the_same_terms():
+    contributing = " ".join((ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8").split())
+    glossary = contributing[contributing.index("**Glossary**"):contributing.index("**Check messages.**")]
+    for chinese in ("优选回答", "拒答", "提示词", "裁剪", "查询头", "全批次优势归一化", "加法题", "算式行", "轮次", "回答",
+                    "留出", "浮点路径", "谱系", "百分点", "X 等，YYYY"):
+        assert chinese in glossary, f"CONTRIBUTING's glossary does not name {chinese}"
+
+
+# ----------------------------------------------------------------------------- check messages, rendered (issue 45)
+def _chinese_failure(check, wrong):
+    """The message a check prints in Chinese for a planted mistake."""
+    from minimind_ref import i18n as mi18n
+    from minimind_ref.checks.core import ExerciseError
+
+    mi18n.set_language("zh_CN")
+    try:
+        with pytest.raises(ExerciseError) as err:
+            check(wrong)
+    finally:
+        mi18n.set_language(None)
+    return str(err.value)
+
+
+def _translation(msgid_part: str) -> str:
+    """The Chinese of the one check message whose English contains ``msgid_part``."""
+    from minimind_ref.i18n import LOCALE_DIR
+
+    found = [e for e in polib.pofile(str(LOCALE_DIR / LANG / "LC_MESSAGES" / "checks.po"))
+             if msgid_part in e.msgid and not e.obsolete]
+    assert len(found) == 1, f"{len(found)} check messages contain {msgid_part!r}"
+    assert found[0].msgstr and not found[0].fuzzy, f"{found[0].msgid!r} has no reviewed translation"
+    return found[0].msgstr
+
+
+def _weights_unchanged(weights, head_dim):
+    return {k: v.clone() for k, v in weights.items()}
+
+
+def _qk_attention_without_cache():
+    from minimind_ref.attention import Attention
+
+    class DropsTheCache(Attention):
+        """Right on a prefill; a cache's keys and values are left out."""
+
+        def forward(self, x, cos, sin, attention_mask=None, past_key_value=None):
+            return super().forward(x, (cos, sin), None, use_cache=True, attention_mask=attention_mask)
+
+    return DropsTheCache
+
+
+#: (check, planted mistake, the English of the message the mistake must print). Each case prints the
+#: Chinese failure (run pytest with -s to read it) and asserts that the message's own translation is in it.
+CHECK_MESSAGES = [
+    ("ch02.check_to_half_split", _weights_unchanged, "the weights returned unchanged"),
+    ("ch03.check_qk_norm_attention", _qk_attention_without_cache, "cache of 5 + 1 new token"),
+]
+
+
+@pytest.mark.parametrize("check, wrong, english", CHECK_MESSAGES, ids=[c[2] for c in CHECK_MESSAGES])
+def test_each_named_check_message_is_printed_in_chinese(check, wrong, english):
+    import importlib
+
+    module, function = check.split(".")
+    fn = getattr(importlib.import_module(f"minimind_ref.checks.{module}"), function)
+    planted = wrong() if wrong is _qk_attention_without_cache else wrong
+    message = _chinese_failure(fn, planted)
+    print(f"\n{check}, {english!r}:\n{message}")
+    assert _translation(english) in message, message
+    assert english not in message, "the English message leaked into the Chinese failure"

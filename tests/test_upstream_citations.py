@@ -111,3 +111,80 @@ def test_the_span_pattern_sees_citations_in_a_catalog_entry():
                         '[minimind-3](https://github.com/jingyaogong/minimind/tree/d65ef2c00ebc6082f9df11541e1b191655eddb00)。') == [
         '`c090b69:model/model_minimind.py:196 "past_key_value is None"`',
         "https://github.com/jingyaogong/minimind/tree/d65ef2c00ebc6082f9df11541e1b191655eddb00"]
+
+
+# ----------------------------------------------------------------------------- citations a reader can open (issue 45)
+import link_citations  # noqa: E402
+
+SHA = "c090b6900000000000000000000000000000beef"
+COMMITS = {"c090b69": SHA}
+
+
+def test_the_finder_reads_a_linked_citation_once_with_its_url():
+    url = f"https://github.com/jingyaogong/minimind/blob/{SHA}/model/model_minimind.py#L196"
+    found = _find(f'See [`c090b69:model/model_minimind.py:196 "past_key_value is None"`]({url}).')
+    assert [(o.kind, o.text, o.extra.get("url")) for o in found] == [
+        ("citation", 'c090b69:model/model_minimind.py:196 "past_key_value is None"', url)]
+
+
+def test_a_link_that_disagrees_with_its_text_fails_the_comparison():
+    good = f"https://github.com/jingyaogong/minimind/blob/{SHA}/model/model_minimind.py#L190-L196"
+    text = f"The rule: [`c090b69:model/model_minimind.py:190-196`]({good}).\n"
+    found = _find(text)
+    record = {"citations": [dict(o.to_json(), status="verified", commit_sha=SHA) for o in found]}
+    assert cuc.compare_with_record(found, record) == []
+    for wrong in (good.replace("#L190-L196", "#L190-L197"), good.replace("model_minimind.py", "model_lora.py"),
+                  good.replace(SHA, "d65ef2c" + SHA[7:])):
+        bad = _find(text.replace(good, wrong))
+        assert any("links to" in p for p in cuc.compare_with_record(bad, record)), wrong
+        assert cuc.link_problem(bad[0], SHA), wrong
+    assert cuc.link_problem(found[0], SHA) is None
+
+
+def test_link_citations_links_every_span_once_and_leaves_code_and_comments():
+    text = ("Prose `c090b69:model/model_minimind.py:196` and in a table | `c090b69:model/tokenizer_config.json:42 "
+            "\"<\\|im_end\\|>\"` |\n<!-- `c090b69:a.py:1` -->\n```\n`c090b69:b.py:2`\n```\n")
+    problems = []
+    linked = link_citations.link_text(text, COMMITS, problems, "x.md")
+    assert len(problems) == 2 and all("is not a link" in p for p in problems)
+    assert (f"[`c090b69:model/model_minimind.py:196`](https://github.com/jingyaogong/minimind/blob/{SHA}/"
+            "model/model_minimind.py#L196)") in linked
+    assert f"/blob/{SHA}/model/tokenizer_config.json#L42)" in linked
+    assert "<!-- `c090b69:a.py:1` -->" in linked and "```\n`c090b69:b.py:2`\n```" in linked
+    again = []
+    assert link_citations.link_text(linked, COMMITS, again, "x.md") == linked and again == []  # idempotent
+    found = _find(linked)
+    assert [o.kind for o in found] == ["citation"] * 4 and sum("url" in o.extra for o in found) == 2
+
+
+def test_link_citations_corrects_a_link_that_disagrees():
+    wrong = f"[`c090b69:x.py:5-9`](https://github.com/jingyaogong/minimind/blob/{SHA}/x.py#L5)"
+    problems = []
+    fixed = link_citations.link_text(wrong, COMMITS, problems, "x.md")
+    assert fixed.endswith("/x.py#L5-L9)") and "links to" in problems[0]
+    with pytest.raises(SystemExit, match="not in tools/upstream_citations.json"):
+        link_citations.link_text("`abcdef1:x.py:1`", COMMITS)
+
+
+class _Upstream:
+    """A commit authored one day and committed the next, for `verify` without a clone."""
+
+    def resolve(self, commit):
+        return commit + "0" * 33
+
+    def in_history(self, sha):
+        return True
+
+    def dates(self, sha):
+        return "2026-03-24", "2026-03-25"
+
+
+def test_a_date_after_a_commit_says_which_when_author_and_committer_differ():
+    for text, status in [("101d7df, dated 2026-03-24 in git", "ambiguous date"),
+                         ("101d7df (2026-03-25)", "ambiguous date"),
+                         ("101d7df, authored 2026-03-24 and committed 2026-03-25 in git", "verified"),
+                         ("101d7df, committed 2026-03-25", "verified"),
+                         ("101d7df, authored 2026-03-25", "wrong date"),
+                         ("101d7df, authored 2026-03-24 and committed 2026-03-26", "wrong date")]:
+        (occ,) = _find(text)
+        assert cuc.verify(occ, _Upstream()).status == status, (text, occ.detail)

@@ -15,11 +15,17 @@ span and after one space, by a double-quoted fragment that must occur within tho
     `d65ef2c:dataset/lm_dataset.py:65-66`
 
 COMMIT is a 7-hex upstream commit, PATH the file's path in upstream, LINES one line (``196``) or a
-range (``52-66``). In a markdown table a ``|`` inside the span is written ``\\|``. A link to a commit
+range (``52-66``). In a markdown table a ``|`` inside the span is written ``\\|``. Where a reader sees it
+(the pages, the chapters' markdown, the Chinese catalogs) the span is the text of a link to that file at
+that commit and those lines, ``[`d65ef2c:dataset/lm_dataset.py:65-66`](https://github.com/jingyaogong/minimind/blob/<full
+commit>/dataset/lm_dataset.py#L65-L66)`` (``tools/link_citations.py`` makes the links); the link is
+verified with its text: the commit's full hash, the path and the lines must be the span's. A link to a commit
 of upstream on GitHub (``https://github.com/jingyaogong/minimind/tree/<sha>[/path]``) is checked the
 same way (the commit, and the path when there is one). A commit named alone (``3a5aba8``) is checked
 to be one of upstream's; a date written right after it (``3a5aba8 (2026-01-17)``, ``3a5aba8, dated
-2026-01-17``) must be its date in git (author or committer date).
+2026-01-17``) must be its date in git. Where a commit's author date and committer date differ, the text
+says which it gives (``101d7df, authored 2026-03-24 and committed 2026-03-25``, or ``committed
+2026-03-25`` alone); a bare date is then reported as ambiguous.
 
 **Where.** The book's pages (``book/*.md``), ``README.md`` and ``CONTRIBUTING.md``, every cell of the
 chapters (``notebooks/*.ipynb``: markdown, and the comments and strings of code), and the Python files
@@ -68,6 +74,9 @@ _COMMIT = r"[0-9a-f]{7}"
 CITATION = re.compile(
     r"(?<!`)(?P<ticks>``?)(?P<body>(?P<commit>" + _COMMIT + r"):(?P<path>[A-Za-z0-9_][A-Za-z0-9_./-]*)"
     r":(?P<first>\d+)(?:-(?P<last>\d+))?(?: \"(?P<fragment>[^\"`]+)\")?)(?P=ticks)(?!`)")
+#: The link around a citation (``[`COMMIT:PATH:LINES`](URL)``): what follows the span.
+LINK_AFTER = re.compile(r"\]\((?P<url>[^)\s]*)\)")
+BLOB = "https://github.com/jingyaogong/minimind/blob/"
 #: A link to a commit (and maybe a file) of upstream on GitHub.
 URL = re.compile(r"https://github\.com/jingyaogong/minimind/(?:tree|blob|commit)/(?P<commit>[0-9a-f]{7,40})"
                  r"(?:/(?P<path>[^\s)\]>#\"'`]+))?")
@@ -75,8 +84,9 @@ URL = re.compile(r"https://github\.com/jingyaogong/minimind/(?:tree|blob|commit)
 MENTION = re.compile(r"(?<![0-9A-Za-z_])(?=[0-9a-f]{0,6}[0-9])(?=[0-9a-f]{0,6}[a-f])(?P<commit>" + _COMMIT +
                      r")(?![0-9A-Za-z_])")
 #: A date written right after a commit named alone: `abc1234 (2026-01-17`, `abc1234, 2026-01-17`,
-#: `abc1234, dated 2026-01-17`.
-DATE_AFTER = re.compile(r"\s*(?:\(|,)\s*(?:dated\s+)?(?P<date>20\d\d-\d\d-\d\d)")
+#: `abc1234, dated 2026-01-17`, `abc1234, authored 2026-03-24 and committed 2026-03-25`.
+DATE_AFTER = re.compile(r"\s*(?:\(|,)\s*(?:(?P<which>dated|authored|committed)\s+)?(?P<date>20\d\d-\d\d-\d\d)"
+                        r"(?:,?\s+and\s+committed\s+(?P<committed>20\d\d-\d\d-\d\d))?")
 
 
 @dataclass
@@ -152,11 +162,18 @@ def find_in_text(text: str, file: str, where_at) -> List[Occurrence]:
         first = int(m.group("first"))
         last = int(m.group("last") or first)
         fragment = m.group("fragment")
-        found.append(Occurrence(file, where_at(m.start()), "citation", body, _digest(_context(text, m.start())),
-                                m.group("commit"), m.group("path"), (first, last),
-                                _unescape_table(fragment) if fragment else None))
+        occ = Occurrence(file, where_at(m.start()), "citation", body, _digest(_context(text, m.start())),
+                         m.group("commit"), m.group("path"), (first, last),
+                         _unescape_table(fragment) if fragment else None)
         taken.append((m.start(), m.end()))
+        link = LINK_AFTER.match(text, m.end()) if m.start() > 0 and text[m.start() - 1] == "[" else None
+        if link:
+            occ.extra["url"] = link.group("url")
+            taken.append((link.start(), link.end()))
+        found.append(occ)
     for m in URL.finditer(text):
+        if any(a <= m.start() < b for a, b in taken):
+            continue  # the link of a citation: checked with it
         path = m.group("path")
         body = m.group("commit") + (f":{path}" if path else "")
         found.append(Occurrence(file, where_at(m.start()), "url", body, _digest(_context(text, m.start())),
@@ -169,9 +186,19 @@ def find_in_text(text: str, file: str, where_at) -> List[Occurrence]:
         date = DATE_AFTER.match(text, m.end())
         if commit in PINNED and not date:
             continue  # the pinned commits named alone: nothing to check
-        body = commit + (f" {date.group('date')}" if date else "")
-        found.append(Occurrence(file, where_at(m.start()), "mention", body, _digest(_context(text, m.start())),
-                                commit, date=date.group("date") if date else None))
+        body, which = commit, None
+        if date:
+            which = date.group("which") if date.group("which") in ("authored", "committed") else None
+            body += f" {which + ' ' if which else ''}{date.group('date')}"
+            if date.group("committed"):
+                body += f" committed {date.group('committed')}"
+        occ = Occurrence(file, where_at(m.start()), "mention", body, _digest(_context(text, m.start())),
+                         commit, date=date.group("date") if date else None)
+        if which:
+            occ.extra["which"] = which
+        if date and date.group("committed"):
+            occ.extra["committed"] = date.group("committed")
+        found.append(occ)
     return found
 
 
@@ -290,6 +317,23 @@ class Upstream:
         return out[0], out[1]
 
 
+def citation_url(commit_sha: str, path: str, lines: Tuple[int, int]) -> str:
+    """Where a citation's link must point: ``path`` at the full ``commit_sha``, its lines."""
+    first, last = lines
+    return f"{BLOB}{commit_sha}/{_unescape_table(path)}" + (f"#L{first}" if first == last else f"#L{first}-L{last}")
+
+
+def link_problem(occ: Occurrence, commit_sha: Optional[str]) -> Optional[str]:
+    """Why a linked citation's URL disagrees with its text (None when it agrees or is not linked)."""
+    url = occ.extra.get("url")
+    if url is None or occ.path is None or occ.lines is None:
+        return None
+    if not commit_sha:
+        return f"`{occ.text}`: the full hash of {occ.commit} is unknown, so its link cannot be checked"
+    wanted = citation_url(commit_sha, occ.path, occ.lines)
+    return None if url == wanted else f"`{occ.text}` links to {url}, not to {wanted}"
+
+
 def verify(occ: Occurrence, upstream: Upstream) -> Occurrence:
     sha = upstream.resolve(occ.commit)
     if sha is None:
@@ -303,9 +347,18 @@ def verify(occ: Occurrence, upstream: Upstream) -> Occurrence:
     if occ.kind == "mention":
         author, committer = upstream.dates(sha)
         occ.extra["date_in_git"] = author if author == committer else f"{author} (committed {committer})"
-        if occ.date and occ.date not in (author, committer):
-            occ.status, occ.detail = "wrong date", f"{occ.commit} is dated {occ.extra['date_in_git']} in git, not {occ.date}"
-            return occ
+        which = occ.extra.get("which")
+        if occ.date:
+            wanted = {"authored": (author,), "committed": (committer,)}.get(which, (author, committer))
+            if occ.date not in wanted or occ.extra.get("committed", committer) != committer:
+                occ.status, occ.detail = "wrong date", (f"{occ.commit} is authored {author} and committed {committer} in "
+                                                        f"git; the text says {occ.text[len(occ.commit) + 1:]}")
+                return occ
+            if author != committer and not which:
+                occ.status, occ.detail = "ambiguous date", (f"{occ.commit} was authored {author} and committed {committer}: "
+                                                            f"say which (`{occ.commit}, authored {author} and committed "
+                                                            f"{committer}`)")
+                return occ
         occ.status = "verified"
         return occ
     if occ.path is None:
@@ -331,6 +384,10 @@ def verify(occ: Occurrence, upstream: Upstream) -> Occurrence:
     if occ.fragment and _normalize(occ.fragment) not in _normalize("\n".join(lines[first - 1:last])):
         occ.status, occ.detail = "fragment not found", (f"{occ.fragment!r} does not occur in lines {first}-{last} of "
                                                         f"{occ.path} at {occ.commit}")
+        return occ
+    problem = link_problem(occ, sha)
+    if problem:
+        occ.status, occ.detail = "wrong link", problem
         return occ
     occ.status = "verified"
     return occ
@@ -360,6 +417,11 @@ def compare_with_record(found: List[Occurrence], record: dict) -> List[str]:
                 problems.append(f"{occ.file} ({occ.where}): `{occ.text}` is not in the record")
         elif entry["status"] != "verified":
             problems.append(f"{occ.file} ({occ.where}): `{occ.text}`: {entry['status']}: {entry.get('detail', '')}")
+    shas = {e["citation"][:7]: e["commit_sha"] for e in record["citations"] if e.get("commit_sha")}
+    for occ in found:
+        problem = link_problem(occ, shas.get(occ.commit))
+        if problem:
+            problems.append(f"{occ.file} ({occ.where}): {problem}")
     current = {occ.key() for occ in found}
     for key, entry in keys.items():
         if key not in current:
