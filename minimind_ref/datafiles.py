@@ -1,11 +1,14 @@
 """Upstream's data files at full size: read them in their formats, tokenize once, train from a
 memory-mapped token file.
 
-Upstream MiniMind ships its datasets as JSON lines, one record per line:
+Upstream MiniMind ships its datasets as JSON lines, one record per line (sizes from the READMEs'
+file lists, ``c090b69:README_en.md:562-571`` and ``d65ef2c:README_en.md:494-501``):
 
-* pretraining (``pretrain_hq.jsonl``, 1.6 GB; ``pretrain_t2t_mini.jsonl``, 1.2 GB): ``{"text": ...}``;
-* SFT (``sft_mini_512.jsonl``, ``sft_t2t_mini.jsonl``) and RLAIF (``rlaif-mini.jsonl``, ``rlaif.jsonl``):
-  ``{"conversations": [{"role": ..., "content": ...}, ...]}``;
+* pretraining (``pretrain_hq.jsonl``, 1.6 GB, ``c090b69:README_en.md:565 "pretrain_hq.jsonl (1.6GB"``;
+  ``pretrain_t2t_mini.jsonl``, 1.2 GB, ``d65ef2c:README_en.md:497 "pretrain_t2t_mini.jsonl (1.2GB"``):
+  ``{"text": ...}``;
+* SFT (``sft_mini_512.jsonl``, ``sft_t2t_mini.jsonl``, 1.6 GB, ``d65ef2c:README_en.md:500``) and RLAIF
+  (``rlaif-mini.jsonl``, ``rlaif.jsonl``): ``{"conversations": [{"role": ..., "content": ...}, ...]}``;
 * DPO (``dpo.jsonl``): ``{"chosen": [messages], "rejected": [messages]}``.
 
 **Pretraining** (``TrainConfig(data="pretrain_hq.jsonl")``, or a ``.parquet`` file with a ``text``

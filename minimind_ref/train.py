@@ -76,7 +76,23 @@ class TrainConfig:
     """Everything a run needs; a JSON file with any subset of these keys is a config file.
 
     Every value is checked when the config is made: a wrong type or an out-of-range value raises
-    ``ValueError`` naming the option, the value and what is allowed."""
+    ``ValueError`` naming the option, the value and what is allowed.
+
+    **Data.** ``data="generated"`` builds chapter 08's corpus (``n_docs``, ``n_val_docs``,
+    ``story_fraction``, ``data_seed``). A ``.jsonl`` file of upstream's pretraining lines
+    (``{"text": ...}``, as ``pretrain_hq.jsonl``) or a ``.parquet`` file with a ``text`` column is
+    tokenized once, by ``data_workers`` processes, into a cache under ``data_cache``, keyed by the
+    SHA-256 of the file and of the tokenizer (``minimind_ref.datafiles``); runs then read their
+    windows from the memory-mapped token file, so memory stays flat whatever the file's size, and a
+    second run (or every process of a ``torchrun`` run after the first) finds the tokens ready. Its
+    last ``min(n_val_docs, 5 %)`` documents are the validation set. Give ``tokenizer`` (upstream's
+    ``model/tokenizer.json``) for a real run: without it a BPE tokenizer of ``vocab_size`` is trained
+    on the file's training documents first. Any other path is a plain-text file, read whole
+    (``data.read_text_documents``); a ``.txt`` that holds JSON lines is refused rather than trained
+    on as text. Documents are framed ``[bos] text [eos]`` and packed into windows of ``seq_len``
+    tokens, nothing padded, whatever the source; the batches of a step are a function of ``seed``
+    and the step alone (``data.global_batch_indices``), so a resumed run sees the same batches and
+    each ``torchrun`` process reads only its own share of them."""
 
     # data: "generated" (stories + addition drills, see minimind_ref.data), or a path to a data file:
     # * upstream's pretraining JSON lines (.jsonl, one {"text": ...} per line, e.g. pretrain_hq.jsonl) or
