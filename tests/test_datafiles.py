@@ -369,3 +369,19 @@ def test_a_200_mb_jsonl_trains_with_bounded_memory(tmp_path):
     assert got["windows"] > 100_000 and len(got["loss"]) == 4
     assert got["peak_mib"] - got["base_mib"] < 1024, f"the training process grew by more than 1 GiB: {got}"
     assert got["worker_peak_mib"] < 1024, f"a tokenizing worker used more than 1 GiB: {got}"
+
+
+def test_the_command_line_fills_the_cache(tmp_path, docs, tok, capsys):
+    path = _jsonl(tmp_path / "docs.jsonl", docs)
+    save_tokenizer(tok, tmp_path / "tok.json")
+    assert F.main([path, "--tokenizer", str(tmp_path / "tok.json"), "--cache", str(tmp_path / "cache"), "--workers", "1"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["n_docs"] == len(docs) and summary["n_tokens"] == len(D.encode_documents(tok, docs))
+    cfg = TrainConfig.from_json(str(TINY)).replace(data=path, tokenizer=str(tmp_path / "tok.json"),
+                                                   data_cache=str(tmp_path / "cache"))
+    build_data(cfg.replace(progress=True))
+    assert "tokenized before" in capsys.readouterr().out, "the run finds the tokens the command prepared"
+    (tmp_path / "bad.jsonl").write_text('{"txt": 1}\n', encoding="utf-8")
+    with pytest.raises(SystemExit) as exit_info:
+        F.main([str(tmp_path / "bad.jsonl"), "--tokenizer", str(tmp_path / "tok.json"), "--cache", str(tmp_path / "cache")])
+    assert exit_info.value.code == 2 and "bad.jsonl:1 has no 'text'" in capsys.readouterr().err
