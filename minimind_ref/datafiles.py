@@ -564,11 +564,16 @@ def _jsonl_ranges(path: str, chunk_bytes: int) -> List[Tuple[int, int]]:
     return ranges
 
 
+MAX_DEFAULT_WORKERS = 16  # each worker holds a tokenizer and a batch of encodings (about 170 MB measured)
+
+
 def _default_workers() -> int:
+    """One process per CPU this process may use, at most ``MAX_DEFAULT_WORKERS``."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - macOS, Windows
-        return max(1, os.cpu_count() or 1)
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, MAX_DEFAULT_WORKERS))
 
 
 # ---------------------------------------------------------------------- the cache
@@ -632,7 +637,7 @@ def prepare_token_cache(path: str, tokenizer: Any, cache_dir: Optional[str] = No
     column) once, or find it tokenized; returns its ``TokenCache``.
 
     ``cache_dir``: the cache's root folder (default ``default_cache_root()/tokens``); ``workers``:
-    processes (0: one per CPU this process may use); ``progress``: a tqdm bar over the file's bytes;
+    processes (0: one per CPU this process may use, at most 16); ``progress``: a tqdm bar over the file's bytes;
     ``log``: where the one-line summary goes (None: nowhere). A malformed record is a ``ValueError``
     naming the file and the line (or row), and no cache is written."""
     fmt = data_format(path)

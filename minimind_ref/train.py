@@ -107,7 +107,7 @@ class TrainConfig:
     story_fraction: float = 0.5
     data_seed: int = 0
     data_cache: Optional[str] = None  # the token cache's folder (None: $MINIMIND_CACHE or ~/.cache/minimind_ref)/tokens
-    data_workers: int = 0  # processes that tokenize a data file (0: one per CPU)
+    data_workers: int = 0  # processes that tokenize a data file (0: one per CPU, at most 16)
     # tokenizer: a tokenizer.json to load, or None to train a byte-level BPE on the training text
     tokenizer: Optional[str] = None
     vocab_size: int = 1024
@@ -527,12 +527,15 @@ def _file_data(cfg: TrainConfig, tokenizer=None) -> RunData:
     then windows of its training and validation documents, read from the memory map."""
     if tokenizer is None and cfg.tokenizer:
         tokenizer = load_tokenizer(cfg.tokenizer)
+    first = dist_info()[0] == 0  # the process that logs (the others find the cache it made)
     if tokenizer is None:  # trained on the training documents, streamed (the held-out ones left out)
         n_docs = datafiles.count_documents(cfg.data)
         n_train = n_docs - datafiles.validation_documents(n_docs, cfg.n_val_docs)
+        if cfg.progress and first:
+            print(f"training a {cfg.vocab_size}-token BPE tokenizer on the {n_train:,} training documents of {cfg.data} "
+                  "(give tokenizer=..., e.g. upstream's model/tokenizer.json, to use one instead)")
         tokenizer = train_bpe_tokenizer(itertools.islice(datafiles.iter_texts(cfg.data), n_train),
                                         vocab_size=cfg.vocab_size, split_digits=cfg.split_digits)
-    first = dist_info()[0] == 0  # the process that logs (the others find the cache it made)
     cache = datafiles.prepare_token_cache(cfg.data, tokenizer, cfg.data_cache, cfg.data_workers,
                                           progress=cfg.progress and first, log=print if cfg.progress and first else None)
     train, val = datafiles.split_windows(cache, cfg.seq_len, cfg.n_val_docs)
