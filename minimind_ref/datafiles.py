@@ -37,7 +37,10 @@ the data on disk), ``map`` writes a third (token lists, 32 or 64 bits an id, wit
 course would still write the flat token file the packing needs; its cache is keyed by a hash of the
 pickled function, which changes with library versions; and it brings pyarrow, pandas, fsspec,
 multiprocess and a huggingface_hub constraint into an environment that must keep Colab's packages
-as they are. What the job needs is small: split a file at line starts, ``json.loads`` each line,
+as they are. Measured once each on this project's 2-core CPU (shared with other jobs), on a 47 MB
+file of 250,000 generated documents, 2 processes: ``datasets`` 4.0.0 (Colab's) took 61 s
+(``load_dataset`` 1.7 s, ``map`` 59 s) and left 200 MB in its cache, before any flat token file;
+``prepare_token_cache`` took 51 s and wrote 41 MB, the flat file included. What the job needs is small: split a file at line starts, ``json.loads`` each line,
 ``tokenizers``' ``encode_batch``, write integers. That is this module (the standard library's
 ``json``, ``concurrent.futures`` with ``spawn`` processes, and ``numpy.memmap``, which is how
 nanoGPT trains from its token files). Parquet is read with ``pyarrow``'s streaming reader, by
