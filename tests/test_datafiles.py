@@ -288,6 +288,25 @@ def test_post_training_datasets_read_upstreams_files_through_the_reader(tmp_path
     rl = grpo.RLPromptDataset(F.JsonlRecords(str(tmp_path / "rl.jsonl"), "rlaif"))
     assert len(rl) == 7 and rl.batch([4, 1]) == [prompts[4], prompts[1]]
     assert isinstance(rl.records, F.JsonlRecords), "the records stay on disk, read when a batch needs them"
+    assert isinstance(from_file.examples, F.RecordStore), "a file's encodings stay on disk"
+    torch.testing.assert_close(from_file.batch([5, 0]), SFTDataset(sft, tok, max_length=256).batch([5, 0]), rtol=0, atol=0)
+
+
+def test_record_store_is_a_list_of_examples_on_disk():
+    store, plain = F.RecordStore(2), []
+    rng = random.Random(0)
+    for n in range(3000):  # past one flush of the write buffer
+        item = ([rng.randrange(-100, 70_000) for _ in range(rng.randrange(0, 60))], [n, -n])
+        store.append(item)
+        plain.append(item)
+    store.extend([([], [])])
+    plain.append(([], []))
+    assert len(store) == len(plain) and store[-1] == ([], []) and store[1234] == plain[1234]
+    assert list(store) == [tuple(x) for x in plain]
+    with pytest.raises(IndexError):
+        store[len(plain)]
+    with pytest.raises(ValueError, match="2 fields got an example of 1"):
+        store.append(([1],))
 
 
 # ---------------------------------------------------------------------- slow: processes and size
