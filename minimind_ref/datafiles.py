@@ -28,7 +28,12 @@ file (measured in ``tests/test_datafiles.py``: a generated 200 MB file trains wi
 **Post-training** files are read by ``JsonlRecords``: one pass records where each line starts (8
 bytes per record), and each record is read, parsed and checked (``check_record``) only when it is
 used, so a file is never loaded whole; a malformed line is a ``ValueError`` naming the file and the
-line number.
+line number. ``sft.SFTDataset``, ``dpo.DPODataset`` and ``grpo.RLPromptDataset`` take it where they
+take a list of records; the first two then keep their encoded examples in a ``RecordStore`` (an
+unnamed temporary file) instead of Python lists. Measured on a generated SFT file of 100,000
+conversations (21.6 MiB): ``SFTDataset(load_jsonl(path), ...)`` grew the process by 360 MiB,
+``SFTDataset(JsonlRecords(path, "sft"), ...)`` by 7 MiB. They still encode every conversation in
+this one process, on every run (about 1,800 conversations a second on this 2-core CPU, shared).
 
 **Why not Hugging Face ``datasets``** (upstream's ``load_dataset('json', ...)``,
 ``c090b69:dataset/lm_dataset.py:12``)? It would work, but for this job it costs more than it gives:
