@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from . import data as data_mod
-from . import datafiles
+from . import datafiles, token_cache
 from .config import MiniMindConfig
 from .distributed import Processes, dist_info, resolve_device, setup_processes  # noqa: F401  (also train's names)
 from .model import MiniMindForCausalLM
@@ -82,7 +82,7 @@ class TrainConfig:
     ``story_fraction``, ``data_seed``). A ``.jsonl`` file of upstream's pretraining lines
     (``{"text": ...}``, as ``pretrain_hq.jsonl``) or a ``.parquet`` file with a ``text`` column is
     tokenized once, by ``data_workers`` processes, into a cache under ``data_cache``, keyed by the
-    SHA-256 of the file and of the tokenizer (``minimind_ref.datafiles``); runs then read their
+    SHA-256 of the file and of the tokenizer (``minimind_ref.token_cache``); runs then read their
     windows from the memory-mapped token file, so memory stays flat whatever the file's size, and a
     second run (or every process of a ``torchrun`` run after the first) finds the tokens ready. Its
     last ``min(n_val_docs, 5 %)`` documents are the validation set. Give ``tokenizer`` (upstream's
@@ -97,7 +97,7 @@ class TrainConfig:
     # data: "generated" (stories + addition drills, see minimind_ref.data), or a path to a data file:
     # * upstream's pretraining JSON lines (.jsonl, one {"text": ...} per line, e.g. pretrain_hq.jsonl) or
     #   a .parquet file with a "text" column (needs pyarrow): tokenized once, in parallel, into a cache
-    #   (minimind_ref.datafiles) and trained from a memory-mapped token file, so memory stays flat
+    #   (minimind_ref.token_cache) and trained from a memory-mapped token file, so memory stays flat
     #   whatever the file's size; its last min(n_val_docs, 5 %) documents are held out for validation;
     # * any other file is plain text, read whole (data.read_text_documents: documents at blank lines),
     #   its last 5 % of documents held out; a .txt that holds JSON lines is refused.
@@ -499,9 +499,9 @@ def data_fingerprint(dataset: Any) -> Optional[str]:
 def build_data(cfg: TrainConfig, tokenizer=None) -> RunData:
     """Documents -> tokenizer (loaded from ``cfg.tokenizer``, given, or trained) -> packed datasets.
 
-    A ``.jsonl`` or ``.parquet`` file goes through the token cache (``datafiles.prepare_token_cache``:
+    A ``.jsonl`` or ``.parquet`` file goes through the token cache (``token_cache.prepare_token_cache``:
     tokenized once, in ``cfg.data_workers`` processes) and its windows are read from the memory-mapped
-    tokens (``datafiles.TokenWindows``); the same windows ``encode_documents`` and ``PackedDataset``
+    tokens (``token_cache.TokenWindows``); the same windows ``encode_documents`` and ``PackedDataset``
     would make of its documents. A tokenizer trained here sees the file's training documents streamed."""
     if cfg.data != "generated" and datafiles.data_format(cfg.data) != "text":
         return _file_data(cfg, tokenizer)
@@ -530,15 +530,15 @@ def _file_data(cfg: TrainConfig, tokenizer=None) -> RunData:
     first = dist_info()[0] == 0  # the process that logs (the others find the cache it made)
     if tokenizer is None:  # trained on the training documents, streamed (the held-out ones left out)
         n_docs = datafiles.count_documents(cfg.data)
-        n_train = n_docs - datafiles.validation_documents(n_docs, cfg.n_val_docs)
+        n_train = n_docs - token_cache.validation_documents(n_docs, cfg.n_val_docs)
         if cfg.progress and first:
             print(f"training a {cfg.vocab_size}-token BPE tokenizer on the {n_train:,} training documents of {cfg.data} "
                   "(give tokenizer=..., e.g. upstream's model/tokenizer.json, to use one instead)")
         tokenizer = train_bpe_tokenizer(itertools.islice(datafiles.iter_texts(cfg.data), n_train),
                                         vocab_size=cfg.vocab_size, split_digits=cfg.split_digits)
-    cache = datafiles.prepare_token_cache(cfg.data, tokenizer, cfg.data_cache, cfg.data_workers,
+    cache = token_cache.prepare_token_cache(cfg.data, tokenizer, cfg.data_cache, cfg.data_workers,
                                           progress=cfg.progress and first, log=print if cfg.progress and first else None)
-    train, val = datafiles.split_windows(cache, cfg.seq_len, cfg.n_val_docs)
+    train, val = token_cache.split_windows(cache, cfg.seq_len, cfg.n_val_docs)
     return RunData(tokenizer, train, val, [])
 
 
@@ -669,7 +669,7 @@ def _run_data(cfg: TrainConfig, resume: ResumeState, procs: Processes) -> RunDat
     """``build_data`` for a run: a resumed run reuses its own tokenizer file. In a distributed run the
     first process builds first (it trains the tokenizer, if there is none to load, and shares it through
     ``out_dir``; it tokenizes a data file into the token cache) while the others wait; then they load
-    the tokenizer and find the tokens cached (``datafiles``: a cache folder shared by the processes)."""
+    the tokenizer and find the tokens cached (``token_cache``: a cache folder shared by the processes)."""
     tokenizer = None
     run_tokenizer = os.path.join(cfg.out_dir, TOKENIZER_NAME) if cfg.out_dir else None
     if resume.path and not cfg.tokenizer and run_tokenizer and os.path.exists(run_tokenizer):

@@ -1,4 +1,4 @@
-"""Upstream's data files at full size (minimind_ref.datafiles and TrainConfig.data on a file).
+"""Upstream's data files at full size (minimind_ref.datafiles, minimind_ref.token_cache and TrainConfig.data on a file).
 
 * Wrong formats are refused with the file and line named (a .jsonl whose lines lack "text", SFT
   or DPO records given as pretraining data, a .txt that holds JSON lines, a .json file, bad JSON,
@@ -28,6 +28,7 @@ import torch
 
 from minimind_ref import data as D
 from minimind_ref import datafiles as F
+from minimind_ref import token_cache as T
 from minimind_ref.chat_data import save_jsonl
 from minimind_ref.tokenizer import load_tokenizer, save_tokenizer, train_bpe_tokenizer
 from minimind_ref.train import TrainConfig, build_data, train
@@ -79,7 +80,7 @@ def test_malformed_pretraining_lines_are_named_by_file_and_line(tmp_path, tok, l
     path = tmp_path / "bad.jsonl"
     path.write_text('{"text": "one"}\n\n' + line + '\n{"text": "four"}\n', encoding="utf-8")
     with pytest.raises(ValueError, match=message):
-        F.prepare_token_cache(str(path), tok, str(tmp_path / "cache"), workers=1, progress=False)
+        T.prepare_token_cache(str(path), tok, str(tmp_path / "cache"), workers=1, progress=False)
     with pytest.raises(ValueError, match=message):
         list(F.iter_texts(str(path)))
     assert not [p for p in (tmp_path / "cache").iterdir() if p.is_dir()], "no cache is written for a bad file"
@@ -89,7 +90,7 @@ def test_not_utf8_line(tmp_path, tok):
     path = tmp_path / "latin.jsonl"
     path.write_bytes(b'{"text": "ok"}\n{"text": "caf\xe9"}\n')
     with pytest.raises(ValueError, match=r"latin\.jsonl:2 is not UTF-8"):
-        F.prepare_token_cache(str(path), tok, str(tmp_path / "cache"), workers=1, progress=False)
+        T.prepare_token_cache(str(path), tok, str(tmp_path / "cache"), workers=1, progress=False)
 
 
 def test_error_in_a_later_chunk_names_its_line_in_a_parallel_run(tmp_path, tok, docs):
@@ -98,7 +99,7 @@ def test_error_in_a_later_chunk_names_its_line_in_a_parallel_run(tmp_path, tok, 
     path = tmp_path / "late.jsonl"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"late\.jsonl:351 has no 'text'"):
-        F.prepare_token_cache(str(path), tok, str(tmp_path / "cache"), workers=2, progress=False, chunk_bytes=4096)
+        T.prepare_token_cache(str(path), tok, str(tmp_path / "cache"), workers=2, progress=False, chunk_bytes=4096)
 
 
 def test_a_text_file_that_holds_json_lines_is_refused(tmp_path):
@@ -117,7 +118,7 @@ def test_an_empty_file_is_refused(tmp_path, tok):
     path = tmp_path / "empty.jsonl"
     path.write_text("\n\n", encoding="utf-8")
     with pytest.raises(ValueError, match="holds no document"):
-        F.prepare_token_cache(str(path), tok, str(tmp_path / "cache"), workers=1, progress=False)
+        T.prepare_token_cache(str(path), tok, str(tmp_path / "cache"), workers=1, progress=False)
 
 
 def test_config_checks_the_data_options():
@@ -131,12 +132,12 @@ def test_config_checks_the_data_options():
 @pytest.mark.parametrize("workers, chunk_bytes", [(1, None), (2, 2048)])
 def test_cached_windows_equal_the_reference_tokenization(tmp_path, docs, tok, workers, chunk_bytes):
     path = _jsonl(tmp_path / "docs.jsonl", docs)
-    cache = F.prepare_token_cache(path, tok, str(tmp_path / "cache"), workers=workers, progress=False,
+    cache = T.prepare_token_cache(path, tok, str(tmp_path / "cache"), workers=workers, progress=False,
                                   chunk_bytes=chunk_bytes)
     assert cache.tokens.dtype == np.uint16 and cache.n_docs == len(docs)
     reference = D.encode_documents(tok, docs)
     assert torch.equal(torch.from_numpy(np.asarray(cache.tokens, dtype=np.int64)), reference)
-    train_w, val_w = F.split_windows(cache, 32, n_val_docs=15)  # 15 <= 400 // 20: the last 15 documents
+    train_w, val_w = T.split_windows(cache, 32, n_val_docs=15)  # 15 <= 400 // 20: the last 15 documents
     assert torch.equal(_windows(train_w), D.PackedDataset(D.encode_documents(tok, docs[:-15]), 32).data)
     assert torch.equal(_windows(val_w), D.PackedDataset(D.encode_documents(tok, docs[-15:]), 32).data)
     x, y = train_w.batch(torch.tensor([3, 0, 3]))
@@ -154,8 +155,8 @@ def test_build_data_on_a_jsonl_file_trains_its_tokenizer_on_the_training_documen
 
 
 def test_token_dtype_follows_the_vocabulary():
-    assert F.token_dtype(6400) == np.uint16 and F.token_dtype(65536) == np.uint16
-    assert F.token_dtype(65537) == np.uint32 and F.token_dtype(151_665) == np.uint32
+    assert T.token_dtype(6400) == np.uint16 and T.token_dtype(65536) == np.uint16
+    assert T.token_dtype(65537) == np.uint32 and T.token_dtype(151_665) == np.uint32
 
 
 @pytest.mark.skipif(not __import__("importlib").util.find_spec("pyarrow"), reason="pyarrow is not installed")
@@ -165,43 +166,43 @@ def test_parquet_gives_the_same_windows_as_jsonl(tmp_path, docs, tok):
 
     path = tmp_path / "docs.parquet"
     pq.write_table(pa.table({"text": docs, "id": list(range(len(docs)))}), path, row_group_size=64)
-    cache = F.prepare_token_cache(str(path), tok, str(tmp_path / "cache"), workers=2, progress=False)
+    cache = T.prepare_token_cache(str(path), tok, str(tmp_path / "cache"), workers=2, progress=False)
     assert torch.equal(torch.from_numpy(np.asarray(cache.tokens, dtype=np.int64)), D.encode_documents(tok, docs))
     pq.write_table(pa.table({"body": docs}), tmp_path / "other.parquet")
     with pytest.raises(ValueError, match="no 'text' column"):
-        F.prepare_token_cache(str(tmp_path / "other.parquet"), tok, str(tmp_path / "cache"), progress=False)
+        T.prepare_token_cache(str(tmp_path / "other.parquet"), tok, str(tmp_path / "cache"), progress=False)
 
 
 # ---------------------------------------------------------------------- the cache's key
 def test_cache_hits_and_misses(tmp_path, docs, tok):
     root = str(tmp_path / "cache")
     path = _jsonl(tmp_path / "docs.jsonl", docs)
-    first = F.prepare_token_cache(path, tok, root, workers=1, progress=False)
+    first = T.prepare_token_cache(path, tok, root, workers=1, progress=False)
     stamp = os.stat(os.path.join(first.folder, "tokens.bin")).st_mtime_ns
     lines = []
-    again = F.prepare_token_cache(path, tok, root, workers=1, progress=False, log=lines.append)
+    again = T.prepare_token_cache(path, tok, root, workers=1, progress=False, log=lines.append)
     assert again.folder == first.folder and "tokenized before" in lines[0]
     assert os.stat(os.path.join(again.folder, "tokens.bin")).st_mtime_ns == stamp, "a hit must not rewrite the tokens"
     # the same bytes under another name: the same cache (keyed by content, not by path)
     copy = _jsonl(tmp_path / "copy.jsonl", docs)
-    assert F.prepare_token_cache(copy, tok, root, workers=1, progress=False).folder == first.folder
+    assert T.prepare_token_cache(copy, tok, root, workers=1, progress=False).folder == first.folder
     # an edited file: tokenized again
     _jsonl(tmp_path / "docs.jsonl", docs[:-1] + ["a new last document"])
-    edited = F.prepare_token_cache(path, tok, root, workers=1, progress=False)
+    edited = T.prepare_token_cache(path, tok, root, workers=1, progress=False)
     assert edited.folder != first.folder and edited.n_docs == len(docs)
     assert torch.equal(torch.from_numpy(np.asarray(edited.tokens, dtype=np.int64)),
                        D.encode_documents(tok, docs[:-1] + ["a new last document"]))
     # another tokenizer: tokenized again
     other_tok = train_bpe_tokenizer(docs, vocab_size=280)
-    other = F.prepare_token_cache(copy, other_tok, root, workers=1, progress=False)
+    other = T.prepare_token_cache(copy, other_tok, root, workers=1, progress=False)
     assert other.folder not in (first.folder, edited.folder)
     assert torch.equal(torch.from_numpy(np.asarray(other.tokens, dtype=np.int64)), D.encode_documents(other_tok, docs))
     # the same tokenizer loaded from its file has the same digest
     save_tokenizer(tok, tmp_path / "tok.json")
-    assert F.tokenizer_digest(load_tokenizer(tmp_path / "tok.json")) == F.tokenizer_digest(tok)
+    assert T.tokenizer_digest(load_tokenizer(tmp_path / "tok.json")) == T.tokenizer_digest(tok)
     # a folder without its meta.json (a run killed while writing) is rebuilt
     os.remove(os.path.join(first.folder, "meta.json"))
-    rebuilt = F.prepare_token_cache(copy, tok, root, workers=1, progress=False)
+    rebuilt = T.prepare_token_cache(copy, tok, root, workers=1, progress=False)
     assert rebuilt.folder == first.folder and os.path.exists(os.path.join(first.folder, "meta.json"))
     assert not [p for p in os.listdir(root) if p.startswith(".minimind_chunks_")], "scratch chunks are removed"
 
@@ -393,7 +394,7 @@ def test_a_200_mb_jsonl_trains_with_bounded_memory(tmp_path):
 def test_the_command_line_fills_the_cache(tmp_path, docs, tok, capsys):
     path = _jsonl(tmp_path / "docs.jsonl", docs)
     save_tokenizer(tok, tmp_path / "tok.json")
-    assert F.main([path, "--tokenizer", str(tmp_path / "tok.json"), "--cache", str(tmp_path / "cache"), "--workers", "1"]) == 0
+    assert T.main([path, "--tokenizer", str(tmp_path / "tok.json"), "--cache", str(tmp_path / "cache"), "--workers", "1"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["n_docs"] == len(docs) and summary["n_tokens"] == len(D.encode_documents(tok, docs))
     cfg = TrainConfig.from_json(str(TINY)).replace(data=path, tokenizer=str(tmp_path / "tok.json"),
@@ -402,5 +403,5 @@ def test_the_command_line_fills_the_cache(tmp_path, docs, tok, capsys):
     assert "tokenized before" in capsys.readouterr().out, "the run finds the tokens the command prepared"
     (tmp_path / "bad.jsonl").write_text('{"txt": 1}\n', encoding="utf-8")
     with pytest.raises(SystemExit) as exit_info:
-        F.main([str(tmp_path / "bad.jsonl"), "--tokenizer", str(tmp_path / "tok.json"), "--cache", str(tmp_path / "cache")])
+        T.main([str(tmp_path / "bad.jsonl"), "--tokenizer", str(tmp_path / "tok.json"), "--cache", str(tmp_path / "cache")])
     assert exit_info.value.code == 2 and "bad.jsonl:1 has no 'text'" in capsys.readouterr().err
