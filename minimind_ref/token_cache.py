@@ -48,6 +48,7 @@ import shutil
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -143,11 +144,16 @@ def _quiet_worker() -> None:
 @contextlib.contextmanager
 def _no_tokenizer_threads_while_forking() -> Iterator[None]:
     """``TOKENIZERS_PARALLELISM=false`` while the workers start: a process forked after ``tokenizers``
-    used its thread pool would otherwise print a warning (the workers encode single-threaded anyway)."""
+    used its thread pool would otherwise print a warning (the workers encode single-threaded anyway).
+    Python 3.12+ also warns that forking a process with threads (torch's) "may lead to deadlocks": a
+    worker here takes no lock another thread could hold (no torch, no new thread; malloc and the import
+    lock are reset at the fork), so that warning is silenced too."""
     before = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks", category=DeprecationWarning)
+            yield
     finally:
         if before is None:
             os.environ.pop("TOKENIZERS_PARALLELISM", None)
