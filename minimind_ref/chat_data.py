@@ -36,7 +36,10 @@ Shapes, as upstream's ``dataset/lm_dataset.py`` reads them (jingyaogong/minimind
   its reward model needs no reference answer)
 
 ``save_jsonl`` / ``load_jsonl`` write and read these files, so the same loaders work on MiniMind's
-real files. Every split is a pure function of ``(n, seed, split)``.
+real files (``load_jsonl`` reads a file whole; for upstream's files at full size,
+``datafiles.JsonlRecords(path, "sft" | "dpo" | "rlaif")`` reads one record at a time and checks
+each, naming the file and line of a malformed one). Every split is a pure function of
+``(n, seed, split)``.
 """
 
 from __future__ import annotations

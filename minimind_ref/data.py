@@ -207,7 +207,9 @@ _PERMS: Dict[Tuple[int, int, int], torch.Tensor] = {}
 def _epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
     key = (n, seed, epoch)
     if key not in _PERMS:
-        if len(_PERMS) > 64:
+        # a run needs one or two epochs' permutations at a time; a large dataset's (8 bytes a window)
+        # must not pile up over a long run
+        if len(_PERMS) > 64 or sum(p.numel() for p in _PERMS.values()) + n > 1 << 24:
             _PERMS.clear()
         g = torch.Generator().manual_seed(seed * 100_003 + epoch)
         _PERMS[key] = torch.randperm(n, generator=g)

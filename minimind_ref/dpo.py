@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
+from .datafiles import example_list
 from .sft import (_check_max_length, assistant_loss_mask, encode_chat, has_reply, marker_ids, merged_newline_ids,
                   truncation_kind)
 from .truncation import truncation_note
@@ -212,7 +213,8 @@ class DPODataset:
                 or not 0 <= empty_think_ratio <= 1:
             raise ValueError(f"empty_think_ratio must be a probability in [0, 1], got {empty_think_ratio!r}.")
         self.max_length, self.pad_id = max_length, pad_id
-        self.pairs: List[Tuple[List[int], List[int], List[int], List[int]]] = []
+        # records read from a file (datafiles.JsonlRecords) keep their encodings on disk, not in memory
+        self.pairs: List[Tuple[List[int], List[int], List[int], List[int]]] = example_list(records, 4)
         self.kinds: List[Optional[str]] = []
         self.truncation: Dict[str, int] = {"examples": 0, "no_answer": 0, "cut_answer": 0, "dropped": 0,
                                          "max_length": max_length}

@@ -71,6 +71,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
+from .datafiles import JsonlRecords
 from .sft import IM_END, _special_id, encode_chat
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -354,7 +355,8 @@ class RLPromptDataset:
                     or turns[-1].get("role") != "assistant" or not isinstance(turns[-1].get("content"), str)):
                 raise ValueError(f"record {i} must be {{'conversations': [...prompt turns, "
                                  "{'role': 'assistant', 'content': reference answer (a str)}]}.")
-        self.records = list(records)
+        # a file's records (datafiles.JsonlRecords, upstream's rlaif.jsonl) stay on disk, read when a batch needs them
+        self.records = records if isinstance(records, JsonlRecords) else list(records)
 
     def __len__(self) -> int:
         return len(self.records)

@@ -41,6 +41,9 @@ RESUMABLE_CHANGES = frozenset({"eval_every", "eval_batches", "eval_problems", "l
 
 History = Dict[str, List[float]]
 
+# Where the token cache is and how many processes fill it change nothing a run computes.
+RESUMABLE_CHANGES = RESUMABLE_CHANGES | {"data_cache", "data_workers"}
+
 
 # ---------------------------------------------------------------------- resuming
 def resume_path(cfg: Any) -> Optional[str]:

@@ -31,6 +31,7 @@ from .chat_template import (CHAT_TEMPLATE, DEFAULT_SYSTEM_PROMPT, EMPTY_THINK, I
 from .loss_mask import (RULES, UPSTREAM_RULES, assistant_labels, assistant_loss_mask, generate_labels,
                         merged_newline_ids, reply_losses, reply_runs, rule_mask, unsupervised_replies,
                         upstream_loss_mask, upstream_sft_tokens)  # noqa: F401
+from .datafiles import example_list
 from .truncation import truncation_note
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -117,7 +118,8 @@ class SFTDataset:
         bos, eos = marker_ids(tokenizer)
         rng = random.Random(seed)
         self.max_length, self.loss_on, self.pad_id, self.template = max_length, loss_on, pad_id, _template(template)
-        self.examples: List[Tuple[List[int], List[int]]] = []
+        # records read from a file (datafiles.JsonlRecords) keep their encodings on disk, not in memory
+        self.examples: List[Tuple[List[int], List[int]]] = example_list(records, 2)
         self.truncation: Dict[str, int] = {"examples": 0, "no_answer": 0, "cut_answer": 0, "dropped": 0,
                                          "max_length": max_length}
         self.truncated: List[int] = []  # indices (in ``records``) of the conversations counted there

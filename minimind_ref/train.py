@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -47,6 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from . import data as data_mod
+from . import datafiles, token_cache
 from .config import MiniMindConfig
 from .distributed import Processes, dist_info, resolve_device, setup_processes  # noqa: F401  (also train's names)
 from .model import MiniMindForCausalLM
@@ -74,14 +76,38 @@ class TrainConfig:
     """Everything a run needs; a JSON file with any subset of these keys is a config file.
 
     Every value is checked when the config is made: a wrong type or an out-of-range value raises
-    ``ValueError`` naming the option, the value and what is allowed."""
+    ``ValueError`` naming the option, the value and what is allowed.
 
-    # data: "generated" (stories + addition drills, see minimind_ref.data) or a path to a .txt file
+    **Data.** ``data="generated"`` builds chapter 08's corpus (``n_docs``, ``n_val_docs``,
+    ``story_fraction``, ``data_seed``). A ``.jsonl`` file of upstream's pretraining lines
+    (``{"text": ...}``, as ``pretrain_hq.jsonl``) or a ``.parquet`` file with a ``text`` column is
+    tokenized once, by ``data_workers`` processes, into a cache under ``data_cache``, keyed by the
+    SHA-256 of the file and of the tokenizer (``minimind_ref.token_cache``); runs then read their
+    windows from the memory-mapped token file, so memory stays flat whatever the file's size, and a
+    second run (or every process of a ``torchrun`` run after the first) finds the tokens ready. Its
+    last ``min(n_val_docs, 5 %)`` documents are the validation set. Give ``tokenizer`` (upstream's
+    ``model/tokenizer.json``) for a real run: without it a BPE tokenizer of ``vocab_size`` is trained
+    on the file's training documents first. Any other path is a plain-text file, read whole
+    (``data.read_text_documents``); a ``.txt`` that holds JSON lines is refused rather than trained
+    on as text. Documents are framed ``[bos] text [eos]`` and packed into windows of ``seq_len``
+    tokens, nothing padded, whatever the source; the batches of a step are a function of ``seed``
+    and the step alone (``data.global_batch_indices``), so a resumed run sees the same batches and
+    each ``torchrun`` process reads only its own share of them."""
+
+    # data: "generated" (stories + addition drills, see minimind_ref.data), or a path to a data file:
+    # * upstream's pretraining JSON lines (.jsonl, one {"text": ...} per line, e.g. pretrain_hq.jsonl) or
+    #   a .parquet file with a "text" column (needs pyarrow): tokenized once, in parallel, into a cache
+    #   (minimind_ref.token_cache) and trained from a memory-mapped token file, so memory stays flat
+    #   whatever the file's size; its last min(n_val_docs, 5 %) documents are held out for validation;
+    # * any other file is plain text, read whole (data.read_text_documents: documents at blank lines),
+    #   its last 5 % of documents held out; a .txt that holds JSON lines is refused.
     data: str = "generated"
-    n_docs: int = 20000
-    n_val_docs: int = 400
+    n_docs: int = 20000  # generated data: documents in the training corpus
+    n_val_docs: int = 400  # generated data: the validation corpus; a .jsonl/.parquet file: documents held out
     story_fraction: float = 0.5
     data_seed: int = 0
+    data_cache: Optional[str] = None  # the token cache's folder (None: $MINIMIND_CACHE or ~/.cache/minimind_ref)/tokens
+    data_workers: int = 0  # processes that tokenize a data file (0: one per CPU, at most 16)
     # tokenizer: a tokenizer.json to load, or None to train a byte-level BPE on the training text
     tokenizer: Optional[str] = None
     vocab_size: int = 1024
@@ -126,7 +152,8 @@ class TrainConfig:
                 bad(name, v, "expected a whole number >= 1")
         if self.seq_len < 2:
             bad("seq_len", self.seq_len, "a window needs at least 2 tokens (one input and the token it predicts)")
-        for name in ("data_seed", "seed", "warmup_steps", "eval_every", "eval_problems", "log_every", "save_every"):
+        for name in ("data_seed", "seed", "warmup_steps", "eval_every", "eval_problems", "log_every", "save_every",
+                     "data_workers"):
             v = getattr(self, name)
             if not _is_int(v) or v < 0:
                 bad(name, v, "expected a whole number >= 0")
@@ -151,7 +178,7 @@ class TrainConfig:
                 bad(name, getattr(self, name), "expected a string")
         if self.dtype not in ("auto", "float32", "bfloat16"):
             bad("dtype", self.dtype, "expected 'auto', 'float32' or 'bfloat16'")
-        for name in ("tokenizer", "out_dir", "resume"):
+        for name in ("tokenizer", "out_dir", "resume", "data_cache"):
             v = getattr(self, name)
             if v is not None and not isinstance(v, str):
                 bad(name, v, "expected a path (string) or null")
@@ -470,12 +497,20 @@ def data_fingerprint(dataset: Any) -> Optional[str]:
 
 
 def build_data(cfg: TrainConfig, tokenizer=None) -> RunData:
-    """Documents -> tokenizer (loaded from ``cfg.tokenizer``, given, or trained) -> packed datasets."""
+    """Documents -> tokenizer (loaded from ``cfg.tokenizer``, given, or trained) -> packed datasets.
+
+    A ``.jsonl`` or ``.parquet`` file goes through the token cache (``token_cache.prepare_token_cache``:
+    tokenized once, in ``cfg.data_workers`` processes) and its windows are read from the memory-mapped
+    tokens (``token_cache.TokenWindows``); the same windows ``encode_documents`` and ``PackedDataset``
+    would make of its documents. A tokenizer trained here sees the file's training documents streamed."""
+    if cfg.data != "generated" and datafiles.data_format(cfg.data) != "text":
+        return _file_data(cfg, tokenizer)
     if cfg.data == "generated":
         train_pairs, test_pairs = data_mod.arithmetic_split()
         train_docs = data_mod.make_corpus(cfg.n_docs, seed=cfg.data_seed, story_fraction=cfg.story_fraction, pairs=train_pairs)
         val_docs = data_mod.make_corpus(cfg.n_val_docs, seed=cfg.data_seed + 1, story_fraction=cfg.story_fraction, pairs=test_pairs)
     else:
+        datafiles.check_text_file(cfg.data)  # JSON lines or a binary file named .txt: refused, not trained on
         docs = data_mod.read_text_documents(cfg.data)
         n_val = max(1, len(docs) // 20)
         train_docs, val_docs, test_pairs = docs[:-n_val], docs[-n_val:], []
@@ -485,6 +520,26 @@ def build_data(cfg: TrainConfig, tokenizer=None) -> RunData:
     train = data_mod.PackedDataset(data_mod.encode_documents(tokenizer, train_docs), cfg.seq_len)
     val = data_mod.PackedDataset(data_mod.encode_documents(tokenizer, val_docs), cfg.seq_len)
     return RunData(tokenizer, train, val, list(test_pairs))
+
+
+def _file_data(cfg: TrainConfig, tokenizer=None) -> RunData:
+    """``build_data`` for a ``.jsonl`` / ``.parquet`` pretraining file: tokenizer, then the token cache,
+    then windows of its training and validation documents, read from the memory map."""
+    if tokenizer is None and cfg.tokenizer:
+        tokenizer = load_tokenizer(cfg.tokenizer)
+    first = dist_info()[0] == 0  # the process that logs (the others find the cache it made)
+    if tokenizer is None:  # trained on the training documents, streamed (the held-out ones left out)
+        n_docs = datafiles.count_documents(cfg.data)
+        n_train = n_docs - token_cache.validation_documents(n_docs, cfg.n_val_docs)
+        if cfg.progress and first:
+            print(f"training a {cfg.vocab_size}-token BPE tokenizer on the {n_train:,} training documents of {cfg.data} "
+                  "(give tokenizer=..., e.g. upstream's model/tokenizer.json, to use one instead)")
+        tokenizer = train_bpe_tokenizer(itertools.islice(datafiles.iter_texts(cfg.data), n_train),
+                                        vocab_size=cfg.vocab_size, split_digits=cfg.split_digits)
+    cache = token_cache.prepare_token_cache(cfg.data, tokenizer, cfg.data_cache, cfg.data_workers,
+                                          progress=cfg.progress and first, log=print if cfg.progress and first else None)
+    train, val = token_cache.split_windows(cache, cfg.seq_len, cfg.n_val_docs)
+    return RunData(tokenizer, train, val, [])
 
 
 def build_model(cfg: TrainConfig, vocab_size: int) -> MiniMindForCausalLM:
@@ -611,22 +666,28 @@ def _seed_run(cfg: TrainConfig) -> None:
 
 
 def _run_data(cfg: TrainConfig, resume: ResumeState, procs: Processes) -> RunData:
-    """``build_data`` for a run: a resumed run reuses its own tokenizer file; a new distributed run
-    trains the tokenizer once, on the first process, and shares it through ``out_dir``."""
+    """``build_data`` for a run: a resumed run reuses its own tokenizer file. In a distributed run the
+    first process builds first (it trains the tokenizer, if there is none to load, and shares it through
+    ``out_dir``; it tokenizes a data file into the token cache) while the others wait; then they load
+    the tokenizer and find the tokens cached (``token_cache``: a cache folder shared by the processes)."""
     tokenizer = None
     run_tokenizer = os.path.join(cfg.out_dir, TOKENIZER_NAME) if cfg.out_dir else None
     if resume.path and not cfg.tokenizer and run_tokenizer and os.path.exists(run_tokenizer):
         tokenizer = load_tokenizer(run_tokenizer)
-    if tokenizer is not None or procs.world <= 1 or cfg.tokenizer:
+    if procs.world <= 1:
         return build_data(cfg, tokenizer)
-    if cfg.out_dir is None:
+    shared = tokenizer is None and not cfg.tokenizer  # trained here, shared through out_dir
+    if shared and cfg.out_dir is None:
         raise ValueError("distributed runs need out_dir (or a tokenizer file) to share the tokenizer.")
     if procs.is_main:
-        data = build_data(cfg)
-        os.makedirs(cfg.out_dir, exist_ok=True)
-        save_tokenizer(data.tokenizer, run_tokenizer)
+        data = build_data(cfg, tokenizer)
+        if shared:
+            os.makedirs(cfg.out_dir, exist_ok=True)
+            save_tokenizer(data.tokenizer, run_tokenizer)
     procs.barrier()
-    return data if procs.is_main else build_data(cfg, tokenizer=load_tokenizer(run_tokenizer))
+    if procs.is_main:
+        return data
+    return build_data(cfg, tokenizer=load_tokenizer(run_tokenizer) if shared else tokenizer)
 
 
 def _check_train_data(data: RunData, resume: ResumeState) -> Optional[str]:

@@ -26,8 +26,10 @@ PACKAGES = ("minimind_ref", "tools")
 #: an entry ending in ``.*`` places every module under that name (and the name itself).
 FLOORS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("foundations", ("minimind_ref.config", "minimind_ref.files", "minimind_ref.utils", "minimind_ref.i18n")),
-    ("text", ("minimind_ref.tokenizer", "minimind_ref.data", "minimind_ref.chat_data", "minimind_ref.truncation",
-              "minimind_ref.upstream_tokenizer", "minimind_ref.chat_template", "minimind_ref.loss_mask")),
+    ("text", ("minimind_ref.tokenizer", "minimind_ref.data", "minimind_ref.datafiles", "minimind_ref.token_cache",
+              "minimind_ref.chat_data",
+              "minimind_ref.truncation", "minimind_ref.upstream_tokenizer", "minimind_ref.chat_template",
+              "minimind_ref.loss_mask")),
     ("layers", ("minimind_ref.norm", "minimind_ref.rope", "minimind_ref.cache", "minimind_ref.attention",
                 "minimind_ref.ffn", "minimind_ref.moe")),
     ("decoding", ("minimind_ref.generation",)),
