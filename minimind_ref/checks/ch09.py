@@ -273,6 +273,8 @@ def _mask_cases() -> List[Dict[str, Any]]:
         {"ids": two, "max_length": len(system + user + bos) + 2, "case": "max_length inside the first reply"},
         {"ids": user + [60, 61] + eos, "max_length": 64, "case": "no assistant turn at all"},
         {"ids": rand, "max_length": len(rand) - 1, "case": "three random replies, max_length one short"},
+        {"ids": bos + [60, 61] + eos + user + bos + [70] + eos, "max_length": 64,
+         "case": "a reply at the very start of the sequence, then another"},
     ]]
 
 
@@ -534,6 +536,7 @@ def _keep_cases() -> List[Dict[str, Any]]:
         (_SYSTEM + _USER + [1, 7, 30], 64, "cut right after the merged token: the header sits at the very end"),
         (_SYSTEM + _USER + _OK + _USER + [1, 7], 64, "a reply, then a header that ends the sequence"),
         (_SYSTEM + _USER + _OK + _USER + _BOS, 64, "a reply, then a full marker that ends the sequence"),
+        (_MERGED_REPLY + _USER + _OK, 64, "a merged reply at the very start of the sequence, then an ordinary one"),
     ]
     return [{"ids": ids, "max_length": ml, "case": c} for ids, ml, c in rows]
 
@@ -680,7 +683,8 @@ def _turn_cases() -> List[Dict[str, Any]]:
         # upstream's SFT data is mostly Chinese: arguments with characters outside ASCII, keys not in sorted order
         {"role": "assistant", "content": "我来查一下。", "reasoning_content": "用户想知道北京的天气。",
          "tool_calls": [{"name": "get_weather", "arguments": {"城市": "北京", "date": "明天", "unit": "°C"}}]},
-        {"role": "assistant", "content": "", "tool_calls": [{"name": "add", "arguments": {"b": 30, "a": 12}}]},
+        {"role": "assistant", "content": "", "tool_calls": [{"name": "add", "arguments": {"b": 30, "a": 12}},
+                                                              {"name": "add", "arguments": '{"a": 5, "b": 6}'}]},
     ]
 
 
