@@ -6,7 +6,27 @@ import torch.nn.functional as F
 
 from _helpers import check_fails, stub
 from minimind_ref import sft
-from minimind_ref.checks import ch09
+from minimind_ref.checks import ch09, delegation
+
+
+@pytest.fixture(autouse=True)
+def _references_may_be_called(monkeypatch):
+    """These tests pass the package's own functions, and mistakes built from them, as the learner's:
+    the delegation guard is off here except in the tests of the guard."""
+    monkeypatch.setattr(delegation, "ENFORCED", False)
+
+
+@pytest.mark.parametrize("check, delegate", [
+    (ch09.check_render_chat, lambda m, g=False: sft.render_chat(m, g, template="minimind2")),
+    (ch09.check_assistant_loss_mask, lambda ids, b, e, m: sft.upstream_loss_mask(ids, b, e, m, "d65ef2c")),
+    (ch09.check_lost_replies, ch09.lost_replies_reference),
+    (ch09.check_keep_whole_mask, sft.assistant_loss_mask),
+    (ch09.check_render_assistant_turn, lambda m: sft.render_chat([m])),
+])
+def test_a_function_that_calls_the_package_answer_fails(monkeypatch, check, delegate):
+    """The chapter imports the functions these exercises rebuild; handing the work to them passes nothing."""
+    monkeypatch.setattr(delegation, "ENFORCED", True)
+    check_fails(check, delegate, "your function calls ", "the package's own answer to this exercise")
 
 
 # ---------------------------------------------------------------------- 9.1
@@ -130,9 +150,11 @@ def headers_minus_markers(sequences, bos, eos):
             > sum(ids[j:j + len(bos)] == bos for j in range(len(ids)))]
 
 
-def test_lost_replies_accepts_another_right_answer(capsys):
-    ch09.check_lost_replies(headers_minus_markers)
-    assert capsys.readouterr().out.startswith("✓")
+def test_lost_replies_names_a_header_at_the_very_end_counted_as_lost():
+    """Issue 44: counting headers against full markers lists a sequence cut right after an assistant
+    header, which has no reply to lose; the text promises that case, so the check tries it."""
+    check_fails(ch09.check_lost_replies, headers_minus_markers, "this looks like an assistant header with nothing after "
+                "it counted as a lost reply", "sequence 10", "listed, but upstream's rule labels every reply it has")
 
 
 @pytest.mark.parametrize("description", list(ch09.LOST_MISTAKES))
@@ -217,6 +239,24 @@ def test_render_assistant_turn_catches_strip_instead_of_strip_newline():
 
     check_fails(ch09.check_render_assistant_turn, strips_all, "this looks like the reasoning stripped of spaces too",
                 "in the thinking block", "case 1")
+
+
+def test_render_assistant_turn_names_escaped_and_sorted_arguments():
+    """Issue 44: json.dumps with its default escaping, or with sorted keys, on arguments in Chinese."""
+    import json
+
+    def with_dumps(**options):
+        def render(m):
+            calls = [dict(c, arguments=c["arguments"] if isinstance(c["arguments"], str) else json.dumps(c["arguments"],
+                                                                                                        **options))
+                     for c in m.get("tool_calls") or []]
+            return sft.render_chat([dict(m, tool_calls=calls) if calls else m])
+        return render
+
+    check_fails(ch09.check_render_assistant_turn, with_dumps(), "this looks like the arguments' characters outside ASCII "
+                "escaped", "in the tool calls")
+    check_fails(ch09.check_render_assistant_turn, with_dumps(ensure_ascii=False, sort_keys=True),
+                "this looks like the arguments' keys sorted", "in the tool calls")
 
 
 def test_render_assistant_turn_other_failures():

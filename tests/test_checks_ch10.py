@@ -5,7 +5,52 @@ import torch
 import torch.nn.functional as F
 
 from _helpers import check_fails, stub
-from minimind_ref.checks import ch10
+from minimind_ref import lora
+from minimind_ref.checks import ch10, delegation
+
+
+@pytest.fixture(autouse=True)
+def _references_may_be_called(monkeypatch):
+    """These tests pass the check's own references, and mistakes built from them, as the learner's:
+    the delegation guard is off here except in the tests of the guard."""
+    monkeypatch.setattr(delegation, "ENFORCED", False)
+
+
+def _apply_and_list(config):
+    from minimind_ref.model import MiniMindForCausalLM
+
+    with torch.device("meta"):
+        return [name for name, _ in lora.lora_modules(lora.apply_lora(MiniMindForCausalLM(config), rank=2))]
+
+
+@pytest.mark.parametrize("check, delegate, words", [
+    (ch10.check_lora_forward, ch10.lora_forward_reference, "ch10.lora_forward_reference"),
+    (ch10.check_merge_weight, ch10.merge_weight_reference, "ch10.merge_weight_reference"),
+    (ch10.check_lora_parameter_count, lambda c, r: ch10.lora_parameter_count_reference(c, r), "ch10.lora_parameter_count_reference"),
+    (ch10.check_lora_parameter_count, lambda c, r: 2 * r * len(_apply_and_list(c)) * c.hidden_size, "MiniMindForCausalLM"),
+    (ch10.check_adapted_layers, _apply_and_list, "minimind_ref.lora.apply_lora"),
+    (ch10.check_merge_file, ch10.merge_file_reference, "ch10.merge_file_reference"),
+])
+def test_a_function_that_calls_the_package_answer_fails(monkeypatch, check, delegate, words):
+    monkeypatch.setattr(delegation, "ENFORCED", True)
+    check_fails(check, delegate, "your function calls " + words, "the package's own answer to this exercise")
+
+
+# ---------------------------------------------------------------------- 10.1: the order of the products
+@pytest.mark.parametrize("order, words", [
+    (lambda x, W, A, B, s=1.0: F.linear(x, W) + s * F.linear(x, B @ A), "the two factors multiplied together first"),
+    (lambda x, W, A, B, s=1.0: F.linear(x, W + s * (B @ A)), "the adapter folded into the weight on every call"),
+])
+def test_lora_forward_names_an_order_that_builds_an_out_by_in_matrix(order, words):
+    """Issue 44: the value of every order is right; the multiply-adds tell them apart."""
+    check_fails(ch10.check_lora_forward, order, "this looks like " + words, "times the multiply-adds")
+
+
+def test_lora_forward_accepts_the_thin_path_written_any_way(capsys):
+    ch10.check_lora_forward(lambda x, W, A, B, s=1.0: x @ W.T + ((x @ A.T) * s) @ B.T)
+    ch10.check_lora_forward(lambda x, W, A, B, s=1.0: torch.einsum("...i,oi->...o", x, W)
+                            + s * torch.einsum("...r,or->...o", torch.einsum("...i,ri->...r", x, A), B))
+    assert capsys.readouterr().out.count("✓") == 2
 
 
 def _mistake_fn(mistakes_of, description):
@@ -146,7 +191,12 @@ def test_merge_file_reference_passes_and_mistakes_are_named(capsys):
                 out[f"{layer}.weight"] = (state[f"{layer}.weight"] + adapters[f"{layer}.lora.B.weight"] @ adapters[k]).half()
         return out
 
-    check_fails(ch10.check_merge_file, fp32_sum, "this looks like the sum formed in fp32")
+    check_fails(ch10.check_merge_file, fp32_sum, "this looks like the sum formed in fp32 and rounded to fp16 once")
+
+    def factors_rounded(state, adapters):
+        return ch10.merge_file_reference(state, {k: v.half().float() for k, v in adapters.items()})
+
+    check_fails(ch10.check_merge_file, factors_rounded, "this looks like the adapter's two factors rounded to fp16")
     check_fails(ch10.check_merge_file, lambda s, a: {k: v.half() for k, v in s.items()}, "this looks like the adapter left out")
     check_fails(ch10.check_merge_file, lambda s, a: {**ch10.merge_file_reference(s, a), **a}, "the keys differ")
 

@@ -7,10 +7,17 @@ import torch
 import torch.nn.functional as F
 
 from minimind_ref import dpo
-from minimind_ref.checks import ch11
+from minimind_ref.checks import ch11, delegation
 from minimind_ref.checks.core import ExerciseError
 
 from _helpers import check_fails
+
+
+@pytest.fixture(autouse=True)
+def _references_may_be_called(monkeypatch):
+    """These tests pass the package's own functions, and mistakes built from them, as the learner's:
+    the delegation guard is off here except in the tests of the guard."""
+    monkeypatch.setattr(delegation, "ENFORCED", False)
 
 
 def stub(*args, **kwargs):
@@ -128,44 +135,61 @@ def test_dpo_loss_rejects_stub_detached_nan_and_per_pair():
         ch11.check_dpo_loss(lambda ref, pol, mask, beta: dpo.dpo_pair_stats(ref, pol, mask, beta, "mean")["loss"])
 
 
-# ---------------------------------------------------------------------- 11.3
-def rewards_reference(policy, ref, beta):
-    r = dpo.implicit_rewards(policy, ref, beta)
-    b = r.shape[0] // 2
-    return r[:b], r[b:]
+# ---------------------------------------------------------------------- 11.4 the margin a loss means
+def test_margin_at_loss_reference_passes_and_gives_the_loss_back(capsys):
+    ch11.check_margin_at_loss(ch11.margin_at_loss_reference)
+    assert capsys.readouterr().out.startswith("✓")
+    for loss, beta in ch11._margin_cases():  # the closed form is the loss of section 2 inverted: measured here
+        margin = ch11.margin_at_loss_reference(loss, beta)
+        ref, pol = torch.zeros(2, 1, dtype=torch.float64), torch.tensor([[margin], [0.0]], dtype=torch.float64)
+        got = float(dpo.dpo_loss(ref, pol, torch.ones(2, 1, dtype=torch.float64), beta, reduction="sum"))
+        assert abs(got - loss) < 1e-12, (loss, beta, got)
 
 
-def test_implicit_rewards_reference_passes(capsys):
-    ch11.check_implicit_rewards(rewards_reference)
+def test_margin_at_loss_accepts_another_way_to_write_it(capsys):
+    import math
+
+    ch11.check_margin_at_loss(lambda loss, beta: (-loss - math.log(1 - math.exp(-loss))) / beta)
     assert capsys.readouterr().out.startswith("✓")
 
 
-def halves(t):
-    b = t.shape[0] // 2
-    return t[:b], t[b:]
+@pytest.mark.parametrize("description", list(ch11._margin_mistakes(0.3, 0.15)))
+def test_margin_at_loss_names_each_mistake(description):
+    message = check_fails(ch11.check_margin_at_loss, lambda loss, beta: ch11._margin_mistakes(loss, beta)[description],
+                          "this looks like " + description)
+    assert "yours is" in message  # which way it is off, never the margin
 
 
-REWARD_MISTAKES = {
-    "beta left out": lambda p, r, beta: halves(p - r),
-    "the log-ratio reversed": lambda p, r, beta: halves(beta * (r - p)),
-    "the chosen and rejected halves swapped": lambda p, r, beta: halves(beta * (p - r))[::-1],
-    "rows split as neighbours": lambda p, r, beta: ((beta * (p - r))[0::2], (beta * (p - r))[1::2]),
-    "a ratio of probabilities": lambda p, r, beta: halves(beta * p.exp() / r.exp()),
-    "the policy's log-probability alone": lambda p, r, beta: halves(beta * p),
-}
+def test_margin_at_loss_rejects_stub_and_non_numbers():
+    check_fails(ch11.check_margin_at_loss, stub, "11.4", "not implemented")
+    check_fails(ch11.check_margin_at_loss, lambda loss, beta: "7", "expected a number")
 
 
-@pytest.mark.parametrize("message", list(REWARD_MISTAKES))
-def test_implicit_rewards_names_the_mistake(message):
-    with pytest.raises(ExerciseError, match=message.replace("(", r"\(")):
-        ch11.check_implicit_rewards(REWARD_MISTAKES[message])
+# ---------------------------------------------------------------------- 11.3 the draft
+def test_dpo_loss_names_the_draft_left_as_it_stands():
+    check_fails(ch11.check_dpo_loss, ch11.dpo_loss_draft, "this looks like the draft as it stands")
 
 
-def test_implicit_rewards_rejects_stub_and_non_pairs():
-    with pytest.raises(ExerciseError, match="not implemented"):
-        ch11.check_implicit_rewards(stub)
-    with pytest.raises(ExerciseError, match="pair"):
-        ch11.check_implicit_rewards(lambda p, r, beta: beta * (p - r))
+def test_the_draft_stays_at_ln2_when_the_policy_moves_towards_the_chosen_replies():
+    """What the chapter shows of the draft before the exercise: ln 2 at the start (right), and ln 2 still
+    when the policy gives every chosen reply more log-probability (wrong: it should fall)."""
+    import math
+
+    ref, _, mask = ch11._log_probs_case(5, 4, 9, empty_row=False)  # an even number of pairs, as in the chapter
+    toward = ref + 0.1 * mask * (torch.arange(8) < 4)[:, None]
+    assert abs(float(ch11.dpo_loss_draft(ref, ref.clone(), mask, 0.15)) - math.log(2)) < 1e-6
+    assert abs(float(ch11.dpo_loss_draft(ref, toward, mask, 0.15)) - math.log(2)) < 1e-6
+    assert float(mean_loss(ref, toward, mask, 0.15)) < math.log(2) - 1e-3
+
+
+@pytest.mark.parametrize("check, delegate", [
+    (ch11.check_sequence_log_probs, lambda lg, lb, m: dpo.sequence_log_probs(dpo.logits_to_log_probs(lg, lb), m, "mean")),
+    (ch11.check_dpo_loss, mean_loss),
+    (ch11.check_gradient_ratio, lambda c, r, red: ch11._measured_ratio(c, r, red)),
+])
+def test_a_function_that_calls_the_package_answer_fails(monkeypatch, check, delegate):
+    monkeypatch.setattr(delegation, "ENFORCED", True)
+    check_fails(check, delegate, "your function calls minimind_ref.dpo.", "the package's own answer to this exercise")
 
 
 # ---------------------------------------------------------------------- 11.4
@@ -250,7 +274,7 @@ def test_the_exercises_are_numbered_in_the_order_the_chapter_asks_for_them():
     source = inspect.getsource(ch11)
     names = re.findall(r'@check\("Exercise (11\.\d) ([^"]+)"[,)]', source)  # the name, then the declaration or the end
     assert names == [("11.1", "sequence_log_probs"), ("11.2", "shift_example"), ("11.3", "dpo_loss"),
-                     ("11.4", "implicit_rewards"), ("11.5", "gradient_ratio")], names
+                     ("11.4", "margin_at_loss"), ("11.5", "gradient_ratio")], names
 
 
 # ---------------------------------------------------------------------- 11.5 the length effect

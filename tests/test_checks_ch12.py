@@ -7,27 +7,24 @@ import torch
 
 from _helpers import check_fails, stub
 from minimind_ref import grpo
-from minimind_ref.checks import ch12
+from minimind_ref.checks import ch12, delegation
+
+
+@pytest.fixture(autouse=True)
+def _references_may_be_called(monkeypatch):
+    """These tests pass the package's own functions, and mistakes built from them, as the learner's:
+    the delegation guard is off here except in the tests of the guard."""
+    monkeypatch.setattr(delegation, "ENFORCED", False)
 
 
 def c090b69_advantages(r, g, **kwargs):
-    """c090b69's advantages (the existing exercise 12.1): grpo.group_advantages with C090B69_ADVANTAGES."""
+    """c090b69's advantages: grpo.group_advantages with C090B69_ADVANTAGES."""
     return grpo.group_advantages(r, g, **{**grpo.C090B69_ADVANTAGES, **kwargs})
 
 
 def c090b69_loss(lp, ref, a, m, b, reduction="sequence"):
-    """c090b69's loss (the existing exercise 12.3): PPO-clip with the current policy as the old one."""
+    """c090b69's loss (exercise 12.3): PPO-clip with the current policy as the old one."""
     return grpo.grpo_loss(lp, lp.detach(), ref, a, m, b, loss_type="grpo", reduction=reduction)
-
-
-# ---------------------------------------------------------------------- 12.1
-def test_group_advantages_reference_passes(capsys):
-    ch12.check_group_advantages(c090b69_advantages)
-    assert capsys.readouterr().out.startswith("✓")
-
-
-def _batch(a):
-    return (a - a.mean()) / (a.std() + 1e-8)
 
 
 def _grouped(r, g, unbiased=True):
@@ -35,29 +32,36 @@ def _grouped(r, g, unbiased=True):
     return x.mean(1).repeat_interleave(g), x.std(1, unbiased=unbiased).repeat_interleave(g)
 
 
-ADV_MISTAKES = {
-    "only the per-group normalisation": lambda r, g: c090b69_advantages(r, g, normalize_batch=False),
-    "one mean and std over the whole batch": lambda r, g: _batch(((r - r.mean()) / (r.std() + 1e-4)).clamp(-10, 10)),
-    "not divided by the group std": lambda r, g: _batch(r - _grouped(r, g)[0]),
-    "the group statistics taken over the wrong axis":
-        lambda r, g: _batch(((r - r.view(g, -1).mean(0).repeat(g)) / (r.view(g, -1).std(0).repeat(g) + 1e-4)).clamp(-10, 10)),
-    "your advantages have NaN": lambda r, g: _batch((r - _grouped(r, g)[0]) / _grouped(r, g)[1]),
-}
+# ---------------------------------------------------------------------- 12.1 the factor between the normalisations
+def test_rescale_factor_reference_passes_and_equals_the_measured_factor(capsys):
+    ch12.check_rescale_factor(ch12.rescale_factor_reference)
+    assert capsys.readouterr().out.startswith("✓")
+    for seed, (groups, k, size) in enumerate(ch12._rescale_cases()):
+        measured = ch12._measured_factor(groups, k, size, seed)
+        assert abs(measured / ch12.rescale_factor_reference(groups, k, size) - 1) < 1e-3
 
 
-@pytest.mark.parametrize("message", list(ADV_MISTAKES))
-def test_group_advantages_names_the_mistake(message):
-    check_fails(ch12.check_group_advantages, ADV_MISTAKES[message], message)
+def test_rescale_factor_matches_the_chapters_batch():
+    """Chapter 12's batch of section 2: 4 groups of 8, one of them flat, factor 1.137."""
+    rewards = torch.tensor([1, 0, 1, 1, 0, 1, 1, 1, 0, 0, 0, 1, 0, 0, 0, 0,
+                            1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 0, 1, 0, 1, 0], dtype=torch.float)
+    scale = float(c090b69_advantages(rewards, 8)[0] / grpo.group_advantages(rewards, 8)[0])
+    assert abs(scale - ch12.rescale_factor_reference(4, 3, 8)) < 1e-3
 
 
-def test_group_advantages_rejects_stub_and_in_place_edits():
-    check_fails(ch12.check_group_advantages, stub, "not implemented")
+@pytest.mark.parametrize("description", list(ch12._rescale_mistakes(4, 3, 8)))
+def test_rescale_factor_names_each_mistake(description):
+    msg = check_fails(ch12.check_rescale_factor, lambda n, k, g: ch12._rescale_mistakes(n, k, g)[description],
+                      "this looks like " + description)
+    assert "yours is" in msg  # which way it is off, never the factor
 
-    def edits(rewards, g):
-        rewards.sub_(rewards.mean())
-        return c090b69_advantages(rewards, g)
 
-    check_fails(ch12.check_group_advantages, edits, "in place")
+def test_rescale_factor_rejects_stub_non_numbers_and_measuring(monkeypatch):
+    check_fails(ch12.check_rescale_factor, stub, "12.1", "not implemented")
+    check_fails(ch12.check_rescale_factor, lambda n, k, g: "1.1", "expected a number")
+    monkeypatch.setattr(delegation, "ENFORCED", True)
+    check_fails(ch12.check_rescale_factor, lambda n, k, g: ch12._measured_factor(n, k, g, 0),
+                "your function calls minimind_ref.grpo.group_advantages")
 
 
 # ---------------------------------------------------------------------- 12.2
@@ -137,18 +141,6 @@ def test_grpo_loss_rejects_stub_and_non_scalars():
 
 
 # ---------------------------------------------------------------------- cases the newcomer's review planted
-def _no_clamp(r, g):
-    mean, std = _grouped(r, g)
-    return _batch((r - mean) / (std + 1e-4))
-
-
-def test_group_advantages_without_the_clamp_is_caught_where_the_clamp_acts():
-    """With 0/1 rewards in small groups the clamp never acts ((G - 1) / sqrt(G) <= 10 for G < 102):
-    the check includes a group of 128 with one success, whose z-score the clamp cuts."""
-    msg = check_fails(ch12.check_group_advantages, _no_clamp, "the clamp to [-10, 10] left out", "groups of 128")
-    assert "the clamp acts" in msg
-
-
 @pytest.mark.parametrize("argument", ["ref", "advantages", "mask"])
 def test_grpo_loss_rejects_in_place_edits_of_its_inputs(argument):
     def edits(lp, ref, a, m, b):
@@ -176,20 +168,6 @@ def test_grpo_loss_cut_from_the_policy_says_so():
 def lone_success(group_size):
     """The closed form: mean 1/G, population std sqrt(G - 1) / G."""
     return math.sqrt(group_size - 1), -1 / math.sqrt(group_size - 1)
-
-
-def test_group_advantages_without_the_batch_epsilon_is_caught_on_a_batch_without_spread():
-    def no_eps(r, g):
-        mean, std = _grouped(r, g)
-        a = ((r - mean) / (std + 1e-4)).clamp(-10, 10)
-        return (a - a.mean()) / a.std()
-    check_fails(ch12.check_group_advantages, no_eps, "NaN", "every group's rewards all equal")
-
-
-def test_group_advantages_with_the_lower_clamp_moved_is_caught_on_a_lone_failure():
-    check_fails(ch12.check_group_advantages,
-                lambda r, g: _batch(((r - _grouped(r, g)[0]) / (_grouped(r, g)[1] + 1e-4)).clamp(-11, 10)),
-                "one of them with a single failure")
 
 
 def test_advantages_once_reference_passes_and_mistakes_are_named(capsys):
@@ -312,3 +290,92 @@ def test_smallest_group_reference_passes(capsys):
 def test_smallest_group_names_the_mistake(message):
     msg = check_fails(ch12.check_smallest_group, GROUP_MISTAKES[message], message)
     assert "expected 2" not in msg and "expected 3" not in msg, "12.7 hides the group size"
+
+
+# ---------------------------------------------------------------------- issue 44: drafts, signs, clamps, NaN, None
+def test_grpo_loss_names_each_mistake_of_the_draft():
+    """The draft of the chapter has two mistakes; the check names the one left (the value shows the k3 term's, the
+    gradient the ratio's)."""
+    check_fails(ch12.check_grpo_loss, ch12.grpo_loss_draft, "this looks like the KL estimator the other way round")
+    check_fails(ch12.check_grpo_loss, lambda lp, ref, a, m, b: _draft_with(lp, ref, a, m, b, ratio_right=True),
+                "this looks like the KL estimator the other way round")
+    check_fails(ch12.check_grpo_loss, lambda lp, ref, a, m, b: _draft_with(lp, ref, a, m, b, kl_right=True),
+                "(gradient)", "this looks like the ratio's detached part and live part the other way round")
+
+
+def _draft_with(lp, ref, a, m, b, ratio_right=False, kl_right=False):
+    ratio = torch.exp(lp - lp.detach()) if ratio_right else torch.exp(lp.detach() - lp)
+    d = (ref - lp) if kl_right else (lp - ref)
+    per_token = -(ratio * a[:, None] - b * (torch.exp(d) - d - 1))
+    m = m.float()
+    return ((per_token * m).sum(1) / m.sum(1)).mean()
+
+
+def test_the_grpo_draft_reverses_the_gradient_at_the_first_step():
+    lp, _, adv, mask = ch12._loss_case(3, 4, 6)
+    adv = adv - adv.mean()
+    p1, p2 = lp.clone().requires_grad_(True), lp.clone().requires_grad_(True)
+    ch12.grpo_loss_draft(p1, lp, adv, mask, 0.1).backward()
+    c090b69_loss(p2, lp, adv, mask, 0.1).backward()
+    torch.testing.assert_close(p1.grad, -p2.grad)
+
+
+def test_lone_success_names_a_failure_without_its_sign():
+    """Issue 44: a dropped sign was called "swapped" (a group of 2 cannot tell them apart; the check starts with 4)."""
+    msg = check_fails(lambda f: ch12.check_advantages_once(grpo.group_advantages, f),
+                      lambda g: (math.sqrt(g - 1), 1 / math.sqrt(g - 1)), "this looks like a failure's advantage without "
+                      "its minus sign")
+    assert "swapped" not in msg
+
+
+def test_advantages_once_names_the_clamp_kept():
+    """Issue 44: c090b69's clamp kept passed while the groups stopped at 8; a lone success in a group of 128 is
+    above 10."""
+    check_fails(lambda f: ch12.check_advantages_once(f, lone_success), lambda r, g: grpo.group_advantages(r, g, clamp=10.0),
+                "this looks like c090b69's clamp to +-10 kept", "groups of 128")
+
+
+def test_silenced_by_clip_that_measures_with_autograd_is_told_to_state_the_rule():
+    def measured(ratio, adv, eps):
+        r = ratio.clone().requires_grad_(True)
+        a = adv[:, None].expand_as(r)
+        torch.min(r * a, torch.clamp(r, 1 - eps, 1 + eps) * a).sum().backward()
+        return r.grad == 0
+
+    check_fails(ch12.check_silenced_by_clip, measured, "your function raised", "without autograd")
+
+
+def test_cispo_nan_hint_does_not_recommend_the_division_that_makes_it():
+    """Issue 44: the hint for an empty mask recommended dividing by the mask's sum, the very 0 / 0."""
+    def no_clamp(lp, old, ref, a, m, b, e):
+        w = torch.exp(lp - old).clamp(max=e).detach()
+        t = -(w * a[:, None] * lp - b * _k3(lp, ref))
+        m = m.float()
+        return ((t * m).sum(1) / m.sum(1)).mean()
+
+    msg = check_fails(ch12.check_cispo_loss, no_clamp, "NaN", "one completion of this case has no token that counts")
+    assert "divide each completion's masked sum by its mask's sum" not in msg
+
+
+def test_smallest_group_without_the_fallback_says_none_not_int():
+    """Issue 44: a missing fallback (None when no group of up to 64 is enough) was sent to int(...)."""
+    def no_fallback(p, limit):
+        for g in range(2, 65):
+            if p ** g + (1 - p) ** g <= limit:
+                return g
+
+    msg = check_fails(ch12.check_smallest_group, no_fallback, "returned None", "p=0.99")
+    assert "int(" not in msg
+
+
+@pytest.mark.parametrize("check, delegate", [
+    (ch12.check_completion_mask, grpo.completion_mask),
+    (ch12.check_grpo_loss, c090b69_loss),
+    (lambda f: ch12.check_advantages_once(f, lone_success), grpo.group_advantages),
+    (ch12.check_silenced_by_clip, lambda r, a, e: grpo.clip_fraction(r.log(), torch.zeros_like(r), a,
+                                                                      torch.ones_like(r), "grpo", e) * 0 + silenced(r, a, e)),
+    (ch12.check_cispo_loss, cispo),
+])
+def test_a_function_that_calls_the_package_answer_fails(monkeypatch, check, delegate):
+    monkeypatch.setattr(delegation, "ENFORCED", True)
+    check_fails(check, delegate, "your function calls minimind_ref.grpo.", "the package's own answer to this exercise")

@@ -9,6 +9,7 @@ the English one and no English sentence left in it.
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from collections import Counter
@@ -233,7 +234,7 @@ def test_show_solution_speaks_the_learners_language(capsys):
     i18n.set_language("zh")
     show_solution("11.4")
     out = capsys.readouterr().out
-    assert out == "练习 11.4 的一种写法：\n    r = beta * (policy_seq - ref_seq); B = r.shape[0] // 2; return r[:B], r[B:]\n", out
+    assert out == "练习 11.4 的一种写法：\n    return -math.log(math.exp(loss) - 1) / beta\n", out
 
 
 def test_the_pass_line(capsys):
@@ -281,9 +282,12 @@ def _lora_unscaled(x, weight, A, B, scale=1.0):
     return F.linear(x, weight) + F.linear(F.linear(x, A), B)
 
 
-def _rewards_without_beta(policy, ref, beta):
-    r = policy - ref
-    return r[: r.shape[0] // 2], r[r.shape[0] // 2:]
+def _margin_without_beta(loss, beta):
+    return -math.log(math.expm1(loss))
+
+
+def _factor_upside_down(num_groups, groups_with_spread, group_size):
+    return math.sqrt(groups_with_spread * group_size / (num_groups * group_size - 1))
 
 
 CHAPTERS: Dict[str, Tuple[Callable, Callable, str, str]] = {
@@ -306,14 +310,16 @@ CHAPTERS: Dict[str, Tuple[Callable, Callable, str, str]] = {
     "09": (ch09.check_assistant_loss_mask, ch09._mask_truncated_dropped,
            "(on a reply cut off before its end marker: ids=", "（用例：一个在结束标记之前被截断的回答：ids="),
     "10": (ch10.check_lora_forward, _lora_unscaled, "this looks like the scale ignored", "忽略了 scale"),
-    "11": (ch11.check_implicit_rewards, _rewards_without_beta, "this looks like beta left out", "漏掉了 beta"),
-    "12": (ch12.check_group_advantages, lambda r, g: grpo.group_advantages(r, g, unbiased=True, clamp=10.0),
-           "this looks like only the per-group normalisation", "只做了组内归一化"),
+    "11": (ch11.check_margin_at_loss, _margin_without_beta, "this looks like beta left out", "漏掉了 beta"),
+    "12": (ch12.check_rescale_factor, _factor_upside_down, "this looks like the factor upside down", "因子上下颠倒了"),
 }
 
 
 @pytest.mark.parametrize("chapter", list(CHAPTERS))
 def test_a_planted_mistake_is_reported_in_chinese(chapter, monkeypatch):
+    from minimind_ref.checks import delegation
+
+    monkeypatch.setattr(delegation, "ENFORCED", False)  # chapter 09's planted mistake is built from sft's own mask
     check, wrong, english_fragment, chinese_fragment = CHAPTERS[chapter]
     english = check_fails(check, wrong, english_fragment, "\n  hint: ")
     i18n.set_language("en")

@@ -19,7 +19,10 @@ import torch
 import torch.nn.functional as F
 
 from .. import sft as ref_sft
+from .. import chat_template as ref_template
+from .. import loss_mask as ref_mask
 from .core import _on, call, check, check_close, fail, seeded, solution
+from .delegation import guarded
 
 S, E = ref_sft.IM_START, ref_sft.IM_END
 
@@ -55,6 +58,14 @@ def _render_system_twice(messages, add_generation_prompt=False):
     return text + (f"{S}assistant\n" if add_generation_prompt else "")
 
 
+def _render_empty_system_default(messages, add_generation_prompt=False):
+    """A first system message kept only when it has text: an empty one gets the default prompt, then a turn."""
+    if messages[0]["role"] == "system" and messages[0]["content"]:
+        return _m2(messages, add_generation_prompt)
+    text = _turn("system", ref_sft.DEFAULT_SYSTEM_PROMPT) + "".join(_turn(m["role"], m["content"]) for m in messages)
+    return text + (f"{S}assistant\n" if add_generation_prompt else "")
+
+
 def _render_no_gen_prompt(messages, add_generation_prompt=False):
     return _m2(messages, False)
 
@@ -71,6 +82,8 @@ RENDER_MISTAKES = {
     "a period after the default system prompt (upstream's has none)": _render_period,
     "the first system message rendered twice (it replaces the default header; it is not a turn of its own)":
         _render_system_twice,
+    "an empty first system message taken for no system message (it replaces the default prompt all the same, with "
+    "nothing in it)": _render_empty_system_default,
     "add_generation_prompt ignored": _render_no_gen_prompt,
     "the generation prompt without its newline": _render_gen_prompt_no_newline,
 }
@@ -114,8 +127,14 @@ RENDER_CASES: List[Dict[str, Any]] = [
     {"messages": [{"role": "user", "content": "u"}, {"role": "system", "content": "a later system turn"},
                   {"role": "user", "content": "v"}], "add_generation_prompt": True},
     {"messages": [{"role": "user", "content": ""}], "add_generation_prompt": False},
+    {"messages": [{"role": "system", "content": ""}, {"role": "user", "content": "u"}], "add_generation_prompt": True},
 ]
 
+
+# what would answer 9.1 and 9.6 without any of the work: the package's renderer and its pieces
+TEMPLATE_FUNCTIONS = {"minimind_ref.sft.render_chat": ref_template.render_chat,
+                      "minimind_ref.sft.chat_segments": ref_template.chat_segments,
+                      "minimind_ref.chat_template's assistant body": ref_template._assistant_body}
 
 solution("9.1", f"start with '{S}system\\n' + (messages[0]['content'] if it is a system message else "
                 f"'{ref_sft.DEFAULT_SYSTEM_PROMPT}') + '{E}\\n', add every other message as a turn, "
@@ -131,7 +150,7 @@ def check_render_chat(render_chat: Callable[..., Any]) -> str:
     for n, c in enumerate(RENDER_CASES):
         messages, gen = c["messages"], c["add_generation_prompt"]
         case = f"case {n}: {[m['role'] for m in messages]}, add_generation_prompt={gen}"
-        got = call(render_chat, [dict(m) for m in messages], gen, name=name, case=case, check_inputs=True,
+        got = call(guarded(render_chat, name, TEMPLATE_FUNCTIONS), [dict(m) for m in messages], gen, name=name, case=case, check_inputs=True,
                    hint="look at the case named above.")
         if not isinstance(got, str):
             fail(name, f"expected a str, got {type(got).__name__}: {got!r:.80} ({case})", "return the rendered string.")
@@ -254,8 +273,17 @@ def _mask_cases() -> List[Dict[str, Any]]:
         {"ids": two, "max_length": len(system + user + bos) + 2, "case": "max_length inside the first reply"},
         {"ids": user + [60, 61] + eos, "max_length": 64, "case": "no assistant turn at all"},
         {"ids": rand, "max_length": len(rand) - 1, "case": "three random replies, max_length one short"},
+        {"ids": bos + [60, 61] + eos + user + bos + [70] + eos, "max_length": 64,
+         "case": "a reply at the very start of the sequence, then another"},
     ]]
 
+
+# what would answer 9.2, 9.4 and 9.5 without any of the work: the package's masks and what compares them
+MASK_FUNCTIONS = {"minimind_ref.sft.assistant_loss_mask": ref_mask.assistant_loss_mask,
+                  "minimind_ref.sft.upstream_loss_mask": ref_mask.upstream_loss_mask,
+                  "minimind_ref.sft.rule_mask": ref_mask.rule_mask,
+                  "minimind_ref.sft.reply_losses": ref_mask.reply_losses,
+                  "minimind_ref.sft.unsupervised_replies": ref_mask.unsupervised_replies}
 
 solution("9.2", "start = i + len(bos); end = start; while end < len(ids) and ids[end:end+len(eos)] != eos: "
                 "end += 1; set mask[j] = 1 for j in range(start, min(end + len(eos), max_length, len(ids))); "
@@ -272,7 +300,7 @@ def check_assistant_loss_mask(assistant_loss_mask: Callable[..., Any]) -> str:
     for c in cases:
         ids, bos, eos, max_length = c["ids"], c["bos"], c["eos"], c["max_length"]
         case = f"{c['case']}: ids={ids}, max_length={max_length}"
-        got = call(assistant_loss_mask, list(ids), list(bos), list(eos), max_length, name=name, case=case,
+        got = call(guarded(assistant_loss_mask, name, MASK_FUNCTIONS), list(ids), list(bos), list(eos), max_length, name=name, case=case,
                    check_inputs=True, hint="look at the case named above.")
         if isinstance(got, torch.Tensor):
             got = got.tolist()
@@ -380,6 +408,8 @@ def _edge_sequences() -> List[Tuple[List[int], str]]:
         (_SYSTEM + _USER + _OK + _USER + _BOS, "a reply, then a generation prompt: the full marker is the last thing "
                                                 "in the sequence"),
         (_OK + _USER[:-3], "a reply, then a user turn cut before its end"),
+        (_SYSTEM + _USER + _OK + _USER + _BOS[:-1], "a reply, then an assistant header that ends the sequence: nothing "
+                                                     "follows the header"),
     ]
 
 
@@ -428,6 +458,12 @@ def _lost_end_markers(sequences, bos, eos):  # end markers compared with full ma
                                                                              for j in range(len(ids)))]
 
 
+def _lost_headers_over_markers(sequences, bos, eos):  # more headers than full markers, wherever they sit
+    return [n for n, ids in enumerate(sequences)
+            if sum(ids[j:j + len(bos) - 1] == bos[:-1] for j in range(len(ids)))
+            > sum(ids[j:j + len(bos)] == bos for j in range(len(ids)))]
+
+
 def _lost_once_per_reply(sequences, bos, eos):
     header, out = bos[:-1], []
     for n, ids in enumerate(sequences):
@@ -441,6 +477,8 @@ LOST_MISTAKES = {
         _lost_scan_short,
     "the full markers counted over fewer positions than the headers: a marker at the very end is missed":
         _lost_marker_scan_short,
+    "an assistant header with nothing after it counted as a lost reply (a sequence cut right after the header has "
+    "no reply there to lose)": _lost_headers_over_markers,
     "every <|im_start|> taken for an assistant header (system and user turns open with it too)": _lost_any_turn,
     "end markers compared with assistant markers (system and user turns end with <|im_end|> too)": _lost_end_markers,
     "a sequence listed once per lost reply (each index belongs in the list once)": _lost_once_per_reply,
@@ -461,7 +499,8 @@ def check_lost_replies(lost_replies: Callable[..., Any]) -> str:
     cases = _edge_sequences()
     sequences = [list(ids) for ids, _ in cases]
     case = f"{len(cases)} sequences, bos_ids={_BOS}, eos_ids={_EOS}"
-    got = call(lost_replies, [list(s) for s in sequences], list(_BOS), list(_EOS), name=name, case=case,
+    got = call(guarded(lost_replies, name, {**MASK_FUNCTIONS, "ch09.lost_replies_reference": lost_replies_reference}),
+               [list(s) for s in sequences], list(_BOS), list(_EOS), name=name, case=case,
                check_inputs=True, hint="look at the sequence the error names.")
     if isinstance(got, torch.Tensor):
         got = got.tolist()
@@ -470,7 +509,7 @@ def check_lost_replies(lost_replies: Callable[..., Any]) -> str:
     got = list(got)
     expected = lost_replies_reference(sequences, _BOS, _EOS)
     if got == expected:
-        return f"{len(cases)} sequences, {len(expected)} of them lose a reply (markers at the very end included)"
+        return f"{len(cases)} sequences, {len(expected)} of them lose a reply (headers and markers at the very end included)"
     seen = next((d for d, f in LOST_MISTAKES.items() if f(sequences, _BOS, _EOS) == got), None)
     prefix = f"this looks like {seen}: " if seen else ""
     hint = ("compare with what your mask of Exercise 9.2 labels in the sequence named above: a reply is there "
@@ -497,6 +536,7 @@ def _keep_cases() -> List[Dict[str, Any]]:
         (_SYSTEM + _USER + [1, 7, 30], 64, "cut right after the merged token: the header sits at the very end"),
         (_SYSTEM + _USER + _OK + _USER + [1, 7], 64, "a reply, then a header that ends the sequence"),
         (_SYSTEM + _USER + _OK + _USER + _BOS, 64, "a reply, then a full marker that ends the sequence"),
+        (_MERGED_REPLY + _USER + _OK, 64, "a merged reply at the very start of the sequence, then an ordinary one"),
     ]
     return [{"ids": ids, "max_length": ml, "case": c} for ids, ml, c in rows]
 
@@ -557,7 +597,7 @@ def check_keep_whole_mask(keep_whole_mask: Callable[..., Any]) -> str:
     for c in cases:
         ids, max_length = c["ids"], c["max_length"]
         case = f"{c['case']}: ids={ids}, max_length={max_length}"
-        got = call(keep_whole_mask, list(ids), list(_BOS), list(_EOS), max_length, name=name, case=case,
+        got = call(guarded(keep_whole_mask, name, MASK_FUNCTIONS), list(ids), list(_BOS), list(_EOS), max_length, name=name, case=case,
                    check_inputs=True, hint=hint)
         if isinstance(got, torch.Tensor):
             got = got.tolist()
@@ -584,7 +624,8 @@ def _m3_turn(message: Dict[str, Any]) -> str:
 _TURN_HEAD, _TURN_END = f"{S}assistant\n", f"{E}\n"
 
 
-def _calls(message: Dict[str, Any], first: str = "if text", between: bool = True, encode_strings: bool = False) -> str:
+def _calls(message: Dict[str, Any], first: str = "if text", between: bool = True, encode_strings: bool = False,
+           ascii_only: bool = False, sort_keys: bool = False) -> str:
     """The tool-call part of an assistant turn; ``first``: when a newline goes before the first call
     ("if text": when the message has content, as the template does; "always"; "never")."""
     out = ""
@@ -592,7 +633,8 @@ def _calls(message: Dict[str, Any], first: str = "if text", between: bool = True
         if (n == 0 and (first == "always" or (first == "if text" and message["content"]))) or (n > 0 and between):
             out += "\n"
         args = call_["arguments"]
-        args = json.dumps(args, ensure_ascii=False) if encode_strings or not isinstance(args, str) else args
+        if encode_strings or not isinstance(args, str):
+            args = json.dumps(args, ensure_ascii=ascii_only, sort_keys=sort_keys)
         out += '<tool_call>\n{"name": "' + call_["name"] + '", "arguments": ' + args + "}\n</tool_call>"
     return out
 
@@ -620,6 +662,10 @@ TURN_MISTAKES = {
     "no newline between two tool calls": lambda m: _turn_variant(m, between=False),
     "arguments given as a string encoded as JSON again (a string goes in as it is)":
         lambda m: _turn_variant(m, encode_strings=True),
+    "the arguments' characters outside ASCII escaped as \\u sequences (the template writes them as they are)":
+        lambda m: _turn_variant(m, ascii_only=True),
+    "the arguments' keys sorted (the template keeps them in the order the message gives them)":
+        lambda m: _turn_variant(m, sort_keys=True),
 }
 
 
@@ -634,6 +680,11 @@ def _turn_cases() -> List[Dict[str, Any]]:
          "tool_calls": [add, {"name": "add", "arguments": '{"a": 1, "b": 2}'}]},
         {"role": "assistant", "content": "\nDone.", "tool_calls": [{"name": "lookup", "arguments": {"q": "x y"}},
                                                                    {"name": "add", "arguments": {}}]},
+        # upstream's SFT data is mostly Chinese: arguments with characters outside ASCII, keys not in sorted order
+        {"role": "assistant", "content": "我来查一下。", "reasoning_content": "用户想知道北京的天气。",
+         "tool_calls": [{"name": "get_weather", "arguments": {"城市": "北京", "date": "明天", "unit": "°C"}}]},
+        {"role": "assistant", "content": "", "tool_calls": [{"name": "add", "arguments": {"b": 30, "a": 12}},
+                                                              {"name": "add", "arguments": '{"a": 5, "b": 6}'}]},
     ]
 
 
@@ -668,7 +719,7 @@ def check_render_assistant_turn(render_assistant_turn: Callable[..., Any]) -> st
     hint = "put the rendered examples before the exercise beside this case and compare that part, character by character."
     for n, message in enumerate(cases):
         case = f"case {n}: {message!r}"
-        got = call(render_assistant_turn, dict(message), name=name, case=case, check_inputs=True, hint=hint)
+        got = call(guarded(render_assistant_turn, name, TEMPLATE_FUNCTIONS), dict(message), name=name, case=case, check_inputs=True, hint=hint)
         if not isinstance(got, str):
             fail(name, f"expected a str, got {type(got).__name__}: {got!r:.80} ({case})", "return the rendered string.")
         expected = _m3_turn(message)
@@ -676,7 +727,8 @@ def check_render_assistant_turn(render_assistant_turn: Callable[..., Any]) -> st
             continue
         seen = next((d for d, f in TURN_MISTAKES.items() if f(message) == got), None)
         _string_failure(name, got, expected, seen, _region, case, hint)
-    return f"{len(cases)} assistant messages (reasoning with spaces and newlines at both ends, tool calls, leading whitespace)"
+    return (f"{len(cases)} assistant messages (reasoning with spaces and newlines at both ends, tool calls, leading "
+            "whitespace, arguments in Chinese)")
 
 
 def check_all(render_chat: Callable[..., Any], assistant_loss_mask: Callable[..., Any], sft_loss: Callable[..., Any]) -> None:

@@ -18,13 +18,31 @@ from torch import nn
 from .. import lora as ref_lora
 from ..config import MiniMindConfig, preset
 from .core import Outcome, as_number, call, check, check_close, check_numbers, fail, seeded, solution
+from .delegation import guarded
+
+
+def _model_class():
+    from ..model import MiniMindForCausalLM
+
+    return MiniMindForCausalLM
+
+
+def _macs(fn: Callable[[], Any]) -> int:
+    """Multiply-adds of the matrix products ``fn`` runs (``torch.utils.flop_counter``: mm, addmm, bmm ...)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops() // 2
 
 
 # ---------------------------------------------------------------------- 10.1 the adapted layer
 def _forward_cases() -> List[Dict[str, Any]]:
     out = []
-    for n, (batch, d_in, d_out, rank, scale) in enumerate([((2, 3), 8, 8, 3, 1.0), ((2, 5), 8, 8, 4, 2.0),
-                                                            ((4,), 6, 5, 2, 1.0)]):
+    # few tokens beside wide layers and a small rank: then the thin path is the cheapest, and any order that forms
+    # an [out, in] product costs more (with n tokens that happens below n = in * out / (in + out))
+    for n, (batch, d_in, d_out, rank, scale) in enumerate([((2, 3), 32, 32, 3, 1.0), ((2, 5), 48, 40, 4, 2.0),
+                                                            ((4,), 24, 20, 2, 1.0), ((1,), 64, 64, 8, 0.5)]):
         g = seeded(200 + n)
         out.append({"x": torch.randn(*batch, d_in, generator=g), "weight": torch.randn(d_out, d_in, generator=g) * 0.3,
                     "A": torch.randn(rank, d_in, generator=g) * 0.3, "B": torch.randn(d_out, rank, generator=g) * 0.3,
@@ -57,6 +75,21 @@ def _forward_mistakes(x, weight, A, B, scale) -> Dict[str, Callable[[], torch.Te
 solution("10.1", "F.linear(x, weight) + scale * F.linear(F.linear(x, A), B)")
 
 
+def _order_costs(x: torch.Tensor, weight: torch.Tensor, A: torch.Tensor, B: torch.Tensor) -> Dict[str, int]:
+    """Multiply-adds of the orders a learner may choose, on this case (the right one is not among them)."""
+    return {
+        "the two factors multiplied together first, an [out, in] matrix built on every call, then applied to x":
+            _macs(lambda: F.linear(x, weight) + F.linear(x, B @ A)),
+        "the adapter folded into the weight on every call (W plus the product of the factors, then one product "
+        "with x): that is merging, which pays once (section 7), not on every call":
+            _macs(lambda: F.linear(x, weight + B @ A)),
+    }
+
+
+# what would answer 10.1 and 10.3 without any of the work: the course's merge and the check's own references
+FORWARD_FUNCTIONS = {"ch10.lora_forward_reference": lora_forward_reference}
+
+
 @check("Exercise 10.1 lora_forward", shown=True,
        why="one entry of an adapted layer's output on random weights and inputs")
 def check_lora_forward(lora_forward: Callable[..., Any]) -> str:
@@ -66,13 +99,24 @@ def check_lora_forward(lora_forward: Callable[..., Any]) -> str:
     cases = _forward_cases()
     for c in cases:
         x, weight, A, B, scale, case = c["x"], c["weight"], c["A"], c["B"], c["scale"], c["case"]
-        got = call(lora_forward, x.clone(), weight.clone(), A.clone(), B.clone(), scale, name=name, case=case,
+        learner = guarded(lora_forward, name, FORWARD_FUNCTIONS)
+        got = call(learner, x.clone(), weight.clone(), A.clone(), B.clone(), scale, name=name, case=case,
                    check_inputs=True, hint="two paths added: the frozen layer and the adapter.")
         check_close(got, lora_forward_reference(x, weight, A, B, scale), name=name, case=case, rtol=1e-5, atol=1e-5,
                     mistakes=_forward_mistakes(x, weight, A, B, scale),
-                    hint="an nn.Linear with weight W [out, in] multiplies x by W transposed; the adapter applies A first "
-                         "(in -> rank), then B (rank -> out), and its output is scaled.")
-    return f"{len(cases)} layers (square and rectangular W, batched x, scale 1 and 2), rtol = atol = 1e-5"
+                    hint="an nn.Linear with weight W [out, in] multiplies x by W transposed; A is [rank, in], B is "
+                         "[out, rank], and the output of the side path is scaled.")
+        needed = _macs(lambda: lora_forward_reference(x, weight, A, B, scale))
+        spent = _macs(lambda: learner(x.clone(), weight.clone(), A.clone(), B.clone(), scale))
+        if spent > needed:
+            seen = next((d for d, cost in _order_costs(x, weight, A, B).items() if cost == spent), None)
+            fail(name, (f"this looks like {seen}: " if seen else "")
+                 + f"your forward is right but takes {spent / needed:.2f} times the multiply-adds the adapted layer needs "
+                 f"on this input ({case}; {x.numel() // x.shape[-1]} tokens)",
+                 "count, for n tokens, the multiply-adds of each order of the products: with a small rank and few "
+                 "tokens beside wide layers, which order never builds a matrix as large as W?")
+    return (f"{len(cases)} layers (square and rectangular W, batched x, one token, scale 0.5 to 2), rtol = atol = "
+            "1e-5, and no more multiply-adds than the layer needs")
 
 
 # ---------------------------------------------------------------------- 10.3 merging
@@ -100,7 +144,10 @@ def check_merge_weight(merge_weight: Callable[..., Any]) -> str:
     cases = _forward_cases()
     for c in cases:
         weight, A, B, scale, case = c["weight"], c["A"], c["B"], c["scale"], c["case"]
-        got = call(merge_weight, weight.clone(), A.clone(), B.clone(), scale, name=name, case=case, check_inputs=True,
+        got = call(guarded(merge_weight, name, {"minimind_ref.lora.merge_lora": ref_lora.merge_lora,
+                                                "ch10.merge_weight_reference": merge_weight_reference,
+                                                "ch10.lora_forward_reference": lora_forward_reference}),
+                   weight.clone(), A.clone(), B.clone(), scale, name=name, case=case, check_inputs=True,
                    hint="return a new tensor; do not add into weight in place.")
         check_close(got, merge_weight_reference(weight, A, B, scale), name=name, case=case, rtol=1e-5, atol=1e-5,
                     mistakes=_merge_mistakes(weight, A, B, scale),
@@ -172,7 +219,11 @@ def check_lora_parameter_count(lora_parameter_count: Callable[..., Any]) -> str:
     outcomes = []
     for c in cases:
         config, rank, case = c["config"], c["rank"], c["case"]
-        got = call(lora_parameter_count, config, rank, name=name, case=case,
+        got = call(guarded(lora_parameter_count, name, {
+                       "minimind_ref.lora.apply_lora": ref_lora.apply_lora,
+                       "MiniMindForCausalLM (the count is a closed form of the config's numbers)": _model_class(),
+                       "ch10.lora_parameter_count_reference": lora_parameter_count_reference}),
+                   config, rank, name=name, case=case,
                    hint="use config.hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads.")
         if isinstance(got, float) and got.is_integer():
             got = int(got)
@@ -225,7 +276,10 @@ def check_adapted_layers(adapted_layers: Callable[..., Any]) -> str:
     cases = _layer_cases()
     for c in cases:
         config, case = c["config"], c["case"]
-        got = call(adapted_layers, config, name=name, case=case)
+        got = call(guarded(adapted_layers, name, {"minimind_ref.lora.apply_lora": ref_lora.apply_lora,
+                                                  "minimind_ref.lora.lora_modules": ref_lora.lora_modules,
+                                                  "ch10.adapted_layers_reference": adapted_layers_reference}),
+                   config, name=name, case=case)
         if not isinstance(got, (list, tuple)) or not all(isinstance(n, str) for n in got):
             fail(name, f"expected a list of module names, got {got!r:.80} ({case})",
                  "return names such as 'model.layers.0.self_attn.q_proj'.")
@@ -295,7 +349,10 @@ def check_merge_file(merge_file: Callable[..., Any]) -> str:
         base = {k: v.clone() for k, v in full.items() if ".lora." not in k}
         adapters = {k: v.clone() for k, v in full.items() if ".lora." in k}
         case = f"a 2-layer model, rank {rank}"
-        got = call(merge_file, {k: v.clone() for k, v in base.items()}, {k: v.clone() for k, v in adapters.items()},
+        got = call(guarded(merge_file, name, {"minimind_ref.lora.merge_lora": ref_lora.merge_lora,
+                                              "minimind_ref.lora.load_lora": ref_lora.load_lora,
+                                              "ch10.merge_file_reference": merge_file_reference}),
+                   {k: v.clone() for k, v in base.items()}, {k: v.clone() for k, v in adapters.items()},
                    name=name, case=case, check_inputs=True)
         if not isinstance(got, dict):
             fail(name, f"expected a dict of tensors, got {type(got).__name__} ({case})", "return the merged state dict.")
@@ -314,11 +371,16 @@ def check_merge_file(merge_file: Callable[..., Any]) -> str:
                         lambda W=W, A=A, B=B: (W + B @ A).half(),
                     "the two factors multiplied in the wrong order (B is [out, r], A is [r, in])":
                         lambda W=W, A=A, B=B: W.half() + (A.T @ B.T).half() if A.shape[0] == B.shape[1] else None,
+                    "the adapter's two factors rounded to fp16 before they are multiplied (upstream rounds at another "
+                    "point)": lambda W=W, A=A, B=B: W.half() + (B.half().float() @ A.half().float()).half(),
+                    "the sum formed in fp32 from the fp16-rounded product (upstream rounds at another point)":
+                        lambda W=W, A=A, B=B: (W + (B @ A).half().float()).half(),
                     "the adapter left out (the merged file holds the adapted layer)": lambda W=W: W.half(),
                 }
             check_close(got[key], want, name=name, rtol=0, atol=0, mistakes=mistakes, case=f"{case}; tensor {key}",
-                        hint="read how d65ef2c's merge_lora forms an adapted layer's merged weight: which tensors are "
-                             "rounded to fp16, and whether the sum is formed before or after that rounding.")
+                        hint="compare each road with the file upstream's merge wrote (the cell before the exercise), or "
+                             "read d65ef2c's merge_lora: which tensors are rounded to fp16, and whether the sum is "
+                             "formed before or after that rounding.")
     return "two models, ranks 16 and 4, bit for bit"
 
 

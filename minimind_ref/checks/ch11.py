@@ -1,7 +1,7 @@
 """Checks for chapter 11 (DPO), in the order the chapter asks for them: the masked sequence
 log-probability (11.1), the shift of a DPO example (11.2), c090b69's DPO loss (11.3: the mean per
-reply token) and the implicit rewards (11.4); then the length effect of c090b69's mean and d65ef2c's
-sum, predicted and measured (11.5).
+reply token, debugged from a draft) and the margin a loss value means (11.4: the loss inverted); then
+the length effect of c090b69's mean and d65ef2c's sum, predicted and measured (11.5).
 
 Each check runs the learner's function on inputs it generates (empty masks, unequal lengths,
 several betas) and compares with ``minimind_ref.dpo``; a mismatch names the known mistake it
@@ -10,13 +10,15 @@ matches when it can.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 import torch.nn.functional as F
 
 from .. import dpo as ref_dpo
-from .core import Outcome, as_number, call, check, check_close, check_numbers, expect_pair, fail, seeded, solution
+from .core import Outcome, as_number, call, check, check_close, check_numbers, fail, seeded, solution
+from .delegation import guarded
 
 
 def _logits_case(seed: int, pairs: int = 3, seq: int = 9, vocab: int = 11, empty_row: bool = True
@@ -60,8 +62,8 @@ def check_sequence_log_probs(sequence_log_probs: Callable[..., Any]) -> str:
              ("every reply the same length", _logits_case(2, empty_row=False)),
              ("one pair, long replies", _logits_case(3, pairs=1, seq=14, empty_row=False))]
     for case, (logits, labels, mask) in cases:
-        got = call(sequence_log_probs, logits.clone(), labels.clone(), mask.clone(), name=name, case=case,
-                   check_inputs=True)
+        got = call(guarded(sequence_log_probs, name, {"minimind_ref.dpo.sequence_log_probs": ref_dpo.sequence_log_probs}),
+                   logits.clone(), labels.clone(), mask.clone(), name=name, case=case, check_inputs=True)
         token_lp = F.log_softmax(logits, -1).gather(-1, labels[..., None]).squeeze(-1)
         expected = ref_dpo.sequence_log_probs(ref_dpo.logits_to_log_probs(logits, labels), mask, "mean")
         m = mask.float()
@@ -86,8 +88,8 @@ def check_sequence_log_probs(sequence_log_probs: Callable[..., Any]) -> str:
                     hint="each label's log-probability under the model's distribution over the vocabulary, "
                          "averaged over the positions the mask keeps: each row has its own count.",
                     nan=(f"your result has NaN for a sequence whose mask is all zeros ({case})",
-                         "0 / 0 is NaN: keep the count away from 0 (upstream clamps it at 1e-8), so an empty mask "
-                         "gives 0."))
+                         "a row with no supervised token has no mean: its sum and its count are both 0. The exercise "
+                         "asks for 0 there, without changing the mean of any other row."))
     return "unequal lengths, an empty mask, one pair"
 
 
@@ -137,6 +139,20 @@ def check_shift_example(shift_example: Callable[..., Any]) -> str:
 
 
 # ---------------------------------------------------------------------- 11.3 the loss
+def dpo_loss_draft(ref_log_probs: torch.Tensor, policy_log_probs: torch.Tensor, mask: torch.Tensor,
+                   beta: float) -> torch.Tensor:
+    """The chapter's draft of Exercise 11.3, with its two mistakes (pairs taken as neighbouring rows; the
+    reference's margin minus the policy's): it gives ln 2 when the policy is the reference, and stays there
+    when the policy moves towards every chosen reply."""
+    lengths = mask.sum(dim=1).clamp_min(1e-8)
+    ref = (ref_log_probs * mask).sum(dim=1) / lengths
+    policy = (policy_log_probs * mask).sum(dim=1) / lengths
+    chosen_ref, rejected_ref = ref[0::2], ref[1::2]
+    chosen, rejected = policy[0::2], policy[1::2]
+    margin = (chosen_ref - rejected_ref) - (chosen - rejected)
+    return (-F.logsigmoid(beta * margin)).mean()
+
+
 solution("11.3", "m = mask.float(); seq = lambda lp: (lp * m).sum(1) / m.sum(1).clamp_min(1e-8); "
                  "pol, ref = seq(policy_log_probs), seq(ref_log_probs); B = pol.shape[0] // 2; "
                  "logits = (pol[:B] - pol[B:]) - (ref[:B] - ref[B:]); return -F.logsigmoid(beta * logits).mean()")
@@ -181,7 +197,8 @@ def check_dpo_loss(dpo_loss: Callable[..., Any]) -> str:
         ref, policy, mask = _log_probs_case(seed + 10, pairs, seq, empty)
         case = f"{pairs} pair(s), beta={beta}" + (", one empty mask" if empty else "")
         pol = policy.clone().requires_grad_(True)
-        got = call(dpo_loss, ref.clone(), pol, mask.clone(), beta, name=name, case=case, check_inputs=True)
+        got = call(guarded(dpo_loss, name, {"minimind_ref.dpo.dpo_loss": ref_dpo.dpo_loss}), ref.clone(), pol,
+                   mask.clone(), beta, name=name, case=case, check_inputs=True)
         expected = ref_dpo.dpo_loss(ref, policy, mask, beta, reduction="mean")
         m = mask.float()
         seq_ref = (ref * m).sum(1) / m.sum(1).clamp_min(1e-8)
@@ -211,53 +228,61 @@ def check_dpo_loss(dpo_loss: Callable[..., Any]) -> str:
             "the paper's summed sequence log-probabilities (d65ef2c's default; this exercise is c090b69's mean per "
             "reply token)":
                 lambda: ref_dpo.dpo_loss(ref, policy, mask, beta, reduction="sum"),
+            "the draft as it stands: both of its mistakes are still there":
+                lambda: dpo_loss_draft(ref, policy, mask, beta),
         }
         _check_value_and_gradient(name, got, pol, expected, lambda p: ref_dpo.dpo_loss(ref, p, mask, beta, reduction="mean"),
                                   policy, mistakes, case,
-                                  hint="per sequence, the masked mean log-probability (as in 11.1); the first half of "
-                                       "the rows are the chosen replies, the second half the rejected ones; the margin "
-                                       "asks how much more the policy prefers the chosen reply than the reference does.")
+                                  hint="compare the draft with section 2's loss term by term: which rows hold the "
+                                       "chosen replies, and whose preference is measured against whose.")
         n += 1
     return f"value and gradient on {n} batches, betas 0.1 to 2, empty masks included"
 
 
-# ---------------------------------------------------------------------- 11.4 implicit rewards
-solution("11.4", "r = beta * (policy_seq - ref_seq); B = r.shape[0] // 2; return r[:B], r[B:]")
+# ---------------------------------------------------------------------- 11.4 the margin a loss means
+def margin_at_loss_reference(loss: float, beta: float) -> float:
+    """The margin ``m`` (the policy's log-probability margin minus the reference's, in nats) at which one
+    pair's DPO loss ``-log sigmoid(beta * m)`` equals ``loss``: ``-log(exp(loss) - 1) / beta``."""
+    return -math.log(math.expm1(loss)) / beta
 
 
-@check("Exercise 11.4 implicit_rewards", shown=True, why="one implicit reward of random log-probabilities")
-def check_implicit_rewards(implicit_rewards: Callable[..., Any]) -> str:
-    """``implicit_rewards(policy_seq, ref_seq, beta) -> (chosen, rejected)``: from ``[2B]``
-    sequence log-probabilities (chosen rows first), the implicit rewards
-    ``beta * (log pi - log pi_ref)`` of the chosen and of the rejected replies, ``[B]`` each."""
-    name = "Exercise 11.4 implicit_rewards"
-    g = seeded(11)
-    for pairs, beta in ((3, 0.1), (1, 0.5), (5, 2.0)):
-        ref = -torch.rand(2 * pairs, generator=g) * 3
-        policy = ref + torch.randn(2 * pairs, generator=g)
-        case = f"{pairs} pair(s), beta={beta}"
-        got = call(implicit_rewards, policy.clone(), ref.clone(), beta, name=name, case=case, check_inputs=True)
-        chosen, rejected = expect_pair(got, name, "the chosen rewards and the rejected rewards")
-        r = ref_dpo.implicit_rewards(policy, ref, beta)
-        exp_c, exp_r = r[:pairs], r[pairs:]
-        for got_part, expected, other, label in ((chosen, exp_c, exp_r, "chosen"), (rejected, exp_r, exp_c, "rejected")):
-            mistakes = {
-                "beta left out": (policy - ref)[:pairs] if label == "chosen" else (policy - ref)[pairs:],
-                "the log-ratio reversed (log pi_ref - log pi)": -expected,
-                "the chosen and rejected halves swapped (chosen rows come first)": other,
-                "rows split as neighbours (0::2 / 1::2) instead of halves":
-                    (beta * (policy - ref))[0::2] if label == "chosen" else (beta * (policy - ref))[1::2],
-                "a ratio of probabilities (exp) instead of a difference of log-probabilities":
-                    beta * (policy.exp() / ref.exp())[:pairs] if label == "chosen" else beta * (policy.exp() / ref.exp())[pairs:],
-                "the policy's log-probability alone (no reference)":
-                    beta * policy[:pairs] if label == "chosen" else beta * policy[pairs:],
-            }
-            check_close(got_part, expected, name=f"{name} ({label})", rtol=1e-5, atol=1e-7, check_dtype=False,
-                        mistakes=mistakes, case=case,
-                        hint="an implicit reward is beta times how much more log-probability the policy gives a "
-                             "reply than the reference does; the first half of the rows are the chosen replies, the "
-                             "second half the rejected ones.")
-    return "three batches, betas 0.1 to 2"
+solution("11.4", "return -math.log(math.exp(loss) - 1) / beta")
+
+
+def _margin_cases() -> List[Tuple[float, float]]:
+    """(loss, beta): losses on both sides of ln 2 (a pair the policy gets wrong has a loss above it), small and
+    large betas (beta = 1 would hide a forgotten beta), and a loss far below ln 2."""
+    return [(0.3, 0.15), (0.05, 0.1), (1.2, 0.5), (0.6931, 2.0), (0.1, 0.15), (2.5, 0.15)]
+
+
+def _margin_mistakes(loss: float, beta: float) -> Dict[str, Any]:
+    exact = margin_at_loss_reference(loss, beta)
+    return {
+        "beta left out (the loss sees beta times the margin)": exact * beta,
+        "beta multiplied instead of divided out": exact * beta * beta,
+        "the sign of the margin reversed (a loss below ln 2 means the policy prefers the chosen reply more than the "
+        "reference does: a positive margin)": -exact,
+        "the sigmoid undone as if it were an exponential (a plain log of the pair's probability; the sigmoid's "
+        "inverse is another function)": -loss / beta,
+    }
+
+
+@check("Exercise 11.4 margin_at_loss", shown=False,
+       why="the margin is a closed form of the case's loss and beta: the value next to them would be the answer")
+def check_margin_at_loss(margin_at_loss: Callable[..., Any]) -> str:
+    """``margin_at_loss(loss, beta) -> float``: the margin ``m`` (the policy's log-probability margin minus the
+    reference's, in nats) at which one pair's DPO loss is ``loss``; ``minimind_ref.dpo.dpo_loss`` on a pair with that
+    margin gives ``loss`` back (tests/test_checks_ch11.py)."""
+    name = "Exercise 11.4 margin_at_loss"
+    outcomes = []
+    for loss, beta in _margin_cases():
+        case = f"loss={loss}, beta={beta}"
+        got = call(margin_at_loss, loss, beta, name=name, case=case)
+        got = as_number(got, name, case, integer=False, what="a margin in nats")
+        outcomes.append(Outcome(case, got, margin_at_loss_reference(loss, beta), _margin_mistakes(loss, beta)))
+    check_numbers(name, outcomes, "write one pair's loss as a function of its margin (section 2), then solve for the "
+                  "margin, one step at a time.", rel_tol=1e-6, abs_tol=1e-9)
+    return f"{len(outcomes)} losses on both sides of ln 2, betas 0.1 to 2"
 
 
 # ---------------------------------------------------------------------- 11.5 the length effect
@@ -304,7 +329,9 @@ def check_gradient_ratio(gradient_ratio: Callable[..., Any]) -> str:
     outcomes = []
     for chosen_length, rejected_length, reduction in _ratio_cases():
         case = f"chosen {chosen_length} tokens, rejected {rejected_length}, reduction={reduction!r}"
-        got = call(gradient_ratio, chosen_length, rejected_length, reduction, name=name, case=case)
+        got = call(guarded(gradient_ratio, name, {"minimind_ref.dpo.dpo_loss (this exercise predicts what it does)":
+                                                  ref_dpo.dpo_loss}),
+                   chosen_length, rejected_length, reduction, name=name, case=case)
         got = as_number(got, name, case, integer=False, what="the ratio")
         flip = chosen_length / rejected_length
         mistakes = {

@@ -1,7 +1,8 @@
-"""Checks for chapter 12 (GRPO): group-relative advantages (c090b69's two normalisations; d65ef2c's
-one, predicted on a group with a lone success and then implemented), the completion mask, c090b69's
-policy loss (value and gradient), which tokens PPO's clip silences (checked with autograd), CISPO
-(d65ef2c's default; value and gradient), and choosing the group size from a measured success rate.
+"""Checks for chapter 12 (GRPO): the factor between c090b69's two normalisations of the advantages and
+d65ef2c's one (12.1, predicted and measured), the completion mask, c090b69's policy loss (debugged from a
+draft; value and gradient), d65ef2c's advantages (predicted on a group with a lone success, then
+implemented), which tokens PPO's clip silences (checked with autograd), CISPO (d65ef2c's default; which
+factors carry the gradient; value and gradient), and choosing the group size from a measured success rate.
 
 Each check runs the learner's function on inputs it generates (a group whose rewards are all
 equal, rows without an end marker, tokens after the end marker, several betas) and compares
@@ -14,10 +15,11 @@ from typing import Any, Callable, Dict, Tuple
 
 import torch
 
-from .. import grpo as ref_grpo
 import math
 
+from .. import grpo as ref_grpo
 from .core import Outcome, as_number, call, check, check_close, check_numbers, fail, seeded, solution
+from .delegation import guarded
 
 
 # ---------------------------------------------------------------------- 12.1 advantages
@@ -44,62 +46,80 @@ def _lone_success_case(size: int) -> torch.Tensor:
     return rewards.flatten()
 
 
-solution("12.1", "g = rewards.view(-1, G); a = ((rewards - g.mean(1).repeat_interleave(G)) / "
-                 "(g.std(1).repeat_interleave(G) + 1e-4)).clamp(-10, 10); return (a - a.mean()) / (a.std() + 1e-8)")
+def rescale_factor_reference(num_groups: int, groups_with_spread: int, group_size: int) -> float:
+    """The factor between c090b69's advantages and d65ef2c's on a batch of ``num_groups`` groups of ``group_size``
+    rewards, ``groups_with_spread`` of them not all equal (no clamp acting, the small constants left out).
+
+    Each group's z-scores have mean 0, so the batch mean is 0, and sum of squares ``G`` with the population std
+    (0 in a group without a spread): the batch's unbiased variance is ``k G / (N - 1)``, and dividing by its root
+    rescales every advantage by ``sqrt((N - 1) / (k G))``. The group std's own factor (unbiased or not) cancels:
+    the batch normalisation divides any common factor out."""
+    n = num_groups * group_size
+    return math.sqrt((n - 1) / (groups_with_spread * group_size))
 
 
-@check("Exercise 12.1 group_advantages", shown=True,
-       why="one advantage of random rewards, whose values the message does not show")
-def check_group_advantages(group_advantages: Callable[..., Any]) -> str:
-    """``group_advantages(rewards [N], num_generations) -> [N]``: c090b69's two normalisations
-    (per group with the unbiased std, + 1e-4, clamped to +-10; then over the whole batch, + 1e-8);
-    ``check_advantages_once`` checks d65ef2c's."""
-    name = "Exercise 12.1 group_advantages"
-    cases = [(_rewards_case(seed + 1, groups, size, flat), size,
-              f"{groups} group(s) of {size}" + (", the last group's rewards all equal" if flat else ""))
-             for seed, (groups, size, flat) in enumerate([(3, 4, True), (2, 8, False), (4, 2, False), (1, 6, False)])]
-    lone = 128
-    cases.append((_lone_success_case(lone), lone, f"2 groups of {lone}, one of them with a single success (its "
-                  f"z-score is {(lone - 1) / lone ** 0.5:.1f}: the clamp acts)"))
-    # a lone failure (z-score -(G - 1) / sqrt(G), cut at -10) in a batch of its own: beside a lone success the two
-    # clamped groups would mirror each other and the batch mean would be 0 again
-    cases.append((1.0 - _lone_success_case(lone), lone, f"2 groups of {lone}, one of them with a single failure (its "
-                  f"z-score is -{(lone - 1) / lone ** 0.5:.1f}: the clamp acts)"))
-    cases.append((torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.5]), 3,
-                  "3 groups of 3, every group's rewards all equal (the whole batch has no spread)"))
-    for rewards, size, case in cases:
-        got = call(group_advantages, rewards.clone(), size, name=name, case=case, check_inputs=True)
-        expected = ref_grpo.group_advantages(rewards, size, **ref_grpo.C090B69_ADVANTAGES)
-        grouped = rewards.view(-1, size)
-        mean = grouped.mean(1).repeat_interleave(size)
-        std = grouped.std(1).repeat_interleave(size)
+solution("12.1", "n = num_groups * group_size; return math.sqrt((n - 1) / (groups_with_spread * group_size))")
 
-        def batch_norm(a: torch.Tensor) -> torch.Tensor:
-            return (a - a.mean()) / (a.std() + 1e-8)
 
-        mistakes: Dict[str, Any] = {
-            "the clamp to [-10, 10] left out (upstream clamps the group z-scores before the batch normalisation)":
-                lambda: batch_norm((rewards - mean) / (std + 1e-4)),
-            "only the per-group normalisation: upstream normalises the advantages again over the whole batch":
-                lambda: torch.clamp((rewards - mean) / (std + 1e-4), -10, 10),
-            "one mean and std over the whole batch instead of per group (no groups: plain reward normalisation)":
-                lambda: batch_norm(torch.clamp((rewards - rewards.mean()) / (rewards.std() + 1e-4), -10, 10)),
-            "rewards minus the group mean, not divided by the group std":
-                lambda: batch_norm(rewards - mean),
-            "the group statistics taken over the wrong axis (the rows of one group sit next to each other, in sampling "
-            "order)":
-                lambda: batch_norm(torch.clamp((rewards - rewards.view(size, -1).mean(0).repeat(size))
-                                               / (rewards.view(size, -1).std(0).repeat(size) + 1e-4), -10, 10)),
-        }
-        check_close(got, expected, name=name, rtol=1e-5, atol=1e-5, check_dtype=False, mistakes=mistakes, case=case,
-                    hint="two normalisations, as the chapter lists them: first each group's z-score (the rows of "
-                         "one prompt sit next to each other; torch's default, unbiased std), then the whole batch "
-                         "again; mind the constants that keep each denominator away from 0 and the clamp.",
-                    nan=(f"your advantages have NaN ({case})",
-                         "A group whose rewards are all equal has std 0, and its z-score divides 0 by 0. Upstream "
-                         "keeps the denominator away from 0 with a small constant, so that group gets advantage 0 "
-                         "(no signal)."))
-    return "groups of 2 to 128, a group with no spread, a lone success the clamp cuts"
+def _measured_factor(num_groups: int, groups_with_spread: int, group_size: int, seed: int) -> float:
+    """c090b69's advantages over d65ef2c's (``grpo.group_advantages``) on random rewards of that shape: rewards of 0,
+    0.25, ..., 1.5 with a spread in the first ``groups_with_spread`` groups, all equal (each group its own value) in
+    the others, in shuffled group order; measured on the largest advantage."""
+    g = seeded(seed)
+    rewards = torch.randint(0, 7, (num_groups, group_size), generator=g).float() / 4
+    for k in range(num_groups):
+        if k < groups_with_spread:
+            rewards[k, 0], rewards[k, 1] = 1.5, 0.0
+        else:
+            rewards[k] = rewards[k, 0]
+    rewards = rewards[torch.randperm(num_groups, generator=g)].flatten()
+    once = ref_grpo.group_advantages(rewards, group_size)
+    twice = ref_grpo.group_advantages(rewards, group_size, **ref_grpo.C090B69_ADVANTAGES)
+    at = int(once.abs().argmax())
+    return float(twice[at] / once[at])
+
+
+def _rescale_mistakes(num_groups: int, k: int, size: int) -> Dict[str, float]:
+    n = num_groups * size
+    return {
+        "every group counted, those without a spread too (a group whose rewards are all equal adds nothing to the "
+        "batch's spread)": math.sqrt((n - 1) / (num_groups * size)),
+        "the batch's std taken as the population std (torch's default std, which the second normalisation uses, is "
+        "the unbiased one)": math.sqrt(n / (k * size)),
+        "the factor upside down (the second normalisation divides by the standard deviation of the batch)":
+            math.sqrt(k * size / (n - 1)),
+        "a variance where a standard deviation belongs (no square root)": (n - 1) / (k * size),
+        "the unbiased group std's factor kept (the batch normalisation divides any common factor out again)":
+            math.sqrt((n - 1) / (k * (size - 1))),
+    }
+
+
+def _rescale_cases() -> list:
+    """(num_groups, groups_with_spread, group_size): every group with a spread and few of them, small and larger
+    groups, pairs of 2; none large enough for the clamp to act."""
+    return [(3, 1, 4), (5, 2, 6), (2, 2, 16), (8, 5, 2), (6, 6, 3), (10, 1, 4), (4, 3, 8)]
+
+
+@check("Exercise 12.1 rescale_factor", shown=False,
+       why="the factor is a closed form of the case's three numbers: the measured value next to them would be the answer")
+def check_rescale_factor(rescale_factor: Callable[..., Any]) -> str:
+    """``rescale_factor(num_groups, groups_with_spread, group_size) -> float``: predict by how much c090b69's two
+    normalisations scale d65ef2c's advantages on such a batch. The check measures the factor with
+    ``grpo.group_advantages`` on random rewards of each shape (relative tolerance 1e-3: the constants 1e-4 and 1e-8
+    in the denominators move it a little)."""
+    name = "Exercise 12.1 rescale_factor"
+    learner = guarded(rescale_factor, name, {"minimind_ref.grpo.group_advantages (this exercise predicts what it does)":
+                                             ref_grpo.group_advantages})
+    outcomes = []
+    for seed, (groups, k, size) in enumerate(_rescale_cases()):
+        case = f"{groups} groups of {size}, {k} of them with a spread"
+        got = call(learner, groups, k, size, name=name, case=case)
+        got = as_number(got, name, case, integer=False, what="the factor")
+        outcomes.append(Outcome(case, got, _measured_factor(groups, k, size, seed), _rescale_mistakes(groups, k, size)))
+    check_numbers(name, outcomes, hint="after the first normalisation, what are the mean and the sum of squares of the "
+                  "advantages of one group, with a spread and without one? The second normalisation divides by the "
+                  "standard deviation of the batch.", rel_tol=1e-3)
+    return f"{len(outcomes)} batches of 2 to 10 groups, predicted and measured"
 
 
 # ---------------------------------------------------------------------- 12.2 completion mask
@@ -127,7 +147,8 @@ def check_completion_mask(completion_mask: Callable[..., Any]) -> str:
     for seed, (rows, length, eos) in enumerate([(5, 9, 2), (4, 6, 7), (3, 12, 0)]):
         ids = _completion_case(seed + 1, rows, length, eos)
         case = f"{rows} rows of {length} tokens, end marker id {eos}"
-        got = call(completion_mask, ids.clone(), eos, name=name, case=case, check_inputs=True)
+        got = call(guarded(completion_mask, name, {"minimind_ref.grpo.completion_mask": ref_grpo.completion_mask}),
+                   ids.clone(), eos, name=name, case=case, check_inputs=True)
         expected = ref_grpo.completion_mask(ids, eos)
         pos = torch.arange(length).expand(rows, -1)
         first = (ids == eos).int().argmax(1, keepdim=True)
@@ -154,8 +175,28 @@ def check_completion_mask(completion_mask: Callable[..., Any]) -> str:
 
 # ---------------------------------------------------------------------- 12.3 the loss
 def _loss_nan(case: str) -> Tuple[str, str]:
-    """What ``check_close`` says of a loss that is NaN (``nan=``): an empty completion's mask divided by its zero sum."""
-    return f"your loss is NaN ({case})", "divide each completion's masked sum by its mask's sum."
+    """What ``check_close`` says of c090b69's loss that is NaN (``nan=``); its cases have no empty mask."""
+    return (f"your loss is NaN ({case})", "every completion of these cases has tokens that count: look for a "
+            "division by something that can be 0, or an exp that overflows.")
+
+
+def _cispo_nan(case: str) -> Tuple[str, str]:
+    """What ``check_close`` says of a CISPO loss that is NaN: an empty completion's 0 / 0."""
+    return (f"your loss is NaN ({case}); one completion of this case has no token that counts",
+            "a completion whose mask is empty has no mean: its masked sum and its count are both 0. The exercise asks "
+            "for a loss to which it contributes 0, without changing any other completion's mean.")
+
+
+def grpo_loss_draft(per_token_logps: torch.Tensor, ref_per_token_logps: torch.Tensor, advantages: torch.Tensor,
+                    completion_mask: torch.Tensor, beta: float) -> torch.Tensor:
+    """The chapter's draft of Exercise 12.3, with its two mistakes (the ratio's detached part in the numerator, so
+    the gradient points the other way; k3 of the reverse KL)."""
+    ratio = torch.exp(per_token_logps.detach() - per_token_logps)
+    d = per_token_logps - ref_per_token_logps
+    kl = torch.exp(d) - d - 1
+    per_token = -(ratio * advantages[:, None] - beta * kl)
+    m = completion_mask.float()
+    return ((per_token * m).sum(dim=1) / m.sum(dim=1)).mean()
 
 
 def _loss_case(seed: int, rows: int, length: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -197,7 +238,9 @@ def check_grpo_loss(grpo_loss: Callable[..., Any]) -> str:
         lp, ref, adv, mask = _loss_case(seed + 1, rows, length)
         case = f"{rows} completions, beta={beta}, unequal lengths"
         pol = lp.clone().requires_grad_(True)
-        got = call(grpo_loss, pol, ref.clone(), adv.clone(), mask.clone(), beta, name=name, case=case,
+        got = call(guarded(grpo_loss, name, {"minimind_ref.grpo.grpo_loss": ref_grpo.grpo_loss,
+                                             "minimind_ref.grpo.per_token_kl": ref_grpo.per_token_kl}),
+                   pol, ref.clone(), adv.clone(), mask.clone(), beta, name=name, case=case,
                    check_inputs=True)
         if not isinstance(got, torch.Tensor) or got.dim() != 0:
             fail(name, f"expected a scalar tensor, got {type(got).__name__} {tuple(getattr(got, 'shape', ()))} ({case})",
@@ -227,12 +270,15 @@ def check_grpo_loss(grpo_loss: Callable[..., Any]) -> str:
                 lambda p: seq(ratio(p) * adv[:, None] - beta * kl(p)),
             "a constant ratio of 1: its value is right, but the ratio must carry the policy gradient":
                 lambda p: seq(-(torch.ones_like(p) * adv[:, None] - beta * kl(p))),
+            "the ratio's detached part and live part the other way round: its value is 1 all the same, but its "
+            "gradient is minus the policy gradient":
+                lambda p: seq(-(torch.exp(p.detach() - p) * adv[:, None] - beta * kl(p))),
         }
         expected = ref_grpo.grpo_loss(lp, lp.detach(), ref, adv, mask, beta, loss_type="grpo")
         mistakes = {k: (lambda f=f: f(lp).detach()) for k, f in forms.items()}
         check_close(got.detach(), expected, name=name, rtol=1e-5, atol=1e-6, check_dtype=False, mistakes=mistakes,
-                    case=case, hint="the per-token term of the chapter's loss (the policy-gradient ratio times the "
-                    "advantage, minus beta times k3); average over each completion's mask, then over completions.",
+                    case=case, hint="compare each factor of your loss with section 4's formula, the k3 term "
+                    "included; average over each completion's mask, then over completions.",
                     nan=_loss_nan(case))
         if not got.requires_grad:
             fail(name, f"your loss has no gradient with respect to per_token_logps ({case})",
@@ -277,9 +323,15 @@ def _lone_mistakes(size: int, success: bool) -> Dict[str, Any]:
         "c090b69's clamp to +-10 kept: d65ef2c does not clamp": pick(min((1 - mean) / pop, 10.0), -mean / pop),
         "the rewards minus the group mean, not divided by the std": pick(1 - mean, -mean),
         "the success's and a failure's advantages swapped": pick(-mean / pop, (1 - mean) / pop),
+        "a failure's advantage without its minus sign (a failure is below the group's mean)":
+            pick((1 - mean) / pop, mean / pop),
         "a failure's advantage taken as minus the success's (the group mean is not halfway between 0 and 1)":
             pick((1 - mean) / pop, -(1 - mean) / pop),
     }
+
+
+# what would answer 12.4 without any of the work
+ADVANTAGE_FUNCTIONS = {"minimind_ref.grpo.group_advantages": ref_grpo.group_advantages}
 
 
 @check("Exercise 12.4 advantages_once", shown=False,
@@ -294,9 +346,11 @@ def check_advantages_once(group_advantages: Callable[..., Any], lone_success_adv
     clamp, no second normalisation over the batch."""
     name = "Exercise 12.4 advantages_once"
     outcomes_s, outcomes_f = [], []
-    for size in (2, 4, 5, 16, 128):
+    # a group of 4 first: with 2 (one success, one failure) the two advantages are 1 and -1, and a failure without
+    # its sign cannot be told from the two swapped
+    for size in (4, 2, 5, 16, 128):
         case = f"a group of {size} with one success"
-        got = call(lone_success_advantages, size, name=name, case=case,
+        got = call(guarded(lone_success_advantages, name, ADVANTAGE_FUNCTIONS), size, name=name, case=case,
                    hint="group_size is an int; return the success's advantage and a failure's, as a pair of floats.")
         if not isinstance(got, (tuple, list)) or len(got) != 2:
             fail(name, f"expected a pair (the success's advantage, a failure's), got {type(got).__name__}: {got!r:.80} "
@@ -312,10 +366,14 @@ def check_advantages_once(group_advantages: Callable[..., Any], lone_success_adv
     check_numbers(f"{name} (the success's advantage)", outcomes_s, hint, rel_tol=2e-3)
     check_numbers(f"{name} (a failure's advantage)", outcomes_f, hint, rel_tol=2e-3)
 
-    for seed, (groups, size, flat) in enumerate([(3, 6, True), (2, 8, False), (4, 2, False), (1, 6, False)]):
-        rewards = _rewards_case(seed + 21, groups, size, flat)
-        case = f"{groups} group(s) of {size}" + (", the last group's rewards all equal" if flat else "")
-        got = call(group_advantages, rewards.clone(), size, name=name, case=case, check_inputs=True)
+    cases = [(_rewards_case(seed + 21, groups, size, flat), size,
+              f"{groups} group(s) of {size}" + (", the last group's rewards all equal" if flat else ""))
+             for seed, (groups, size, flat) in enumerate([(3, 6, True), (2, 8, False), (4, 2, False), (1, 6, False)])]
+    # a lone success in a group of 128: its advantage is above 10, where c090b69's clamp would cut it
+    cases.append((_lone_success_case(128), 128, "2 groups of 128, one of them with a single success"))
+    for rewards, size, case in cases:
+        got = call(guarded(group_advantages, name, ADVANTAGE_FUNCTIONS), rewards.clone(), size, name=name, case=case,
+                   check_inputs=True)
         expected = ref_grpo.group_advantages(rewards, size)
         grouped = rewards.view(-1, size)
         mean = grouped.mean(1).repeat_interleave(size)
@@ -329,6 +387,8 @@ def check_advantages_once(group_advantages: Callable[..., Any], lone_success_adv
             "rewards minus the group mean, not divided by the group std": lambda: rewards - mean,
             "one mean and std over the whole batch instead of per group":
                 lambda: (rewards - rewards.mean()) / (rewards.std(unbiased=False) + 1e-4),
+            "c090b69's clamp to +-10 kept: d65ef2c does not clamp":
+                lambda: ref_grpo.group_advantages(rewards, size, clamp=10.0),
         }
         check_close(got, expected, name=name, rtol=1e-5, atol=1e-5, check_dtype=False, mistakes=mistakes, case=case,
                     hint="d65ef2c keeps only c090b69's first step, with the population std: compare your steps with "
@@ -336,8 +396,8 @@ def check_advantages_once(group_advantages: Callable[..., Any], lone_success_adv
                     nan=(f"your advantages have NaN ({case})",
                          "A group whose rewards are all equal has std 0: keep the denominator away from 0 as upstream "
                          "does, so that group gets advantage 0."))
-    return ("the lone success predicted for groups of 2 to 128; advantages for groups of 2 to 8 and a group with no "
-            "spread")
+    return ("the lone success predicted for groups of 2 to 128; advantages for groups of 2 to 128, a group with no "
+            "spread and one where a clamp would act")
 
 
 # ---------------------------------------------------------------------- 12.5 / 12.6 PPO's clip and CISPO
@@ -358,7 +418,9 @@ def _check_cispo_loss(fn: Callable[..., Any], name: str) -> str:
             mask[2] = 0  # a completion without a token that counts: its count is clamped at 1, its loss is 0
         case = f"{rows} completions, beta={beta}, epsilon_high={eps_high}" + (", one row's mask empty" if seed == 1 else "")
         pol = lp.clone().requires_grad_(True)
-        got = call(fn, pol, old.clone(), ref.clone(), adv.clone(), mask.clone(), beta, eps_high, name=name, case=case)
+        got = call(guarded(fn, name, {"minimind_ref.grpo.grpo_loss": ref_grpo.grpo_loss,
+                                      "minimind_ref.grpo.per_token_kl": ref_grpo.per_token_kl}),
+                   pol, old.clone(), ref.clone(), adv.clone(), mask.clone(), beta, eps_high, name=name, case=case)
         if not isinstance(got, torch.Tensor) or got.dim() != 0:
             fail(name, f"expected a scalar tensor, got {type(got).__name__} {tuple(getattr(got, 'shape', ()))} ({case})",
                  "average over each completion's masked tokens, then over the completions.")
@@ -383,22 +445,22 @@ def _check_cispo_loss(fn: Callable[..., Any], name: str) -> str:
             "the KL term with the wrong sign": lambda p: seq(-(torch.clamp(ratio(p), max=eps_high).detach() * a * p
                                                                + beta * kl(p))),
         }
-        hint = ("compare with CISPO's per-token term of section 4: which factors carry the gradient, where the weight "
-                "is capped, the k3 penalty; average over each row's mask, then over rows.")
+        hint = ("write each token's gradient for your loss and compare it with the one the exercise asks for: the "
+                "capped weight times the advantage times the gradient of log pi, plus the k3 term's.")
         expected = loss(lp.detach())
         mistakes = {k: (lambda f=f: f(lp).detach()) for k, f in forms.items()}
         check_close(got.detach(), expected, name=name, rtol=1e-5, atol=1e-6, check_dtype=False, mistakes=mistakes,
-                    case=case, hint=hint, nan=_loss_nan(case))
+                    case=case, hint=hint, nan=_cispo_nan(case))
         if not got.requires_grad:
             fail(name, f"your loss has no gradient with respect to per_token_logps ({case})",
-                 "do not detach lp or call .item(): the loss must stay in the graph.")
+                 "the loss must stay in the graph: some factor of each token's term has to carry the gradient.")
         (grad,) = torch.autograd.grad(got, pol)
         p2 = lp.clone().requires_grad_(True)
         (expected_grad,) = torch.autograd.grad(loss(p2), p2)
         grad_mistakes = _gradient_mistakes(forms, lp)
         check_close(grad, expected_grad, name=name + " (gradient)", rtol=1e-5, atol=1e-6, check_dtype=False,
                     mistakes=grad_mistakes, case=case, hint="the value can be right while the gradient is not: "
-                    "which factors are detached decides the gradient.")
+                    "write the gradient your loss gives one token, factor by factor.")
     return "value and gradient, ratios from 0.2 to 5, beta from 0 to 0.5"
 
 
@@ -459,6 +521,12 @@ def _silenced_mistakes(ratio: torch.Tensor, adv: torch.Tensor, eps: float) -> Di
     }
 
 
+CLIP_FUNCTIONS = {"minimind_ref.grpo.grpo_loss": ref_grpo.grpo_loss, "minimind_ref.grpo.clip_fraction":
+                  ref_grpo.clip_fraction}
+NO_AUTOGRAD = ("ratio is [N, R], advantages [N] (one per completion), epsilon a float; return a bool tensor [N, R]. The "
+               "check calls your function without autograd: it must state the rule, not measure it.")
+
+
 @check("Exercise 12.5 silenced_by_clip", shown=True,
        why="a mask entry is True or False: it tells which token is wrong, not the rule")
 def check_silenced_by_clip(silenced_by_clip: Callable[..., Any]) -> str:
@@ -470,9 +538,9 @@ def check_silenced_by_clip(silenced_by_clip: Callable[..., Any]) -> str:
     hint = ("write the surrogate's gradient with respect to the ratio for each case: the sign of A decides which "
             "term the min keeps on which side of the clip, and at the clip's ends the two terms are equal.")
     for label, ratio, adv, eps in _silenced_cases():
-        got = call(silenced_by_clip, ratio.clone(), adv.clone(), eps, name=name, case=label, check_inputs=True,
-                   hint="ratio is [N, R], advantages [N] (one per completion), epsilon a float; return a bool tensor "
-                        "[N, R].")
+        with torch.no_grad():  # the rule, not a measurement: the learner's function runs without autograd
+            got = call(guarded(silenced_by_clip, name, CLIP_FUNCTIONS), ratio.clone(), adv.clone(), eps, name=name,
+                       case=label, check_inputs=True, hint=NO_AUTOGRAD)
         expected = _surrogate_zero_grad(ratio, adv, eps)
         if isinstance(got, torch.Tensor) and got.dtype != torch.bool and got.shape == expected.shape:
             fail(name, f"expected a bool tensor, got dtype {got.dtype} ({label})",
@@ -487,7 +555,9 @@ def check_silenced_by_clip(silenced_by_clip: Callable[..., Any]) -> str:
     ref_grpo.grpo_loss(p, old, ref, adv, mask, 0.0, loss_type="grpo", epsilon=0.2).backward()
     label = "grpo_loss(loss_type='grpo', beta=0, epsilon=0.2): tokens whose gradient is zero"
     ratio = torch.exp(lp - old)
-    got = call(silenced_by_clip, ratio.clone(), adv.clone(), 0.2, name=name, case=label, check_inputs=True)
+    with torch.no_grad():
+        got = call(guarded(silenced_by_clip, name, CLIP_FUNCTIONS), ratio.clone(), adv.clone(), 0.2, name=name,
+                   case=label, check_inputs=True, hint=NO_AUTOGRAD)
     check_close(got, p.grad == 0, name=name, rtol=0, atol=0, mistakes=_silenced_mistakes(ratio, adv, 0.2), case=label,
                 hint=hint)
     return "on both ends of the clip and around them, both signs of the advantage and 0, and on grpo_loss's gradient"
@@ -546,6 +616,10 @@ def check_smallest_group(smallest_group: Callable[..., Any]) -> str:
     for p, limit in _group_cases():
         case = f"p={p}, max_no_signal={limit}"
         got = call(smallest_group, p, limit, name=name, case=case)
+        if got is None:
+            fail(name, f"your function returned None ({case}): every case has a group size for an answer",
+                 "look at the case named above: is it one where no group of up to 64 is enough? A function that "
+                 "reaches its end without a return statement returns None.")
         got = as_number(got, name, case, integer=True, what="a group size")
         expected = smallest_group_reference(p, limit)
         mistakes = {
