@@ -290,8 +290,9 @@ def test_reference_solutions_pass(capsys):
     assert len(lines) == 4 and all(line.startswith("✓ Exercise 7.") for line in lines), lines
 
 
-def test_reference_module_methods_pass(capsys):
-    """The package's own code passes too (moe_infer as the dispatch, the module as the forward)."""
+def test_the_package_may_help_the_layer_but_not_answer_the_exercises(capsys):
+    """7.3 may run the layer's own dispatch (moe_infer); 7.2 and 7.4 refuse the package's answer, called directly or
+    through a wrapper."""
     from minimind_ref.moe import seq_aux_loss
 
     def dispatch_via_module(x, experts, flat_idx, flat_weight, top_k):
@@ -302,12 +303,14 @@ def test_reference_module_methods_pass(capsys):
         moe.experts = experts
         return moe.moe_infer(x, flat_idx, flat_weight)
 
-    ch07.check_dispatch(dispatch_via_module)
     ch07.check_moe_forward(lambda moe, x: moe.moe_infer(x.view(-1, x.shape[-1]), *(
         (lambda idx, w: (idx.view(-1), w.view(-1, 1)))(*moe.gate(x)[:2]))).view(x.shape)
         + sum(e(x) for e in getattr(moe, "shared_experts", [])))
-    ch07.check_seq_aux_loss(lambda *args: seq_aux_loss(*args))
-    assert capsys.readouterr().out.count("✓") == 3
+    assert capsys.readouterr().out.count("✓") == 1
+    assert_names(ch07.check_dispatch, dispatch_via_module, "minimind_ref's own MOEFeedForward.moe_infer",
+                 label=ch07.DISPATCH)
+    assert_names(ch07.check_seq_aux_loss, lambda *args: seq_aux_loss(*args), "minimind_ref's own seq_aux_loss",
+                 label=ch07.BALANCE)
 
 
 def test_the_layer_itself_and_the_packages_loss_are_refused():

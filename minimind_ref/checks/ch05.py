@@ -18,7 +18,8 @@ from __future__ import annotations
 import contextlib
 import math
 import operator
-from typing import Callable, Dict, Iterator, List
+import sys
+from typing import Callable, Dict, Iterator, List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -73,6 +74,39 @@ def _no_modules() -> Iterator[List[str]]:
         yield built
     finally:
         nn.Module.__init__ = original
+
+
+@contextlib.contextmanager
+def _calls_to(*functions: Callable[..., object]) -> Iterator[List[str]]:
+    """Record the calls of ``functions`` (minimind_ref's own answers) made while the block runs, however the
+    learner reached them: an alias, a wrapper, the module attribute or the class's method (a profile hook
+    compares code objects). Chapters 06 to 08 use it too."""
+    codes = {f.__code__: f.__qualname__ for f in functions}
+    seen: List[str] = []
+    previous = sys.getprofile()
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code in codes:
+            seen.append(codes[frame.f_code])
+        if previous is not None:
+            previous(frame, event, arg)
+
+    sys.setprofile(profile)
+    try:
+        yield seen
+    finally:
+        sys.setprofile(previous)
+
+
+def _call_refusing(fn, *args, forbidden: Tuple[Callable[..., object], ...], name: str, hint: str, case: str,
+                   **kwargs):
+    """``call``, failing when the learner's function ran one of ``forbidden`` (the package's own answer)."""
+    with _calls_to(*forbidden) as seen:
+        got = call(fn, *args, name=name, hint=hint, case=case, **kwargs)
+    if seen:
+        fail(name, f"your function calls minimind_ref's own {seen[0]} (on {case}); the exercise asks you to write "
+             "that part yourself", hint)
+    return got
 
 
 def _call_without_modules(fn, *args, name: str, hint: str, case: str, what: str, **kwargs):
@@ -170,16 +204,11 @@ def check_block_forward(fn: Callable[..., torch.Tensor]) -> str:
         case = f"hidden {cfg.hidden_size}, h of shape {tuple(h.shape)}"
         with torch.no_grad():
             expected, _ = block(h.clone(), pe)
-
-            def refuse(*args, **kwargs):
+            with _calls_to(MiniMindBlock.forward) as seen:
+                got = call(fn, block, h.clone(), pe, name=BLOCK, hint=hint, case=case, check_inputs=True)
+            if seen:
                 fail(BLOCK, f"your function calls the block itself, which runs MiniMindBlock.forward (on {case}); the "
                      "exercise asks you to build its output from its four sub-modules", hint)
-
-            block.forward = refuse  # an instance attribute: nn.Module.__call__ finds it before the class's forward
-            try:
-                got = call(fn, block, h.clone(), pe, name=BLOCK, hint=hint, case=case, check_inputs=True)
-            finally:
-                del block.forward
             if isinstance(got, tuple):
                 fail(BLOCK, f"you returned a tuple of {len(got)} (on {case}); return only the new hidden states",
                      "self_attn returns (output, kv_cache): use its first element, and return h alone")

@@ -26,6 +26,7 @@ from ..params import count_parameters
 from ..generation import apply_repetition_penalty as _ref_repetition_penalty
 from ..generation import top_p_filter as _ref_top_p_filter
 from ..rope import precompute_freqs_cis
+from .ch05 import _call_refusing
 from .core import (ExerciseError, Outcome, _matches, as_number, call, check, check_close, check_numbers, expect_pair, fail,
                    seeded, solution)
 
@@ -142,9 +143,9 @@ def check_update_cache(fn: Callable[..., Tuple[torch.Tensor, torch.Tensor]]) -> 
     """``fn(buffer, past_len, k_new, v_new) -> (k, v)``: ``buffer`` is a pair of
     ``[batch, max_len, n_kv_heads, head_dim]`` buffers whose first ``past_len`` positions hold the cache;
     the new positions are written after them, and ``(k, v)`` are views of the filled part."""
-    hint = ("the buffer's sequence axis is dim 1 as in the cache layout of section 4: the first past_len positions are "
-            "the cache, the next new_len are this step's; the attention must get every filled position, read from the "
-            "buffer itself")
+    hint = ("the sequence axis of a buffer is dim 1, as in the cache layout of section 4: the first past_len positions "
+            "are the cache, the next new_len belong to this step; the attention must get every filled position, read "
+            "from the buffer itself")
     g = seeded(601)
     # (batch, past_len, new_len, n_kv_heads, head_dim, max_len): new_len differs from batch and n_kv_heads where it
     # can, so that a wrong axis shows
@@ -355,7 +356,8 @@ def check_top_p_filter(fn: Callable[..., torch.Tensor]) -> str:
     outcomes = []
     for case, logits, p in cases:
         expected = _ref_top_p_filter(logits.clone(), p)
-        got = call(fn, logits.clone(), p, name=TOP_P, hint=hint, case=case, check_inputs=True)
+        got = _call_refusing(fn, logits.clone(), p, forbidden=(_ref_top_p_filter,), name=TOP_P, hint=hint, case=case,
+                             check_inputs=True)
         outcomes.append((got, expected, _top_p_mistakes(logits, p)))
     first = _first_wrong(outcomes, rtol=1e-5, atol=1e-5)
     if first is not None:
@@ -422,7 +424,8 @@ def check_repetition_penalty(fn: Callable[..., torch.Tensor]) -> str:
     outcomes = []
     for case, logits, prev, penalty in cases:
         expected = _ref_repetition_penalty(logits.clone(), prev.clone(), penalty)
-        got = call(fn, logits.clone(), prev.clone(), penalty, name=PENALTY, hint=hint, case=case, check_inputs=True)
+        got = _call_refusing(fn, logits.clone(), prev.clone(), penalty, forbidden=(_ref_repetition_penalty,),
+                             name=PENALTY, hint=hint, case=case, check_inputs=True)
         outcomes.append((got, expected, _penalty_mistakes(logits, prev, penalty)))
     first = _first_wrong(outcomes, rtol=1e-5, atol=1e-5)
     if first is not None:

@@ -28,6 +28,7 @@ from torch import nn
 
 from ..config import MiniMindConfig
 from ..moe import MOEFeedForward, MoEGate, global_aux_loss, router_aux_loss, seq_aux_loss
+from .ch05 import _call_refusing, _calls_to
 from .core import Outcome, as_number, call, check, check_close, check_numbers, diagnose, fail, solution
 
 __all__ = ["check_route", "check_dispatch", "check_moe_forward", "check_seq_aux_loss", "check_minimind3_moe",
@@ -233,8 +234,9 @@ def check_dispatch(dispatch: Callable[..., torch.Tensor]) -> str:
         case = f"n_experts={n_experts}, top_k={top_k}{', one expert unused' if skip >= 0 else ''}"
         counted = nn.ModuleList(_Counted(e) for e in moe.experts)
         with torch.no_grad():
-            got = call(dispatch, x.clone(), counted, flat_idx.clone(), flat_w.clone(), top_k, name=DISPATCH,
-                       hint=hint, case=case, check_inputs=True)
+            got = _call_refusing(dispatch, x.clone(), counted, flat_idx.clone(), flat_w.clone(), top_k,
+                                 forbidden=(MOEFeedForward.moe_infer, MOEFeedForward.moe_train), name=DISPATCH,
+                                 hint=hint, case=case, check_inputs=True)
             check_close(got, expected, name=DISPATCH, hint=hint, case=case,
                         mistakes=_dispatch_mistakes(x, moe.experts, flat_idx, flat_w, top_k))
         _check_calls(counted, flat_idx, n, case, hint)
@@ -296,15 +298,11 @@ def check_moe_forward(moe_forward: Callable[..., torch.Tensor]) -> str:
         with torch.no_grad():
             expected = moe(x)
 
-            def refuse(*args, **kwargs):
+            with _calls_to(MOEFeedForward.forward) as seen:
+                got = call(moe_forward, moe, x.clone(), name=MOE, hint=hint, case=case, check_inputs=True)
+            if seen:
                 fail(MOE, f"your function calls the layer itself, which runs MOEFeedForward.forward (on {case}); the "
                      "exercise asks you to build its output from its parts", hint)
-
-            moe.forward = refuse  # an instance attribute: nn.Module.__call__ finds it before the class's forward
-            try:
-                got = call(moe_forward, moe, x.clone(), name=MOE, hint=hint, case=case, check_inputs=True)
-            finally:
-                del moe.forward
             check_close(got, expected, name=MOE, hint=hint, case=case, mistakes=_moe_mistakes(moe, x))
     return f"{len(cases)} layers (0, 1 and 2 shared experts; top-1..3) match MOEFeedForward in eval mode"
 
@@ -357,8 +355,8 @@ def check_seq_aux_loss(seq_balance_loss: Callable[..., torch.Tensor]) -> str:
         expected.backward()
         got_in = scores.clone().requires_grad_(True)
         case = f"batch={batch}, seq_len={seq}, n_experts={n_experts}, top_k={top_k}, alpha={alpha}"
-        got = call(seq_balance_loss, got_in, topk_idx.clone(), batch, n_experts, alpha, name=BALANCE, hint=hint,
-                   case=case, check_inputs=True)
+        got = _call_refusing(seq_balance_loss, got_in, topk_idx.clone(), batch, n_experts, alpha,
+                             forbidden=(seq_aux_loss,), name=BALANCE, hint=hint, case=case, check_inputs=True)
         if isinstance(got, torch.Tensor) and got.numel() == 1 and got.dim() > 0:
             fail(BALANCE, f"return a 0-d tensor (a scalar), got shape {tuple(got.shape)} (on {case})",
                  "reduce to a single number instead of keeping a dimension of size 1")
