@@ -32,9 +32,14 @@ def tie_weights(model):
     model.model.embed_tokens.weight = model.lm_head.weight
 
 
-def shifted_cross_entropy(logits, labels):
-    V = logits.shape[-1]
-    return F.cross_entropy(logits[:, :-1].reshape(-1, V), labels[:, 1:].reshape(-1), ignore_index=-100)
+def loss_at_initialization(vocab_size, hidden_size):
+    return math.log(vocab_size) + 1 / 6
+
+
+def loss_at_initialization_from_the_uniform(vocab_size, hidden_size):
+    """The same prediction written out: the variance of U(-b, b) is b^2 / 3, summed over hidden_size products."""
+    bound = 1 / math.sqrt(hidden_size)
+    return math.log(vocab_size) + hidden_size * bound ** 2 / 3 / 2
 
 
 def minimind3_parameters(hidden_size, num_hidden_layers, use_moe=False, vocab_size=6400):
@@ -52,10 +57,10 @@ def stub(*args, **kwargs):
 # ----------------------------------------------------------------------------- passes
 @pytest.mark.parametrize("check, fn", [
     (ch05.check_block_forward, block_forward),
-    (ch05.check_block_forward, lambda block, h, pe: block(h, pe)[0]),
     (ch05.check_count_parameters, count_dense_parameters),
     (ch05.check_tie_weights, tie_weights),
-    (ch05.check_shifted_cross_entropy, shifted_cross_entropy),
+    (ch05.check_loss_at_initialization, loss_at_initialization),
+    (ch05.check_loss_at_initialization, loss_at_initialization_from_the_uniform),
     (ch05.check_minimind3_parameters, minimind3_parameters),
 ])
 def test_reference_passes(check, fn, capsys):
@@ -66,7 +71,7 @@ def test_reference_passes(check, fn, capsys):
 
 # ----------------------------------------------------------------------------- stubs fail
 @pytest.mark.parametrize("check", [ch05.check_block_forward, ch05.check_count_parameters, ch05.check_tie_weights,
-                                   ch05.check_shifted_cross_entropy, ch05.check_minimind3_parameters])
+                                   ch05.check_loss_at_initialization, ch05.check_minimind3_parameters])
 def test_stub_fails(check):
     with pytest.raises(AssertionError, match="not implemented"):
         check(stub)
@@ -78,7 +83,7 @@ def test_checks_leave_the_global_rng_alone():
     torch.manual_seed(0)
     ch05.check_block_forward(block_forward)
     ch05.check_tie_weights(tie_weights)
-    ch05.check_shifted_cross_entropy(shifted_cross_entropy)
+    ch05.check_loss_at_initialization(loss_at_initialization)
     assert torch.equal(torch.rand(3), expected)
 
 
@@ -148,7 +153,8 @@ def in_place_residual(block, h, pe):
 
 
 def returns_tuple(block, h, pe):
-    return block(h, pe)
+    h = h + block.self_attn(block.input_layernorm(h), pe)[0]
+    return h + block.mlp(block.post_attention_layernorm(h)), None
 
 
 def crashes(block, h, pe):
@@ -168,6 +174,7 @@ def crashes(block, h, pe):
     (in_place_residual, "changed its input (argument 2) in place"),
     (returns_tuple, "you returned a tuple"),
     (crashes, "your function raised TypeError"),
+    (lambda block, h, pe: block(h, pe)[0], "calls the block itself"),
 ])
 def test_block_mistakes_are_named(fn, fragment):
     assert_names(ch05.check_block_forward, fn, fragment, "(on hidden 64", label=ch05.BLOCK)
@@ -202,6 +209,7 @@ def tie_modules(model):
 
 @pytest.mark.parametrize("fn, fragment", [
     (tie_wrong_direction, "wrong direction"),
+    (tie_wrong_direction, "far too large"),
     (tie_by_copy, "tying by copying values"),
     (tie_by_clone, "tying by copying values"),
     (lambda model: None, "nothing was tied"),
@@ -275,6 +283,8 @@ def count_off_by_some(config, tie_word_embeddings=True):
     (count_off_by_some, "which is not the reference's: yours is larger"),
     (lambda c, tie_word_embeddings=True: float(count_dense_parameters(c, tie_word_embeddings)), "expected an int"),
     (lambda c: count_dense_parameters(c), "your function raised TypeError"),
+    (lambda c, tie_word_embeddings=True: count_parameters(c) + (0 if tie_word_embeddings else c.vocab_size * c.hidden_size),
+     "your function built a MiniMindForCausalLM"),
 ])
 def test_count_mistakes_are_named(fn, fragment):
     assert_names(ch05.check_count_parameters, fn, fragment, label="Exercise 5.3 count_dense_parameters")
@@ -287,66 +297,52 @@ def test_count_parameters_reference_matches_upstreams_code():
     assert count_dense_parameters(minimind2()) == count_parameters(minimind2()) == 104_030_976
 
 
-# ----------------------------------------------------------------------------- 5.4 wrong losses
-def unshifted(logits, labels):
-    V = logits.shape[-1]
-    return F.cross_entropy(logits.reshape(-1, V), labels.reshape(-1), ignore_index=-100)
+# ----------------------------------------------------------------------------- 5.4 wrong predictions
+def init_with_variance(variance, base=math.e, half=True):
+    def fn(vocab_size, hidden_size):
+        v = variance(hidden_size) if callable(variance) else variance
+        return math.log(vocab_size, base) + (v / 2 if half else v)
+    return fn
 
 
-def shifted_backwards(logits, labels):
-    V = logits.shape[-1]
-    return F.cross_entropy(logits[:, 1:].reshape(-1, V), labels[:, :-1].reshape(-1), ignore_index=-100)
-
-
-def mean_over_ignored_too(logits, labels):
-    V = logits.shape[-1]
-    per = F.cross_entropy(logits[:, :-1].reshape(-1, V), labels[:, 1:].reshape(-1), ignore_index=-100, reduction="none")
-    return per.mean()
-
-
-def sum_not_mean(logits, labels):
-    V = logits.shape[-1]
-    return F.cross_entropy(logits[:, :-1].reshape(-1, V), labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum")
-
-
-def per_position(logits, labels):
-    V = logits.shape[-1]
-    return F.cross_entropy(logits[:, :-1].reshape(-1, V), labels[:, 1:].reshape(-1), ignore_index=-100, reduction="none")
-
-
-def no_ignore_index(logits, labels):
-    V = logits.shape[-1]
-    return F.cross_entropy(logits[:, :-1].reshape(-1, V), labels[:, 1:].clamp(min=0).reshape(-1))
-
-
-def per_sequence_mean(logits, labels):
-    return torch.stack([shifted_cross_entropy(logits[i:i + 1], labels[i:i + 1]) for i in range(len(logits))]).mean()
-
-
-def labels_edited_in_place(logits, labels):
-    labels[:, 0] = -100  # "the first label is never a target" done by editing the caller's tensor
-    V = logits.shape[-1]
-    return F.cross_entropy(logits[:, :-1].reshape(-1, V), labels[:, 1:].reshape(-1), ignore_index=-100)
-
-
-def only_labels_shifted(logits, labels):
-    V = logits.shape[-1]
-    return F.cross_entropy(logits.reshape(-1, V), labels[:, 1:].reshape(-1), ignore_index=-100)
+def init_measured(vocab_size, hidden_size):  # builds a model and measures: not a prediction
+    from minimind_ref import MiniMindConfig, MiniMindForCausalLM
+    model = MiniMindForCausalLM(MiniMindConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                               num_key_value_heads=2, vocab_size=vocab_size))
+    ids = torch.randint(0, vocab_size, (2, 8))
+    return model(ids, labels=ids).loss.item()
 
 
 @pytest.mark.parametrize("fn, fragment", [
-    (unshifted, "no shift"),
-    (shifted_backwards, "the shift goes the wrong way"),
-    (mean_over_ignored_too, "the -100 positions are counted in the mean"),
-    (no_ignore_index, "-100 labels turned into a real token id"),
-    (sum_not_mean, "a sum over positions"),
-    (per_sequence_mean, "a mean per sequence"),
-    (per_position, "one loss per position"),
-    (labels_edited_in_place, "changed its input (argument 2) in place"),
-    (only_labels_shifted, "your function raised ValueError"),
+    (lambda V, h: math.log(V), "the logits taken as all equal"),
+    (init_with_variance(1.0), "a unit variance for the logits"),
+    (init_with_variance(lambda h: float(h)), "the embedding's initialization used for the head"),
+    (init_with_variance(lambda h: 1 / (3 * h)), "the variance of one head entry used for a whole logit"),
+    (init_with_variance(1 / 12), "taken from its half-width"),
+    (init_with_variance(1 / 3, half=False), "the whole variance of the logits added instead of half"),
+    (lambda V, h: math.log(V) - 1 / 6, "the spread subtracted"),
+    (init_with_variance(1 / 3, base=2), "a logarithm to another base"),
+    (init_with_variance(math.sqrt(1 / 3)), "the standard deviation of the logits used"),
+    (lambda V, h: math.log(V) + 0.2, "yours is larger than the reference's"),
+    (init_measured, "your function built a"),
+    (lambda V, h: torch.tensor([1.0, 2.0]), "expected a number"),
 ])
-def test_loss_mistakes_are_named(fn, fragment):
-    assert_names(ch05.check_shifted_cross_entropy, fn, fragment, label=ch05.LOSS)
+def test_init_loss_mistakes_are_named(fn, fragment):
+    assert_names(ch05.check_loss_at_initialization, fn, fragment, label=ch05.LOSS)
+
+
+def test_init_loss_rule_predicts_a_fresh_model():
+    """The prediction is what a fresh minimind_ref model measures on random tokens (large vocabularies, where a
+    target rarely appears earlier in its window)."""
+    from minimind_ref import MiniMindConfig, MiniMindForCausalLM
+    for vocab, hidden in ((6400, 128), (4000, 64)):
+        torch.manual_seed(0)
+        model = MiniMindForCausalLM(MiniMindConfig(hidden_size=hidden, num_hidden_layers=2, num_attention_heads=8,
+                                                   num_key_value_heads=2, vocab_size=vocab)).eval()
+        ids = torch.randint(0, vocab, (16, 64), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            measured = model(ids, labels=ids).loss.item()
+        assert abs(measured - loss_at_initialization(vocab, hidden)) < 0.02, (vocab, hidden, measured)
 
 
 # ----------------------------------------------------------------------------- 5.5 minimind-3's count
@@ -375,6 +371,13 @@ def m3_the_published_number(hidden_size, num_hidden_layers, use_moe=False, vocab
     return 198_416_640 if use_moe else 63_912_192
 
 
+def m3_built(hidden_size, num_hidden_layers, use_moe=False, vocab_size=6400):  # counts a model instead of deriving
+    from minimind_ref import MiniMindConfig
+    return count_parameters(MiniMindConfig(generation="minimind-3", hidden_size=hidden_size, use_moe=use_moe,
+                                           num_hidden_layers=num_hidden_layers, vocab_size=vocab_size,
+                                           head_dim=hidden_size // 8))
+
+
 @pytest.mark.parametrize("fn, fragment", [
     (m3_minimind2_layout, "MiniMind2's 2 KV heads"),
     (m3_eight_thirds, "MiniMind2's 8/3 width rule"),
@@ -400,6 +403,7 @@ def m3_the_published_number(hidden_size, num_hidden_layers, use_moe=False, vocab
      "this looks like k_proj and v_proj counted as hidden x hidden / 2"),
     (_m3_plus(lambda h, L, V, d, w, moe: 0.5), "expected an int"),
     (lambda hidden_size, num_hidden_layers: 0, "your function raised TypeError"),
+    (m3_built, "your function built a MiniMindForCausalLM"),
 ])
 def test_count3_mistakes_are_named(fn, fragment):
     assert_names(ch05.check_minimind3_parameters, fn, fragment, label="Exercise 5.5 minimind3_parameters")

@@ -16,13 +16,26 @@ from minimind_ref.generation import top_p_filter as ref_top_p_filter
 
 
 # ------------------------------------------------------------------ reference answers
-def update_cache_ref(past, k_new, v_new):
-    if past is None:
-        return k_new, v_new
-    return torch.cat([past[0], k_new], dim=1), torch.cat([past[1], v_new], dim=1)
+def update_cache_ref(buffer, past_len, k_new, v_new):
+    k_buffer, v_buffer = buffer
+    end = past_len + k_new.shape[1]
+    k_buffer[:, past_len:end] = k_new
+    v_buffer[:, past_len:end] = v_new
+    return k_buffer[:, :end], v_buffer[:, :end]
+
+
+def update_cache_copy_(buffer, past_len, k_new, v_new):
+    """Another way: copy_ into the free slots, then narrow (a view too)."""
+    out = []
+    for buf, new in zip(buffer, (k_new, v_new)):
+        buf.narrow(1, past_len, new.shape[1]).copy_(new)
+        out.append(buf.narrow(1, 0, past_len + new.shape[1]))
+    return tuple(out)
 
 
 def rope_ref(cos, sin, past_len, n_new):
+    if past_len + n_new > cos.shape[0]:
+        raise ValueError(f"positions up to {past_len + n_new - 1} do not fit in {cos.shape[0]} rows")
     return cos[past_len:past_len + n_new], sin[past_len:past_len + n_new]
 
 
@@ -87,13 +100,12 @@ def stub(*args, **kwargs):
     "check, answer",
     [
         (ch06.check_update_cache, update_cache_ref),
+        (ch06.check_update_cache, update_cache_copy_),
         (ch06.check_rope_for_new_tokens, rope_ref),
         (ch06.check_top_p_filter, top_p_ref),
         (ch06.check_top_p_filter, top_p_hf_style),
-        (ch06.check_top_p_filter, ref_top_p_filter),
         (ch06.check_repetition_penalty, repetition_ref),
         (ch06.check_repetition_penalty, repetition_loop),
-        (ch06.check_repetition_penalty, ref_repetition_penalty),
         (ch06.check_longest_context, longest_context_ref),
         (ch06.check_longest_context, longest_context_loop),
     ],
@@ -139,59 +151,81 @@ def assert_names(check, fn, *fragments, label):
 
 
 # ------------------------------------------------------------------ 6.1 wrong caches
-def cache_wrong_axis(axis):
-    def fn(past, k_new, v_new):
-        if past is None:
-            return k_new, v_new
-        return torch.cat([past[0], k_new], dim=axis), torch.cat([past[1], v_new], dim=axis)
+def cache_written_at(offset):
+    def fn(buffer, past_len, k_new, v_new):
+        start = max(past_len + offset, 0) if offset != "zero" else 0
+        end = past_len + k_new.shape[1]
+        buffer[0][:, start:start + k_new.shape[1]] = k_new
+        buffer[1][:, start:start + v_new.shape[1]] = v_new
+        return buffer[0][:, :end], buffer[1][:, :end]
     return fn
 
 
-def cache_new_first(past, k_new, v_new):
-    if past is None:
-        return k_new, v_new
-    return torch.cat([k_new, past[0]], dim=1), torch.cat([v_new, past[1]], dim=1)
+def cache_whole_buffer(buffer, past_len, k_new, v_new):
+    update_cache_ref(buffer, past_len, k_new, v_new)
+    return buffer
 
 
-def cache_forgets_past(past, k_new, v_new):
+def cache_only_new(buffer, past_len, k_new, v_new):
+    update_cache_ref(buffer, past_len, k_new, v_new)
     return k_new, v_new
 
 
-def cache_ignores_new(past, k_new, v_new):
-    return (k_new, v_new) if past is None else past
+def cache_only_past(buffer, past_len, k_new, v_new):
+    update_cache_ref(buffer, past_len, k_new, v_new)
+    return buffer[0][:, :past_len], buffer[1][:, :past_len]
 
 
-def cache_swaps_kv(past, k_new, v_new):
-    k, v = update_cache_ref(past, k_new, v_new)
+def cache_swaps_kv(buffer, past_len, k_new, v_new):
+    k, v = update_cache_ref(buffer, past_len, k_new, v_new)
     return v, k
 
 
-def cache_none_crashes(past, k_new, v_new):
-    return torch.cat([past[0], k_new], dim=1), torch.cat([past[1], v_new], dim=1)
+def cache_cat(buffer, past_len, k_new, v_new):  # right values, but the buffer is never written
+    return torch.cat([buffer[0][:, :past_len], k_new], dim=1), torch.cat([buffer[1][:, :past_len], v_new], dim=1)
 
 
-def cache_returns_one(past, k_new, v_new):
-    return update_cache_ref(past, k_new, v_new)[0]
+def cache_copy(buffer, past_len, k_new, v_new):
+    k, v = update_cache_ref(buffer, past_len, k_new, v_new)
+    return k.clone(), v.clone()
+
+
+def cache_head_axis(buffer, past_len, k_new, v_new):
+    end = past_len + k_new.shape[1]
+    buffer[0][:, :, past_len:past_len + k_new.shape[2]] = k_new
+    buffer[1][:, :, past_len:past_len + v_new.shape[2]] = v_new
+    return buffer[0][:, :end], buffer[1][:, :end]
+
+
+def cache_writes_everything(buffer, past_len, k_new, v_new):  # fills the free part with zeros first
+    for buf in buffer:
+        buf[:, past_len:] = 0
+    return update_cache_ref(buffer, past_len, k_new, v_new)
+
+
+def cache_returns_one(buffer, past_len, k_new, v_new):
+    return update_cache_ref(buffer, past_len, k_new, v_new)[0]
 
 
 @pytest.mark.parametrize("fn, fragment", [
-    (cache_wrong_axis(0), "concatenated on dim 0, the batch axis"),
-    (cache_wrong_axis(2), "concatenated on dim 2, the head axis"),
-    (cache_wrong_axis(3), "concatenated on dim 3, the head_dim axis"),
-    (cache_new_first, "the new positions put before the cached ones"),
-    (cache_forgets_past, "the cached positions dropped"),
-    (cache_ignores_new, "the new positions never added"),
+    (cache_written_at("zero"), "written at the start of the buffer"),
+    (cache_written_at(-1), "one place too early"),
+    (cache_whole_buffer, "the whole buffer returned"),
+    (cache_only_new, "only the new positions returned"),
+    (cache_only_past, "only the cached positions returned"),
     (cache_swaps_kv, "keys and values swapped"),
-    (cache_none_crashes, "your function raised TypeError"),
+    (cache_cat, "were not written into the buffer"),
+    (cache_copy, "a copy, not a view of the buffer"),
+    (cache_writes_everything, "wrote into the free part"),
     (cache_returns_one, "expected a pair (k, v), got Tensor"),
 ])
 def test_cache_mistakes_are_named(fn, fragment):
     assert_names(ch06.check_update_cache, fn, fragment, label=ch06.CACHE)
 
 
-def test_cache_crash_on_none_says_which_case():
-    msg = assert_names(ch06.check_update_cache, cache_none_crashes, "(on past=None", "past is None", label=ch06.CACHE)
-    assert "torch.cat" not in msg, "a crash report gives the hint, not the solution"
+def test_cache_off_by_one_writes_are_reported_with_their_case():
+    assert_names(ch06.check_update_cache, cache_written_at(1), "(on past_len=", label=ch06.CACHE)
+    assert_names(ch06.check_update_cache, cache_head_axis, "(on past_len=", label=ch06.CACHE)
 
 
 # ------------------------------------------------------------------ 6.2 wrong RoPE rows
@@ -217,6 +251,31 @@ def rope_swapped(cos, sin, past_len, n_new):
 
 def rope_last_rows(cos, sin, past_len, n_new):
     return cos[-n_new:], sin[-n_new:]
+
+
+def rope_no_limit(cos, sin, past_len, n_new):
+    return cos[past_len:past_len + n_new], sin[past_len:past_len + n_new]
+
+
+def rope_limit_off_by_one(cos, sin, past_len, n_new):
+    if past_len + n_new >= cos.shape[0]:
+        raise ValueError("does not fit")
+    return cos[past_len:past_len + n_new], sin[past_len:past_len + n_new]
+
+
+def rope_index_error(cos, sin, past_len, n_new):
+    if past_len + n_new > cos.shape[0]:
+        raise IndexError("past the end")
+    return cos[past_len:past_len + n_new], sin[past_len:past_len + n_new]
+
+
+@pytest.mark.parametrize("fn, fragment", [
+    (rope_no_limit, "instead of raising: a slice past the end of a tensor is silently cut short"),
+    (rope_limit_off_by_one, "refused new tokens that fit"),
+    (rope_index_error, "should raise a ValueError"),
+])
+def test_rope_limit_mistakes_are_named(fn, fragment):
+    assert_names(ch06.check_rope_for_new_tokens, fn, fragment, label=ch06.ROPE)
 
 
 @pytest.mark.parametrize("fn, fragment", [
@@ -288,15 +347,41 @@ def top_p_crashes_on_batches(logits, top_p):
     return logits.masked_fill(torch.ones_like(logits, dtype=torch.bool).scatter(-1, idx[:, :keep], False), float("-inf"))
 
 
+def top_p_ascending(logits, top_p):
+    """Sorts ascending: on the boundary case it removes nothing, elsewhere it removes the most likely tokens."""
+    sorted_logits, idx = logits.sort(dim=-1, descending=False)
+    probs = sorted_logits.softmax(-1)
+    remove_sorted = probs.cumsum(-1) - probs >= top_p
+    return logits.masked_fill(remove_sorted.scatter(-1, idx, remove_sorted), float("-inf"))
+
+
+def test_an_ascending_sort_is_not_reported_as_nothing_removed():
+    msg = assert_names(ch06.check_top_p_filter, top_p_ascending, "sorted from the least likely up", label=ch06.TOP_P)
+    assert "nothing removed" not in msg
+
+
+@pytest.mark.parametrize("check, fn", [
+    (ch06.check_top_p_filter, ref_top_p_filter),
+    (ch06.check_top_p_filter, lambda logits, top_p: ref_top_p_filter(logits, top_p)),
+    (ch06.check_repetition_penalty, ref_repetition_penalty),
+    (ch06.check_repetition_penalty, lambda logits, ids, penalty: ref_repetition_penalty(logits, ids, penalty)),
+])
+def test_the_packages_own_functions_are_refused(check, fn):
+    """The package's function, called directly or through a wrapper, is not an answer."""
+    with pytest.raises(AssertionError, match="minimind_ref's own"):
+        check(fn)
+
+
 @pytest.mark.parametrize("fn, fragment", [
     (top_p_drops_crossing, "the token whose probability crosses top_p is dropped"),
-    (top_p_drops_crossing_keeps_first, "crosses top_p is dropped"),
+    (top_p_drops_crossing_keeps_first, "the crossing token is dropped whenever more than one token is kept"),
     (top_p_strict_boundary, "sum to exactly top_p"),
     (top_p_unsorted, "cumulative sum was taken in vocabulary order"),
     (top_p_mask_in_sorted_order, "scattered back"),
     (top_p_zero_instead_of_minus_inf, "removed tokens set to 0 instead of -inf"),
     (top_p_returns_probs, "probabilities returned instead of logits"),
     (lambda logits, top_p: logits, "nothing removed"),
+    (top_p_ascending, "sorted from the least likely up"),
     (top_p_in_place, "changed its input (argument 1) in place"),
 ])
 def test_top_p_mistakes_are_named(fn, fragment):
@@ -369,7 +454,16 @@ def repetition_in_place_loop(logits, previous_ids, penalty):
     return logits
 
 
+def repetition_ctrl_draft(logits, previous_ids, penalty):  # the chapter's draft: CTRL as written, per occurrence
+    out = logits.clone()
+    for row in range(logits.shape[0]):
+        for token in previous_ids[row].tolist():
+            out[row, token] = out[row, token] / penalty
+    return out
+
+
 @pytest.mark.parametrize("fn, fragment", [
+    (repetition_ctrl_draft, "CTRL's rule as the draft applies it"),
     (repetition_divides_all, "negative logits divided by the penalty"),
     (repetition_per_occurrence, "penalized once per occurrence"),
     (repetition_reversed, "the two cases reversed"),

@@ -290,8 +290,9 @@ def test_reference_solutions_pass(capsys):
     assert len(lines) == 4 and all(line.startswith("✓ Exercise 7.") for line in lines), lines
 
 
-def test_reference_module_methods_pass(capsys):
-    """The package's own code passes too (moe_infer as the dispatch, the module as the forward)."""
+def test_the_package_may_help_the_layer_but_not_answer_the_exercises(capsys):
+    """7.3 may run the layer's own dispatch (moe_infer); 7.2 and 7.4 refuse the package's answer, called directly or
+    through a wrapper."""
     from minimind_ref.moe import seq_aux_loss
 
     def dispatch_via_module(x, experts, flat_idx, flat_weight, top_k):
@@ -302,10 +303,56 @@ def test_reference_module_methods_pass(capsys):
         moe.experts = experts
         return moe.moe_infer(x, flat_idx, flat_weight)
 
-    ch07.check_dispatch(dispatch_via_module)
-    ch07.check_moe_forward(lambda moe, x: moe(x))
-    ch07.check_seq_aux_loss(seq_aux_loss)
-    assert capsys.readouterr().out.count("✓") == 3
+    ch07.check_moe_forward(lambda moe, x: moe.moe_infer(x.view(-1, x.shape[-1]), *(
+        (lambda idx, w: (idx.view(-1), w.view(-1, 1)))(*moe.gate(x)[:2]))).view(x.shape)
+        + sum(e(x) for e in getattr(moe, "shared_experts", [])))
+    assert capsys.readouterr().out.count("✓") == 1
+    assert_names(ch07.check_dispatch, dispatch_via_module, "minimind_ref's own MOEFeedForward.moe_infer",
+                 label=ch07.DISPATCH)
+    assert_names(ch07.check_seq_aux_loss, lambda *args: seq_aux_loss(*args), "minimind_ref's own seq_aux_loss",
+                 label=ch07.BALANCE)
+
+
+def test_the_layer_itself_and_the_packages_loss_are_refused():
+    assert_names(ch07.check_moe_forward, lambda moe, x: moe(x), "calls the layer itself", label=ch07.MOE)
+    assert_names(ch07.check_seq_aux_loss, seq_aux_loss, "minimind_ref's own seq_aux_loss", label=ch07.BALANCE)
+
+
+def dispatch_per_token(x, experts, flat_idx, flat_weight, top_k):
+    out = torch.zeros_like(x)
+    for slot, expert in enumerate(flat_idx.tolist()):
+        out[slot // top_k] += experts[expert](x[slot // top_k : slot // top_k + 1])[0] * flat_weight[slot]
+    return out
+
+
+def dispatch_dense(x, experts, flat_idx, flat_weight, top_k):  # every expert on every token, masked afterwards
+    out = torch.zeros_like(x)
+    weight_of = torch.zeros(x.shape[0], len(experts))
+    weight_of[torch.arange(flat_idx.numel()) // top_k, flat_idx] = flat_weight.view(-1)
+    for i, expert in enumerate(experts):
+        out += expert(x) * weight_of[:, i:i + 1]
+    return out
+
+
+def dispatch_runs_idle_experts(x, experts, flat_idx, flat_weight, top_k):
+    out = torch.zeros_like(x)
+    order = flat_idx.argsort()
+    ends = flat_idx.bincount(minlength=len(experts)).cumsum(0).tolist()
+    start = 0
+    for i, end in enumerate(ends):  # no test for an empty run
+        tokens = order[start:end] // top_k
+        out.index_add_(0, tokens, experts[i](x[tokens]) * flat_weight[order[start:end]])
+        start = end
+    return out
+
+
+@pytest.mark.parametrize("wrong, fragment", [
+    (dispatch_per_token, "ran 3 times"),
+    (dispatch_dense, "on every token of the batch"),
+    (dispatch_runs_idle_experts, "which no token chose, was run anyway"),
+])
+def test_dispatch_must_run_each_expert_once_on_its_tokens(wrong, fragment):
+    assert_names(ch07.check_dispatch, wrong, fragment, label=ch07.DISPATCH)
 
 
 def test_checks_leave_the_global_rng_alone():
@@ -577,7 +624,7 @@ def test_minimind3_moe_check_leaves_the_global_rng_alone():
 
 # ----------------------------------------------------------------- 7.6 the balanced value
 @pytest.mark.parametrize("wrong, fragment", [
-    (lambda num_experts, top_k, coef: coef, "the value of MiniMind2's losses at balance"),
+    (lambda num_experts, top_k, coef: coef, "MiniMind2's value at balance carried over"),
     (lambda num_experts, top_k, coef: coef * top_k / num_experts, "the factor num_experts left out"),
     (lambda num_experts, top_k, coef: coef * top_k * num_experts, "one factor num_experts too many"),
     (lambda num_experts, top_k, coef: coef * top_k * top_k, "top_k counted twice"),
@@ -587,3 +634,34 @@ def test_minimind3_moe_check_leaves_the_global_rng_alone():
 ])
 def test_balanced_router_loss_mistakes_are_named(wrong, fragment):
     assert_names(ch07.check_balanced_router_loss, wrong, fragment, label=ch07.BALANCED)
+
+
+def test_balanced_router_loss_message_neither_garbled_nor_giving_the_value():
+    msg = assert_names(ch07.check_balanced_router_loss, lambda num_experts, top_k, coef: coef,
+                       "MiniMind2's value at balance carried over", label=ch07.BALANCED)
+    assert ", or " not in msg and "whatever k" not in msg and "sum to top_k" not in msg, msg
+
+
+def seq_loss_draft(scores, topk_idx, batch, n_experts, alpha):  # the chapter's draft: two flaws
+    n_tokens, top_k = topk_idx.shape
+    seq_len = n_tokens // batch
+    counts = F.one_hot(topk_idx.view(-1), n_experts).float().view(batch, -1, n_experts).sum(dim=1)
+    f = counts * n_experts / seq_len
+    p = scores.detach().view(batch, seq_len, n_experts).mean(dim=1)
+    return alpha * (f * p).sum(dim=1).mean()
+
+
+def test_seq_aux_loss_names_the_drafts_flaws_one_after_the_other():
+    assert_names(ch07.check_seq_aux_loss, seq_loss_draft, "does not depend on `scores` through autograd",
+                 label=ch07.BALANCE)
+
+    def half_repaired(scores, topk_idx, batch, n_experts, alpha):
+        n_tokens, top_k = topk_idx.shape
+        seq_len = n_tokens // batch
+        counts = F.one_hot(topk_idx.view(-1), n_experts).float().view(batch, -1, n_experts).sum(dim=1)
+        f = counts * n_experts / seq_len
+        p = scores.view(batch, seq_len, n_experts).mean(dim=1)
+        return alpha * (f * p).sum(dim=1).mean()
+
+    assert_names(ch07.check_seq_aux_loss, half_repaired, "f_i counted per token instead of per routing slot",
+                 label=ch07.BALANCE)

@@ -17,9 +17,37 @@ def stub(*args, **kwargs):
 
 
 # ---------------------------------------------------------------------- 8.1
+def merge_solution(ids, pair, new_id):
+    """The exercise's worked solution (the package's own function is refused as an answer)."""
+    out, i = [], 0
+    while i < len(ids):
+        if i + 1 < len(ids) and ids[i] == pair[0] and ids[i + 1] == pair[1]:
+            out.append(new_id)
+            i += 2
+        else:
+            out.append(ids[i])
+            i += 1
+    return out
+
+
 def test_merge_pair_reference_passes(capsys):
-    ch08.check_merge_pair(merge_pair)
-    assert capsys.readouterr().out.startswith("✓")
+    ch08.check_merge_pair(merge_solution)
+    assert capsys.readouterr().out.count("✓") == 1
+
+
+@pytest.mark.parametrize("check, fn", [
+    (ch08.check_merge_pair, merge_pair),
+    (ch08.check_merge_pair, lambda ids, pair, new_id: merge_pair(ids, pair, new_id)),
+    (ch08.check_causal_lm_loss, causal_lm_loss),
+    (ch08.check_causal_lm_loss, lambda logits, ids, mask: causal_lm_loss(logits, ids, mask)),
+    (ch08.check_lr_at, lr_at),
+    (ch08.check_lr_at, lambda *args: lr_at(*args)),
+    (ch08.check_training_step, lambda m, o, x, y, n: float(train_step(m, o, x, y, n)["loss"])),
+])
+def test_the_packages_own_functions_are_refused(check, fn):
+    """The package's function, called directly or through a wrapper, is not an answer."""
+    with pytest.raises(ExerciseError, match="minimind_ref's own"):
+        check(fn)
 
 
 def merge_overlapping(ids, pair, new_id):  # merges overlapping occurrences: [5,5,5] -> [9,9]
@@ -46,8 +74,13 @@ def test_merge_pair_rejects(wrong):
 
 
 # ---------------------------------------------------------------------- 8.2
+def causal_lm_loss_solution(logits, input_ids, attention_mask):
+    labels = input_ids.masked_fill(attention_mask == 0, -100)
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
+
+
 def test_causal_lm_loss_reference_passes(capsys):
-    ch08.check_causal_lm_loss(causal_lm_loss)
+    ch08.check_causal_lm_loss(causal_lm_loss_solution)
     assert capsys.readouterr().out.startswith("✓")
 
 
@@ -82,15 +115,22 @@ def test_causal_lm_loss_rejects(wrong):
 
 
 # ---------------------------------------------------------------------- 8.3
+def lr_at_solution(step, max_steps, warmup_steps, max_lr, min_lr):
+    if step < warmup_steps:
+        return max_lr * (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, max_steps - warmup_steps))
+    return min_lr + 0.5 * (max_lr - min_lr) * (1 + math.cos(math.pi * progress))
+
+
 def test_lr_at_reference_passes(capsys):
-    ch08.check_lr_at(lr_at)
+    ch08.check_lr_at(lr_at_solution)
     assert capsys.readouterr().out.startswith("✓")
 
 
 def lr_warmup_from_zero(step, max_steps, warmup, hi, lo):
     if step < warmup:
         return hi * step / warmup
-    return lr_at(step, max_steps, warmup, hi, lo)
+    return lr_at_solution(step, max_steps, warmup, hi, lo)
 
 
 def lr_no_floor(step, max_steps, warmup, hi, lo):
@@ -123,19 +163,31 @@ def test_lr_at_rejects(wrong):
 
 # ---------------------------------------------------------------------- 8.4
 def step_reference(model, optimizer, x, y, max_norm):
-    out = train_step(model, optimizer, x, y, max_norm)  # "loss" is what was minimised: out.loss + out.aux_loss
-    return float(out["loss"] - out["aux_loss"])
+    """The exercise's worked solution (the package's own train_step is refused as an answer)."""
+    out = model(x, labels=y)
+    (out.loss + out.aux_loss).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    optimizer.step()
+    optimizer.zero_grad()
+    return out.loss.item()
 
 
 def step_tensor_loss(model, optimizer, x, y, max_norm):
-    out = train_step(model, optimizer, x, y, max_norm)
-    return out["loss"] - out["aux_loss"]
+    out = model(x, labels=y)
+    (out.loss + out.aux_loss).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    optimizer.step()
+    optimizer.zero_grad()
+    return out.loss
 
 
 def test_training_step_reference_passes(capsys):
     ch08.check_training_step(step_reference)
-    ch08.check_training_step(step_tensor_loss)
-    assert capsys.readouterr().out.count("✓") == 2
+    assert capsys.readouterr().out.count("✓") == 1
+
+
+def test_training_step_wants_a_float_not_a_tensor():
+    assert "returns the loss as a tensor" in message(ch08.check_training_step, step_tensor_loss)
 
 
 def step_no_clip(model, optimizer, x, y, max_norm):
@@ -214,7 +266,47 @@ def merge_in_place(ids, pair, new_id):
     return ids
 
 
+def merge_misses_the_end(ids, pair, new_id):  # the look at the next token stops one position early
+    out, i = [], 0
+    while i < len(ids):
+        if i + 2 < len(ids) and (ids[i], ids[i + 1]) == pair:
+            out.append(new_id)
+            i += 2
+        else:
+            out.append(ids[i])
+            i += 1
+    return out
+
+
+def merge_drops_last(ids, pair, new_id):
+    out, i = [], 0
+    while i < len(ids) - 1:
+        if (ids[i], ids[i + 1]) == pair:
+            out.append(new_id)
+            i += 2
+        else:
+            out.append(ids[i])
+            i += 1
+    return out
+
+
+def merge_keeps_second(ids, pair, new_id):  # moves by one after a merge
+    out = []
+    for i in range(len(ids)):
+        out.append(new_id if i + 1 < len(ids) and (ids[i], ids[i + 1]) == pair else ids[i])
+    return out
+
+
+def merge_from_the_right(ids, pair, new_id):
+    out = merge_solution(list(reversed(ids)), (pair[1], pair[0]), new_id)
+    return list(reversed(out))
+
+
 @pytest.mark.parametrize("wrong, fragment", [
+    (merge_misses_the_end, "a pair at the very end of the list left unmerged"),
+    (merge_drops_last, "dropping the last token"),
+    (merge_keeps_second, "the pair's second token kept"),
+    (merge_from_the_right, "scanning from right to left"),
     (merge_overlapping, "merging overlapping occurrences"),
     (merge_first_only, "merging only the first occurrence"),
     (merge_in_place, "changed its input"),
@@ -235,7 +327,29 @@ def test_causal_lm_loss_messages(wrong, fragment):
     assert fragment in msg and msg.index("hint:") < msg.index('show_solution("8.2")')
 
 
+def lr_warmup_late(step, max_steps, warmup, hi, lo):  # reaches max_lr only after the warmup
+    if step < warmup:
+        return hi * (step + 1) / (warmup + 1)
+    return lr_at_solution(step, max_steps, warmup, hi, lo)
+
+
+def lr_progress_over_all_steps(step, max_steps, warmup, hi, lo):
+    if step < warmup:
+        return hi * (step + 1) / warmup
+    p = min(1.0, (step - warmup) / max_steps)
+    return lo + 0.5 * (hi - lo) * (1 + math.cos(math.pi * p))
+
+
+def lr_divides_by_zero(step, max_steps, warmup, hi, lo):  # no guard for a schedule without a decay phase
+    if step < warmup:
+        return hi * (step + 1) / warmup
+    p = min(1.0, (step - warmup) / (max_steps - warmup))
+    return lo + 0.5 * (hi - lo) * (1 + math.cos(math.pi * p))
+
+
 @pytest.mark.parametrize("wrong, fragment", [
+    (lr_warmup_late, "a warmup that reaches max_lr one step late"),
+    (lr_progress_over_all_steps, "measured over max_steps instead of over the decay phase"),
     (lr_warmup_from_zero, "a warmup that starts at 0"),
     (lr_no_floor, "decays to 0 instead of to min_lr"),
     (lr_not_capped, "progress not capped at 1"),
@@ -245,6 +359,38 @@ def test_lr_at_messages(wrong, fragment):
     msg = message(ch08.check_lr_at, wrong)
     assert fragment in msg
     assert "expected" not in msg and "than the reference's" in msg, "8.3 hides the rate the schedule gives at a step"
+
+
+def test_lr_at_without_a_guard_is_told_which_schedule_divides_by_zero():
+    msg = message(ch08.check_lr_at, lr_divides_by_zero)
+    assert "your function raised ZeroDivisionError" in msg and "max_steps=30, warmup_steps=30" in msg, msg
+
+
+def step_draft(model, optimizer, x, y, max_norm):  # the chapter's draft: three flaws at once
+    out = model(x, labels=y)
+    out.loss.backward()
+    optimizer.step()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    return out.loss
+
+
+def step_draft_aux_fixed(model, optimizer, x, y, max_norm):  # two flaws left
+    out = model(x, labels=y)
+    (out.loss + out.aux_loss).backward()
+    optimizer.step()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    return out.loss
+
+
+@pytest.mark.parametrize("wrong, fragments", [
+    (step_draft, ["the clipping done after the optimizer's step", "gradients never cleared", "auxiliary loss left out"]),
+    (step_draft_aux_fixed, ["the clipping done after the optimizer's step", "gradients never cleared"]),
+])
+def test_training_step_names_every_flaw_of_the_draft(wrong, fragments):
+    msg = message(ch08.check_training_step, wrong)
+    assert all(f in msg for f in fragments), msg
+    if wrong is step_draft_aux_fixed:
+        assert "auxiliary" not in msg
 
 
 @pytest.mark.parametrize("wrong, fragment", [

@@ -195,7 +195,7 @@ def test_translate_fills_templates_and_translates_values():
             .startswith("形状不匹配：期望 (4, 16)，得到 (4, 1)"))
     assert i18n.translate(" (on x of shape (4, 16))", zh) == "（用例：形状为 (4, 16) 的 x）"
     # placeholders may come in another order in Chinese
-    assert i18n.translate("3 steps over 2 schedules", zh) == "2 个调度共 3 步"
+    assert i18n.translate("a result with 3 rows for n_new=2", zh) == "一个对 n_new=2 只有 3 行的结果"
     # two values side by side ({1}{2}) are cut where both read as messages
     assert i18n.translate("n_experts=4, top_k=2, one expert unused", zh) == "n_experts=4，top_k=2，有一个专家没有被使用"
     assert i18n.translate("Exercise 11.3 dpo_loss (gradient)", zh) == "练习 11.3 dpo_loss（梯度）"
@@ -260,14 +260,11 @@ def _sdpa_unscaled(q, k, v, mask=None):
     return torch.softmax(q @ k.transpose(-2, -1) + (0 if mask is None else mask), dim=-1) @ v
 
 
-def _unshifted_loss(logits, labels):
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
-
-
-def _cache_new_first(past, k_new, v_new):
-    if past is None:
-        return k_new, v_new
-    return torch.cat([k_new, past[0]], dim=1), torch.cat([v_new, past[1]], dim=1)
+def _cache_written_at_the_start(buffer, past_len, k_new, v_new):
+    end = past_len + k_new.shape[1]
+    buffer[0][:, :k_new.shape[1]] = k_new
+    buffer[1][:, :v_new.shape[1]] = v_new
+    return buffer[0][:, :end], buffer[1][:, :end]
 
 
 def _route_smallest(x, weight, top_k, norm_topk_prob=True):
@@ -299,9 +296,10 @@ CHAPTERS: Dict[str, Tuple[Callable, Callable, str, str]] = {
     "03": (ch03.check_scaled_dot_product_attention, _sdpa_unscaled, "this looks like no scaling",
            "k 和 v (2, 3, 5, 16)，无掩码，head_dim 16"),
     "04": (ch04.check_silu, torch.sigmoid, "this looks like the sigmoid alone", "只有 sigmoid（没有乘以 x）"),
-    "05": (ch05.check_shifted_cross_entropy, _unshifted_loss, "this looks like no shift", "没有移位"),
-    "06": (ch06.check_update_cache, _cache_new_first, "this looks like the new positions put before the cached ones",
-           "新位置放在了缓存的位置前面"),
+    "05": (ch05.check_loss_at_initialization, lambda vocab_size, hidden_size: math.log(vocab_size),
+           "this looks like the logits taken as all equal", "把初始化时的 logits 当成全都相等"),
+    "06": (ch06.check_update_cache, _cache_written_at_the_start,
+           "this looks like the new positions written at the start of the buffer", "新位置写在了缓冲区的开头"),
     "07": (ch07.check_route, _route_smallest, "this looks like the k smallest scores instead of the k largest: "
            "different experts chosen for", "取了最小的 k 个分数"),
     "08": (ch08.check_merge_pair, ch08.MERGE_MISTAKES["merging only the first occurrence (every occurrence must be "

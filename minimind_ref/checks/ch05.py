@@ -1,21 +1,25 @@
 """Checks for chapter 05 · Assembling MiniMind.
 
 Each check compares the learner's function with ``minimind_ref`` (``MiniMindBlock``,
-``MiniMindForCausalLM``, ``count_parameters``) and PyTorch's ``F.cross_entropy`` on inputs it makes
-itself, and reports as ``minimind_ref.checks`` describes.
+``MiniMindForCausalLM``, ``count_parameters``) on inputs it makes itself, or (Exercise 5.4) with the
+loss that section 8's rule gives, and reports as ``minimind_ref.checks`` describes. The counting and
+predicting exercises refuse a function that builds a model or a layer (``_no_modules``).
 
     from minimind_ref.checks import ch05
     ch05.check_block_forward(block_forward)                # Exercise 5.1
     ch05.check_tie_weights(tie_weights)                    # Exercise 5.2
     ch05.check_count_parameters(count_dense_parameters)    # Exercise 5.3
-    ch05.check_shifted_cross_entropy(shifted_cross_entropy)  # Exercise 5.4
+    ch05.check_loss_at_initialization(loss_at_initialization)  # Exercise 5.4
     ch05.check_minimind3_parameters(minimind3_parameters)  # Exercise 5.5
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import operator
-from typing import Callable, Dict
+import sys
+from typing import Callable, Dict, Iterator, List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -27,13 +31,13 @@ from ..params import count_parameters
 from ..rope import precompute_freqs_cis
 from .core import Outcome, as_number, call, check, check_close, check_numbers, fail, seeded, solution
 
-__all__ = ["check_block_forward", "check_tie_weights", "check_count_parameters", "check_shifted_cross_entropy",
+__all__ = ["check_block_forward", "check_tie_weights", "check_count_parameters", "check_loss_at_initialization",
            "check_minimind3_parameters"]
 
 BLOCK = "Exercise 5.1 block_forward"
 TIE = "Exercise 5.2 tie_weights"
 COUNT = "Exercise 5.3 count_dense_parameters"
-LOSS = "Exercise 5.4 shifted_cross_entropy"
+LOSS = "Exercise 5.4 loss_at_initialization"
 COUNT3 = "Exercise 5.5 minimind3_parameters"
 
 
@@ -52,6 +56,67 @@ def _randomize(module: nn.Module, g: torch.Generator) -> None:
                 p.copy_(0.5 + torch.rand(p.shape, generator=g))
             else:
                 p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
+
+
+@contextlib.contextmanager
+def _no_modules() -> Iterator[List[str]]:
+    """Record every ``nn.Module`` built while the block runs (a count derived from numbers builds none:
+    ``count_parameters`` and ``MiniMindConfig``'s models do)."""
+    built: List[str] = []
+    original = nn.Module.__init__
+
+    def spy(self, *args, **kwargs):
+        built.append(type(self).__name__)
+        return original(self, *args, **kwargs)
+
+    nn.Module.__init__ = spy
+    try:
+        yield built
+    finally:
+        nn.Module.__init__ = original
+
+
+@contextlib.contextmanager
+def _calls_to(*functions: Callable[..., object]) -> Iterator[List[str]]:
+    """Record the calls of ``functions`` (minimind_ref's own answers) made while the block runs, however the
+    learner reached them: an alias, a wrapper, the module attribute or the class's method (a profile hook
+    compares code objects). Chapters 06 to 08 use it too."""
+    codes = {f.__code__: f.__qualname__ for f in functions}
+    seen: List[str] = []
+    previous = sys.getprofile()
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code in codes:
+            seen.append(codes[frame.f_code])
+        if previous is not None:
+            previous(frame, event, arg)
+
+    sys.setprofile(profile)
+    try:
+        yield seen
+    finally:
+        sys.setprofile(previous)
+
+
+def _call_refusing(fn, *args, forbidden: Tuple[Callable[..., object], ...], name: str, hint: str, case: str,
+                   **kwargs):
+    """``call``, failing when the learner's function ran one of ``forbidden`` (the package's own answer)."""
+    with _calls_to(*forbidden) as seen:
+        got = call(fn, *args, name=name, hint=hint, case=case, **kwargs)
+    if seen:
+        fail(name, f"your function calls minimind_ref's own {seen[0]} (on {case}); the exercise asks you to write "
+             "that part yourself", hint)
+    return got
+
+
+def _call_without_modules(fn, *args, name: str, hint: str, case: str, what: str, **kwargs):
+    """``call`` for the exercises that derive a number: building a model or a layer to count or measure fails."""
+    with _no_modules() as built:
+        got = call(fn, *args, name=name, hint=hint, case=case, **kwargs)
+    if built:
+        fail(name, f"your function built a {built[0]} (on {case}); the exercise asks you to {what} from the numbers "
+             "alone, without building a model or a layer", hint)
+    return got
 
 
 # ----------------------------------------------------------------------------- 5.1 block forward
@@ -127,8 +192,8 @@ def check_block_forward(fn: Callable[..., torch.Tensor]) -> str:
     ``(out, present)``), ``post_attention_layernorm``, ``mlp``.
     """
     g = seeded(501)
-    hint = ("compare with section 1's pre-norm block: what each sub-layer reads, which norm belongs to which "
-            "sub-layer, and what its output is added to")
+    hint = ("check the three properties of the exercise one by one: what each sub-layer reads, which norm belongs to "
+            "which sub-layer, and what each sub-layer's output is added to")
     for cfg, shape in [(_small(), (2, 7)), (_small(num_key_value_heads=1, hidden_size=48), (1, 12))]:
         with torch.random.fork_rng(devices=[]):
             block = MiniMindBlock(0, cfg).eval()
@@ -139,7 +204,11 @@ def check_block_forward(fn: Callable[..., torch.Tensor]) -> str:
         case = f"hidden {cfg.hidden_size}, h of shape {tuple(h.shape)}"
         with torch.no_grad():
             expected, _ = block(h.clone(), pe)
-            got = call(fn, block, h.clone(), pe, name=BLOCK, hint=hint, case=case, check_inputs=True)
+            with _calls_to(MiniMindBlock.forward) as seen:
+                got = call(fn, block, h.clone(), pe, name=BLOCK, hint=hint, case=case, check_inputs=True)
+            if seen:
+                fail(BLOCK, f"your function calls the block itself, which runs MiniMindBlock.forward (on {case}); the "
+                     "exercise asks you to build its output from its four sub-modules", hint)
             if isinstance(got, tuple):
                 fail(BLOCK, f"you returned a tuple of {len(got)} (on {case}); return only the new hidden states",
                      "self_attn returns (output, kv_cache): use its first element, and return h alone")
@@ -159,6 +228,8 @@ def check_tie_weights(fn: Callable[[nn.Module], object]) -> str:
     the head's: after the call, both are the head's original matrix (as upstream ties them)."""
     hint = ("the embedding and the head must hold the very same Parameter object (one tensor, one gradient), "
             "not two tensors that happen to hold equal numbers today")
+    direction = ("compare how large a fresh model's logits come out with each of the two initializations the cell "
+                 "before the exercise measured")
     g = seeded(503)
     cfg = _small()
     with torch.random.fork_rng(devices=[]):
@@ -188,10 +259,10 @@ def check_tie_weights(fn: Callable[[nn.Module], object]) -> str:
     if not torch.equal(head.detach(), head_before):
         if torch.equal(head.detach(), emb_before):
             what = ("this looks like tying in the wrong direction: the two now share one matrix, but it holds the "
-                    "embedding's old values; upstream gives the embedding the head's matrix")
+                    "embedding's initial values, so a fresh model's logits come out far too large")
         else:
             what = "the two share one matrix, but it holds neither the head's values nor the embedding's"
-        fail(TIE, what, "as upstream does (MiniMindForCausalLM.__init__), the head's matrix is the one that survives")
+        fail(TIE, what, direction)
     n_after = count_parameters(model)
     if n_before - n_after != cfg.vocab_size * cfg.hidden_size:
         fail(TIE, f"tying should remove exactly vocab_size * hidden_size = {cfg.vocab_size * cfg.hidden_size:,} "
@@ -268,80 +339,65 @@ def check_count_parameters(fn: Callable[..., int]) -> str:
         for tied in (True, False):
             expected = count_parameters(cfg) if tied else _untied_count(cfg)
             case = f"{label}, tie_word_embeddings={tied}"
-            got = call(fn, cfg, tie_word_embeddings=tied, name=COUNT, hint=hint, case=case)
+            got = _call_without_modules(fn, cfg, tie_word_embeddings=tied, name=COUNT, hint=hint, case=case,
+                                        what="derive the count")
             got = as_number(got, COUNT, case, integer=True, what="a number of parameters")
             outcomes.append(Outcome(case, got, expected, _count_mistakes(cfg, tied, expected)))
     check_numbers(COUNT, outcomes, hint)
     return "matches minimind_ref.count_parameters for 5 configs, tied and untied (MiniMind2-Small: 25,829,888)"
 
 
-# ----------------------------------------------------------------------------- 5.4 shifted loss
-def _loss_mistakes(logits: torch.Tensor, labels: torch.Tensor) -> Dict[str, Callable[[], torch.Tensor]]:
-    V = logits.shape[-1]
-    shifted_logits, shifted_labels = logits[:, :-1], labels[:, 1:]
+# ----------------------------------------------------------------------------- 5.4 the loss at initialization
+def _rule(vocab: int, variance: float) -> float:
+    """Section 8's rule for independent Gaussian logits of this variance: ln V + sigma^2 / 2."""
+    return math.log(vocab) + variance / 2
 
-    def ce(lg, lb, **kw):
-        return F.cross_entropy(lg.reshape(-1, V), lb.reshape(-1), ignore_index=-100, **kw)
 
-    def ignored_in_mean():
-        return ce(shifted_logits, shifted_labels, reduction="none").mean()
+def _init_loss(vocab: int, hidden: int) -> float:
+    """The rule's value for a fresh MiniMind: the final norm's output has a mean square of 1 (gains start at 1), and
+    a head entry is uniform on +-1/sqrt(hidden), of variance 1/(3 hidden): a logit sums hidden such products."""
+    return _rule(vocab, hidden * (1.0 / (3 * hidden)))
 
-    def per_sequence_mean():
-        per = ce(shifted_logits, shifted_labels, reduction="none").view(shifted_labels.shape)
-        kept = (shifted_labels != -100).sum(dim=1).clamp(min=1)
-        return (per.sum(dim=1) / kept).mean()
 
+def _init_loss_mistakes(vocab: int, hidden: int) -> Dict[str, float]:
     return {
-        "no shift: each position is scored against its own token instead of the next one": lambda: ce(logits, labels),
-        "the shift goes the wrong way (each position scored against the token before it)":
-            lambda: ce(logits[:, 1:], labels[:, :-1]),
-        "the -100 positions are counted in the mean (they must drop out of the count as well as the sum)":
-            ignored_in_mean,
-        "-100 labels turned into a real token id instead of being ignored":
-            lambda: F.cross_entropy(shifted_logits.reshape(-1, V), shifted_labels.clamp(min=0).reshape(-1)),
-        "a sum over positions instead of the mean": lambda: ce(shifted_logits, shifted_labels, reduction="sum"),
-        "a mean per sequence, then a mean over the batch (MiniMind takes one mean over every kept position of the "
-        "batch)": per_sequence_mean,
-        "one loss per position (reduction='none'), not one scalar": lambda: ce(shifted_logits, shifted_labels, reduction="none"),
+        "the logits taken as all equal at initialization (their spread adds to the loss)": math.log(vocab),
+        "a unit variance for the logits (the head's entries are far smaller than 1)": _rule(vocab, 1.0),
+        "the embedding's initialization used for the head (the tie keeps the other one, Exercise 5.2)":
+            _rule(vocab, float(hidden)),
+        "the variance of one head entry used for a whole logit (a logit sums hidden_size products)":
+            _rule(vocab, 1.0 / (3 * hidden)),
+        "the variance of the uniform initialization taken from its half-width as if it were its full width":
+            _rule(vocab, 1.0 / 12),
+        "the whole variance of the logits added instead of half of it": math.log(vocab) + 1.0 / 3,
+        "the spread subtracted (random logits make the expected loss larger than a uniform guess, not smaller)":
+            math.log(vocab) - 1.0 / 6,
+        "a logarithm to another base (the loss is in nats, the natural logarithm)": math.log2(vocab) + 1.0 / 6,
+        "the standard deviation of the logits used where the rule has their variance": _rule(vocab, math.sqrt(1.0 / 3)),
     }
 
 
-solution("5.4", "F.cross_entropy(logits[:, :-1].reshape(-1, V), labels[:, 1:].reshape(-1), ignore_index=-100) "
-                "with V = logits.shape[-1]")
+solution("5.4", "math.log(vocab_size) + 1 / 6: the final norm's output has a mean square of 1, a head entry is uniform "
+                "on +-1/sqrt(hidden_size) with variance 1 / (3 * hidden_size), so a logit (a sum of hidden_size "
+                "products) has variance 1/3 whatever the width, and sigma^2 / 2 = 1/6")
 
 
-@check(LOSS, shown=True, why="a loss over random logits: nothing to read the formula back from")
-def check_shifted_cross_entropy(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> str:
-    """``fn(logits [b, s, V], labels [b, s])`` must equal MiniMind's next-token loss: position ``i``
-    predicts ``labels[i + 1]``; label ``-100`` is ignored; one mean over the remaining positions."""
-    hint = ("position i is trained to predict the token at i + 1, so the last position has nothing to predict and "
-            "the first label is never a target; positions labelled -100 drop out of both the sum and the count")
-    g = seeded(504)
-    # against the reference model's own loss
-    cfg = _small()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(504)
-        model = MiniMindForCausalLM(cfg).eval()
-    ids = torch.randint(0, cfg.vocab_size, (3, 9), generator=g)
-    labels = ids.clone()
-    labels[0, :3] = -100  # e.g. a prompt that is not trained on
-    labels[2, -2:] = -100  # e.g. padding
-    with torch.no_grad():
-        out = model(ids, labels=labels)
-    cases = [("MiniMindForCausalLM's loss, batch 3 with -100 labels", out.logits.detach(), labels, out.loss.detach())]
-    # random logits, several shapes, with and without ignored labels
-    for b, s, v, n_ignored in [(2, 5, 11, 0), (1, 2, 7, 0), (4, 16, 33, 10)]:
-        logits = torch.randn(b, s, v, generator=g) * 3
-        lab = torch.randint(0, v, (b, s), generator=g)
-        if n_ignored:
-            flat = lab.view(-1)
-            flat[torch.randperm(flat.numel(), generator=g)[:n_ignored]] = -100
-        expected = F.cross_entropy(logits[:, :-1].reshape(-1, v), lab[:, 1:].reshape(-1), ignore_index=-100)
-        cases.append((f"logits {tuple(logits.shape)}, {n_ignored} labels -100", logits, lab, expected))
-    for case, logits, lab, expected in cases:
-        got = call(fn, logits.clone(), lab.clone(), name=LOSS, hint=hint, case=case, check_inputs=True)
-        check_close(got, expected, name=LOSS, hint=hint, case=case, mistakes=_loss_mistakes(logits, lab))
-    return "position i predicts label i+1, -100 ignored, equals MiniMindForCausalLM's loss"
+@check(LOSS, shown=False, why="the prediction is a closed form of the case's two numbers")
+def check_loss_at_initialization(fn: Callable[..., float]) -> str:
+    """``fn(vocab_size, hidden_size) -> float``: the next-token loss of a freshly initialized MiniMind (tied head, the
+    head's initialization kept), predicted with section 8's rule from the spread of the logits at initialization."""
+    hint = ("a logit is the dot product of the final norm's output with one row of the head's matrix: work out its "
+            "variance from how the two are initialized, then use the rule of section 8")
+    cases = [(6400, 128), (6400, 512), (6400, 768), (1000, 64), (50_000, 1024), (97, 32)]
+    outcomes = []
+    for vocab, hidden in cases:
+        case = f"vocab_size={vocab}, hidden_size={hidden}"
+        got = _call_without_modules(fn, vocab, hidden, name=LOSS, hint=hint, case=case, what="predict the loss")
+        got = as_number(got, LOSS, case, integer=False, what="a loss in nats")
+        outcomes.append(Outcome(case, got, _init_loss(vocab, hidden), _init_loss_mistakes(vocab, hidden)))
+    check_numbers(LOSS, outcomes, hint, abs_tol=1e-3)
+    return (f"{len(cases)} vocabularies and widths: the loss of a fresh model is ln V plus a term the width does not "
+            "change")
 
 
 # ----------------------------------------------------------------------------- 5.5 minimind-3's count
@@ -414,7 +470,8 @@ def check_minimind3_parameters(fn: Callable[..., int]) -> str:
         cfg = _minimind3_config(hidden, layers, use_moe, vocab)
         expected = count_parameters(cfg)
         case = f"hidden_size={hidden}, num_hidden_layers={layers}, use_moe={use_moe}, vocab_size={vocab}"
-        got = call(fn, hidden, layers, use_moe=use_moe, vocab_size=vocab, name=COUNT3, hint=hint, case=case)
+        got = _call_without_modules(fn, hidden, layers, use_moe=use_moe, vocab_size=vocab, name=COUNT3, hint=hint,
+                                    case=case, what="derive the count")
         got = as_number(got, COUNT3, case, integer=True, what="a number of parameters")
         outcomes.append(Outcome(case, got, expected, _count3_mistakes(cfg, expected)))
     check_numbers(COUNT3, outcomes, hint)

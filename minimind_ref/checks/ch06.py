@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
@@ -26,7 +26,9 @@ from ..params import count_parameters
 from ..generation import apply_repetition_penalty as _ref_repetition_penalty
 from ..generation import top_p_filter as _ref_top_p_filter
 from ..rope import precompute_freqs_cis
-from .core import Outcome, as_number, call, check, check_close, check_numbers, expect_pair, fail, seeded, solution
+from .ch05 import _call_refusing
+from .core import (ExerciseError, Outcome, _matches, as_number, call, check, check_close, check_numbers, expect_pair, fail,
+                   seeded, solution)
 
 __all__ = [
     "check_update_cache",
@@ -43,90 +45,239 @@ PENALTY = "Exercise 6.4 apply_repetition_penalty"
 CONTEXT = "Exercise 6.5 longest_context"
 
 
+# ----------------------------------------------------------------------------- all cases at once
+def _explaining(outcomes) -> Optional[str]:
+    """The one mistake whose output equals the learner's on every case (where a mistake does not
+    apply to a case, the learner's result must be right there), or None. ``outcomes`` holds
+    ``(got, expected, mistakes)`` per case, ``mistakes`` mapping a description to a tensor or a
+    zero-argument function (as ``core.check_close`` takes them)."""
+    if not outcomes:
+        return None
+    names = []
+    for description in outcomes[0][2]:
+        fits = True
+        for got, expected, mistakes in outcomes:
+            candidate = mistakes.get(description)
+            if callable(candidate):
+                try:
+                    candidate = candidate()
+                except Exception:  # a mistake that cannot be computed for this input matches nothing
+                    candidate = None
+            target = expected if candidate is None else candidate
+            if not (isinstance(got, torch.Tensor) and _matches(got, target, 1e-5, 1e-5)):
+                fits = False
+                break
+        if fits:
+            names.append(description)
+    return names[0] if len(names) == 1 else None
+
+
+def _first_wrong(outcomes, **tolerance):
+    """Index of the first case whose result differs from the reference (None when all agree)."""
+    for i, (got, expected, _) in enumerate(outcomes):
+        if not (isinstance(got, torch.Tensor) and got.shape == expected.shape and _matches(got, expected, **tolerance)):
+            return i
+    return None
+
+
 # ----------------------------------------------------------------------------- 6.1 cache update
-def _cache_mistakes(past, new: torch.Tensor, other_expected: torch.Tensor) -> Dict[str, object]:
-    """Wrong versions of one of the two caches (keys or values); ``other_expected`` is the other one."""
-    mistakes: Dict[str, object] = {"keys and values swapped (each cache must grow with its own tensors)": other_expected}
-    if past is None:
-        return mistakes
-    old = past
-    for dim, what in ((0, "batch"), (2, "head"), (3, "head_dim")):
-        if old.shape[:dim] + old.shape[dim + 1:] == new.shape[:dim] + new.shape[dim + 1:]:
-            mistakes[f"concatenated on dim {dim}, the {what} axis, instead of the sequence axis (dim 1)"] = \
-                (lambda d=dim: torch.cat([old, new], dim=d))
-    mistakes["the new positions put before the cached ones (the oldest position comes first)"] = lambda: torch.cat([new, old], dim=1)
-    mistakes["the cached positions dropped (only the new keys/values returned)"] = new
-    mistakes["the new positions never added (the cache returned unchanged)"] = old
+def _write_variant(buffers, past_len, new, *, at=None, ret="prefix", dim=1):
+    """What a mistaken update leaves in one buffer and returns: ``buffers`` is a copy the variant may write."""
+    end = past_len + new.shape[1]
+    start = past_len if at is None else at
+    index = [slice(None)] * 4
+    index[dim] = slice(start, start + new.shape[dim])
+    try:
+        buffers[tuple(index)] = new
+    except RuntimeError:
+        return None
+    if ret == "prefix":
+        return buffers[:, :end]
+    if ret == "whole":
+        return buffers
+    if ret == "new":
+        return new
+    if ret == "past":
+        return buffers[:, :past_len]
+    raise ValueError(ret)
+
+
+def _cache_mistakes(buffer: torch.Tensor, past_len: int, new: torch.Tensor, other_expected: torch.Tensor):
+    """Wrong results for one of the two caches (keys or values); ``other_expected`` is the other one."""
+    def variant(**kw):
+        return lambda: _write_variant(buffer.clone(), past_len, new, **kw)
+
+    mistakes = {
+        "keys and values swapped (each buffer must receive its own tensors)": other_expected,
+        "the new positions written at the start of the buffer, over the cached ones (they go after them)":
+            variant(at=0),
+        "the new positions written one place too far (position past_len is the first free one)":
+            variant(at=past_len + 1),
+        "the new positions written one place too early, over the last cached one": variant(at=past_len - 1),
+        "the whole buffer returned, unfilled positions included (the attention must see only the filled ones)":
+            variant(ret="whole"),
+        "only the new positions returned (the attention must see every position so far)": variant(ret="new"),
+        "only the cached positions returned (the new ones must be seen too)": variant(ret="past"),
+    }
+    for dim, what in ((2, "head"), (3, "head_dim")):
+        mistakes[f"the new positions written along dim {dim}, the {what} axis, instead of the sequence axis (dim 1)"] = \
+            variant(dim=dim)
     return mistakes
 
 
-solution("6.1", "past is None: return (k_new, v_new); otherwise return (torch.cat([past_k, k_new], dim=1), "
-                "torch.cat([past_v, v_new], dim=1))")
+solution("6.1", "k_buffer, v_buffer = buffer; end = past_len + k_new.shape[1]; k_buffer[:, past_len:end] = k_new; "
+                "v_buffer[:, past_len:end] = v_new; return k_buffer[:, :end], v_buffer[:, :end]")
+
+_CACHE_NAN = ("your result holds NaN: the check fills the free part of each buffer with NaN, so your result includes "
+              "positions that hold nothing yet, or the new keys and values did not land where you read them",
+              "the first past_len positions of a buffer are the cache; compare where your function writes with where "
+              "it reads")
+
+
+def _shares_memory(view: torch.Tensor, buffer: torch.Tensor) -> bool:
+    return view.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
 
 
 @check(CACHE, shown=True, why="the cache entries are random tensors the check made, not shown in the message")
 def check_update_cache(fn: Callable[..., Tuple[torch.Tensor, torch.Tensor]]) -> str:
-    """``fn(past, k_new, v_new) -> (k, v)``: ``past`` is ``None`` or a ``(k, v)`` pair of
-    ``[batch, past_len, n_kv_heads, head_dim]``; the new keys/values go *after* the cached ones on
-    the sequence axis (dim 1)."""
-    hint = ("the cache holds every position so far, oldest first, in the layout [batch, seq, n_kv_heads, head_dim]; "
-            "a step adds new positions along the sequence axis and leaves the other axes alone. On the first call "
-            "there is nothing cached (past is None)")
+    """``fn(buffer, past_len, k_new, v_new) -> (k, v)``: ``buffer`` is a pair of
+    ``[batch, max_len, n_kv_heads, head_dim]`` buffers whose first ``past_len`` positions hold the cache;
+    the new positions are written after them, and ``(k, v)`` are views of the filled part."""
+    hint = ("the sequence axis of a buffer is dim 1, as in the cache layout of section 4: the first past_len positions "
+            "are the cache, the next new_len belong to this step; the attention must get every filled position, read "
+            "from the buffer itself")
     g = seeded(601)
-    # (batch, past_len, new_len, n_kv_heads, head_dim); past_len 0 means past=None
-    cases = [(2, 0, 5, 2, 8), (2, 2, 2, 2, 2), (2, 5, 1, 2, 8), (1, 1, 1, 2, 4), (3, 7, 2, 4, 6)]
-    for b, past_len, new_len, h, d in cases:
+    # (batch, past_len, new_len, n_kv_heads, head_dim, max_len): new_len differs from batch and n_kv_heads where it
+    # can, so that a wrong axis shows
+    cases = [(2, 0, 5, 3, 8, 12), (2, 2, 3, 2, 4, 9), (3, 5, 1, 2, 8, 16), (1, 1, 1, 2, 4, 4), (3, 7, 2, 4, 6, 9),
+             (2, 6, 4, 3, 4, 10)]
+    results = []
+    for b, past_len, new_len, h, d, max_len in cases:
         k_new = torch.randn(b, new_len, h, d, generator=g)
         v_new = torch.randn(b, new_len, h, d, generator=g)
-        past = None
-        if past_len:
-            past = (torch.randn(b, past_len, h, d, generator=g), torch.randn(b, past_len, h, d, generator=g))
-        exp_k = k_new if past is None else torch.cat([past[0], k_new], dim=1)
-        exp_v = v_new if past is None else torch.cat([past[1], v_new], dim=1)
-        arg_past = None if past is None else (past[0].clone(), past[1].clone())
-        case = (f"past=None, {new_len} new positions" if past is None else
-                f"past_len={past_len}, new={new_len}, batch={b}, kv_heads={h}")
-        got = call(fn, arg_past, k_new.clone(), v_new.clone(), name=CACHE, hint=hint, case=case, check_inputs=True)
+        buffers = []
+        for _ in range(2):
+            buf = torch.full((b, max_len, h, d), float("nan"))
+            buf[:, :past_len] = torch.randn(b, past_len, h, d, generator=g)
+            buffers.append(buf)
+        before = [buf.clone() for buf in buffers]
+        exp_k = torch.cat([before[0][:, :past_len], k_new], dim=1)
+        exp_v = torch.cat([before[1][:, :past_len], v_new], dim=1)
+        case = f"past_len={past_len}, new_len={new_len}, batch {b}, {h} kv heads, buffers of {max_len} positions"
+        got = call(fn, (buffers[0], buffers[1]), past_len, k_new.clone(), v_new.clone(), name=CACHE, hint=hint,
+                   case=case)
         got_k, got_v = expect_pair(got, CACHE, "k, v")
-        check_close(got_k, exp_k, name=f"{CACHE}: keys", hint=hint, case=case, rtol=0, atol=0,
-                    mistakes=_cache_mistakes(None if past is None else past[0], k_new, exp_v))
-        check_close(got_v, exp_v, name=f"{CACHE}: values", hint=hint, case=case, rtol=0, atol=0,
-                    mistakes=_cache_mistakes(None if past is None else past[1], v_new, exp_k))
-    return "new keys and values appended after the cached ones on dim 1"
+        results.append((case, buffers, before, past_len, k_new, v_new, exp_k, exp_v, got_k, got_v))
+    for which, name, expected_at, got_at, new_at, other in (("keys", f"{CACHE}: keys", 6, 8, 4, 7),
+                                                             ("values", f"{CACHE}: values", 7, 9, 5, 6)):
+        outcomes = [(r[got_at], r[expected_at],
+                     _cache_mistakes(r[2][0 if which == "keys" else 1], r[3], r[new_at], r[other])) for r in results]
+        first = _first_wrong(outcomes, rtol=0, atol=0)
+        if first is None:
+            continue
+        seen = _explaining(outcomes)
+        got, expected, mistakes = outcomes[first]
+        check_close(got, expected, name=name, hint=hint, case=results[first][0], rtol=0, atol=0,
+                    mistakes={seen: mistakes[seen]} if seen else None, nan=None if seen else _CACHE_NAN)
+    for case, buffers, before, past_len, k_new, v_new, exp_k, exp_v, got_k, got_v in results:
+        end = past_len + k_new.shape[1]
+        for (cached, fresh, buffer_name, yours), buf, old, new, view in (
+                (("the cached keys", "the new keys", "the key buffer", "your keys"), buffers[0], before[0], k_new, got_k),
+                (("the cached values", "the new values", "the value buffer", "your values"), buffers[1], before[1], v_new,
+                 got_v)):
+            if not torch.equal(buf[:, :past_len], old[:, :past_len]):
+                fail(CACHE, f"{cached} in the buffer changed (on {case}); a step must leave the positions it did not "
+                     "compute as they are", hint)
+            if not torch.equal(buf[:, past_len:end], new):
+                fail(CACHE, f"your result is right, but {fresh} were not written into the buffer (on {case}): the next "
+                     "step reads the cache from the buffer and would not find them", hint)
+            if not bool(torch.isnan(buf[:, end:]).all()):
+                fail(CACHE, f"your function wrote into the free part of {buffer_name}, after the new positions "
+                     f"(on {case})", hint)
+            if not _shares_memory(view, buf):
+                fail(CACHE, f"{yours} are a copy, not a view of the buffer (on {case}): copying the cache at every "
+                     "step is exactly what the buffer is there to avoid",
+                     "return the filled part of the buffer itself; a slice of a tensor shares its memory, while "
+                     "concatenating or cloning makes a new tensor")
+    return "the new keys and values written after the cached ones, the filled part returned as views of the buffers"
 
 
 # ----------------------------------------------------------------------------- 6.2 RoPE offset
-solution("6.2", "return cos[past_len : past_len + n_new], sin[past_len : past_len + n_new]")
+solution("6.2", "end = past_len + n_new; if end > cos.shape[0]: raise ValueError(...); "
+                "return cos[past_len:end], sin[past_len:end]")
+
+
+def _rope_mistakes(table: torch.Tensor, other: torch.Tensor, past_len: int, n_new: int) -> Dict[str, torch.Tensor]:
+    return {
+        "positions restarting at 0 at every step (rows 0 .. n_new - 1): the new tokens are not at the start":
+            table[:n_new],
+        "an off-by-one start (the rows begin one position after the first new token's)":
+            table[past_len + 1:past_len + 1 + n_new],
+        "the rows of the cached positions before the new ones (ending at past_len, not starting there)":
+            table[max(past_len - n_new, 0):past_len],
+        "every row up to the last new position instead of only the new tokens' rows":
+            table[:past_len + n_new],
+        "cos and sin swapped": other[past_len:past_len + n_new],
+        "the last n_new rows of the table instead of the new tokens' rows": table[-n_new:],
+    }
 
 
 @check(ROPE, shown=True, why="one entry of a cos/sin table the exercise hands over itself")
 def check_rope_for_new_tokens(fn: Callable[..., Tuple[torch.Tensor, torch.Tensor]]) -> str:
     """``fn(cos, sin, past_len, n_new) -> (cos_new, sin_new)``: the rows of the precomputed tables
-    for the absolute positions ``past_len .. past_len + n_new - 1``."""
-    hint = ("row r of the tables is the rotation of absolute position r, and the new tokens come right after the "
-            "past_len cached ones")
-    cos, sin = precompute_freqs_cis(dim=16, end=64, rope_base=1e6)
-    cases = [(0, 6), (6, 1), (7, 1), (17, 3), (40, 1), (63, 1)]
-    for past_len, n_new in cases:
-        case = f"past_len={past_len}, n_new={n_new}"
+    for the absolute positions of the new tokens, and a ``ValueError`` when they do not all fit."""
+    hint = ("row r of the tables is the rotation of absolute position r; in a full forward over the whole sequence, "
+            "where do this step's tokens sit?")
+    end = 64
+    cos, sin = precompute_freqs_cis(dim=16, end=end, rope_base=1e6)
+    fitting = [(0, 6), (6, 1), (7, 1), (17, 3), (40, 1), (63, 1), (60, 4)]
+    outcomes = {"cos": [], "sin": []}
+    for past_len, n_new in fitting:
+        case = f"past_len={past_len}, n_new={n_new}, tables of {end} positions"
+        try:
+            fn(cos.clone(), sin.clone(), past_len, n_new)
+        except ValueError:
+            fail(ROPE, f"your function refused new tokens that fit (on {case}): the tables have rows for positions "
+                 f"0 to {end - 1}, and these tokens need none beyond them",
+                 "compare the last position the new tokens need with the last position the tables hold: is the "
+                 "comparison at the boundary the right one?")
+        except (NotImplementedError, ExerciseError):
+            raise
+        except Exception:  # reported with its case by call() below
+            pass
         got = call(fn, cos.clone(), sin.clone(), past_len, n_new, name=ROPE, hint=hint, case=case, check_inputs=True)
         got_cos, got_sin = expect_pair(got, ROPE, "cos_new, sin_new")
-        for which, got_t, table, other in (("cos", got_cos, cos, sin), ("sin", got_sin, sin, cos)):
-            mistakes = {
-                "positions restarting at 0 at every step (rows 0 .. n_new - 1): the new tokens are not at the start":
-                    table[:n_new],
-                "an off-by-one start (rows from past_len + 1): the first new token is at position past_len itself":
-                    table[past_len + 1:past_len + 1 + n_new],
-                "the rows of the cached positions before the new ones (ending at past_len, not starting there)":
-                    table[max(past_len - n_new, 0):past_len],
-                "every row up to the last new position instead of only the new tokens' rows":
-                    table[:past_len + n_new],
-                "cos and sin swapped": other[past_len:past_len + n_new],
-                "the last n_new rows of the table instead of the new tokens' rows": table[-n_new:],
-            }
-            check_close(got_t, table[past_len:past_len + n_new], name=f"{ROPE}: {which}", hint=hint,
-                        case=case, rtol=0, atol=0, mistakes=mistakes)
-    return "new tokens get the rows of positions past_len .. past_len + n_new - 1"
+        outcomes["cos"].append((got_cos, cos[past_len:past_len + n_new], _rope_mistakes(cos, sin, past_len, n_new)))
+        outcomes["sin"].append((got_sin, sin[past_len:past_len + n_new], _rope_mistakes(sin, cos, past_len, n_new)))
+    for which, results in outcomes.items():
+        first = _first_wrong(results, rtol=0, atol=0)
+        if first is not None:
+            seen = _explaining(results)
+            got, expected, mistakes = results[first]
+            past_len, n_new = fitting[first]
+            check_close(got, expected, name=f"{ROPE}: {which}", hint=hint, rtol=0, atol=0,
+                        case=f"past_len={past_len}, n_new={n_new}, tables of {end} positions",
+                        mistakes={seen: mistakes[seen]} if seen else None)
+    too_far = [(64, 1), (63, 2), (62, 3), (70, 1)]
+    for past_len, n_new in too_far:
+        case = f"past_len={past_len}, n_new={n_new}, tables of {end} positions"
+        try:
+            got = fn(cos.clone(), sin.clone(), past_len, n_new)
+        except ValueError:
+            continue
+        except (NotImplementedError, ExerciseError):
+            raise
+        except Exception as err:  # the learner's code raised something else
+            fail(ROPE, f"your function raised {type(err).__name__}: {err} (on {case}); new tokens that do not fit in "
+                 "the tables should raise a ValueError that says so",
+                 "check the fit yourself before you slice, and raise ValueError with a message a caller can act on")
+        rows = got[0].shape[0] if isinstance(got, (tuple, list)) and got and isinstance(got[0], torch.Tensor) else None
+        what = f"a result with {rows} rows for n_new={n_new}" if rows is not None else "a result"
+        fail(ROPE, f"the new tokens do not all fit in the tables (on {case}), but your function returned {what} instead "
+             "of raising: a slice past the end of a tensor is silently cut short",
+             "compare the last position the new tokens need with the last position the tables hold, and raise a "
+             "ValueError when it is past it")
+    return "new tokens get the rows of their own positions; past the end of the tables, a ValueError"
 
 
 # ----------------------------------------------------------------------------- 6.3 top-p
@@ -144,6 +295,12 @@ def _top_p_mistakes(logits: torch.Tensor, top_p: float) -> Dict[str, Callable[[]
         p = logits.softmax(-1)
         return logits.masked_fill(p.cumsum(-1) - p >= top_p, inf)
 
+    def ascending():
+        up_logits, up_idx = torch.sort(logits, descending=False, dim=-1)
+        p = up_logits.softmax(-1)
+        remove_up = p.cumsum(-1) - p >= top_p
+        return logits.masked_fill(remove_up.scatter(-1, up_idx, remove_up), inf)
+
     def ref():
         return _ref_top_p_filter(logits, top_p)
 
@@ -157,6 +314,7 @@ def _top_p_mistakes(logits: torch.Tensor, top_p: float) -> Dict[str, Callable[[]
         "the mask was computed in sorted order but applied in vocabulary order (it must be scattered back to the "
         "positions the sort came from)": lambda: logits.masked_fill(before >= top_p, inf),
         "the cumulative sum was taken in vocabulary order instead of from the most likely token down": unsorted,
+        "the tokens sorted from the least likely up (the nucleus is built from the most likely token down)": ascending,
         "removed tokens set to 0 instead of -inf (a logit of 0 still gets probability after the softmax)":
             lambda: torch.nan_to_num(ref(), neginf=0.0),
         "probabilities returned instead of logits (the filter maps logits to logits)":
@@ -177,6 +335,9 @@ def check_top_p_filter(fn: Callable[..., torch.Tensor]) -> str:
     hint = ("compare with this chapter's nucleus: in which order the tokens are counted, which token completes the "
             "nucleus, what happens when the mass reaches top_p exactly, and where in the vocabulary each removed "
             "token's -inf goes")
+    if fn is _ref_top_p_filter:
+        fail(TOP_P, "this is minimind_ref's own top_p_filter, not yours",
+             "write the filter yourself from the definition of the nucleus")
     g = seeded(603)
     peaked = torch.tensor([[6.0, 1.0, 0.5, 0.0, -1.0, -2.0]])  # top token alone has ~0.98 of the mass
     # exact binary fractions, shuffled: the mass before a token hits top_p exactly (the boundary)
@@ -192,17 +353,26 @@ def check_top_p_filter(fn: Callable[..., torch.Tensor]) -> str:
         ("random [2, 10], top_p=0.05 (smaller than the top probability)", torch.randn(2, 10, generator=g), 0.05),
         ("random [2, 12], top_p=1.0 (keeps everything)", torch.randn(2, 12, generator=g), 1.0),
     ]
+    outcomes = []
     for case, logits, p in cases:
         expected = _ref_top_p_filter(logits.clone(), p)
-        got = call(fn, logits.clone(), p, name=TOP_P, hint=hint, case=case, check_inputs=True)
-        check_close(got, expected, name=TOP_P, hint=hint, case=case, mistakes=_top_p_mistakes(logits, p))
+        got = _call_refusing(fn, logits.clone(), p, forbidden=(_ref_top_p_filter,), name=TOP_P, hint=hint, case=case,
+                             check_inputs=True)
+        outcomes.append((got, expected, _top_p_mistakes(logits, p)))
+    first = _first_wrong(outcomes, rtol=1e-5, atol=1e-5)
+    if first is not None:
+        seen = _explaining(outcomes)
+        got, expected, mistakes = outcomes[first]
+        check_close(got, expected, name=TOP_P, hint=hint, case=cases[first][0],
+                    mistakes={seen: mistakes[seen]} if seen else None)
     return "the nucleus (threshold-crossing token included, boundary exact) is kept, the rest is -inf"
 
 
 # ----------------------------------------------------------------------------- 6.4 repetition penalty
 def _penalty_mistakes(logits: torch.Tensor, prev: torch.Tensor, penalty: float) -> Dict[str, Callable[[], torch.Tensor]]:
+    counts = torch.zeros_like(logits).scatter_add(1, prev, torch.ones(prev.shape, dtype=logits.dtype))
+
     def per_occurrence():
-        counts = torch.zeros_like(logits).scatter_add(1, prev, torch.ones(prev.shape, dtype=logits.dtype))
         return torch.where(logits > 0, logits / penalty ** counts, logits * penalty ** counts)
 
     def on_seen(values):
@@ -214,6 +384,9 @@ def _penalty_mistakes(logits: torch.Tensor, prev: torch.Tensor, penalty: float) 
         return logits.scatter(1, ids, torch.where(seen > 0, seen / penalty, seen * penalty))
 
     return {
+        "CTRL's rule as the draft applies it: every seen logit divided by the penalty (a negative one then moves "
+        "towards 0, which makes its token MORE likely), and a repeated id divided once per occurrence":
+            lambda: logits / penalty ** counts,
         "negative logits divided by the penalty, which moves them towards 0 and makes those tokens MORE likely":
             lambda: on_seen(lambda s: s / penalty),
         "a repeated id penalized once per occurrence (a token that was seen is penalized once)": per_occurrence,
@@ -238,6 +411,9 @@ def check_repetition_penalty(fn: Callable[..., torch.Tensor]) -> str:
     ``minimind_ref.generation.apply_repetition_penalty`` (without a mask); ``logits`` is left unchanged."""
     hint = ("only the tokens that occur in the row's own previous_ids change, each once however often it occurred, "
             "and the change must make each of them less likely whatever the sign of its logit")
+    if fn is _ref_repetition_penalty:
+        fail(PENALTY, "this is minimind_ref's own apply_repetition_penalty, not yours",
+             "write the penalty yourself from the properties the exercise lists")
     g = seeded(604)
     cases = []
     for b, vocab, t, penalty in [(2, 20, 6, 1.3), (3, 50, 10, 2.0), (1, 12, 8, 1.1), (2, 16, 5, 0.8), (2, 10, 4, 1.0)]:
@@ -245,11 +421,18 @@ def check_repetition_penalty(fn: Callable[..., torch.Tensor]) -> str:
         prev = torch.randint(0, vocab, (b, t), generator=g)
         prev[:, -1] = prev[:, 0]  # a repeated id: it must be penalized once, not twice
         cases.append((f"batch {b}, vocab {vocab}, {t} previous ids with a repeat, penalty {penalty}", logits, prev, penalty))
+    outcomes = []
     for case, logits, prev, penalty in cases:
         expected = _ref_repetition_penalty(logits.clone(), prev.clone(), penalty)
-        got = call(fn, logits.clone(), prev.clone(), penalty, name=PENALTY, hint=hint, case=case, check_inputs=True)
-        mistakes = _penalty_mistakes(logits, prev, penalty) if not math.isclose(penalty, 1.0) else None
-        check_close(got, expected, name=PENALTY, hint=hint, case=case, mistakes=mistakes)
+        got = _call_refusing(fn, logits.clone(), prev.clone(), penalty, forbidden=(_ref_repetition_penalty,),
+                             name=PENALTY, hint=hint, case=case, check_inputs=True)
+        outcomes.append((got, expected, _penalty_mistakes(logits, prev, penalty)))
+    first = _first_wrong(outcomes, rtol=1e-5, atol=1e-5)
+    if first is not None:
+        seen = _explaining(outcomes)
+        got, expected, mistakes = outcomes[first]
+        check_close(got, expected, name=PENALTY, hint=hint, case=cases[first][0],
+                    mistakes={seen: mistakes[seen]} if seen else None)
     return "seen tokens: positive logits / penalty, negative logits * penalty, each once"
 
 

@@ -28,6 +28,7 @@ from torch import nn
 
 from ..config import MiniMindConfig
 from ..moe import MOEFeedForward, MoEGate, global_aux_loss, router_aux_loss, seq_aux_loss
+from .ch05 import _call_refusing, _calls_to
 from .core import Outcome, as_number, call, check, check_close, check_numbers, diagnose, fail, solution
 
 __all__ = ["check_route", "check_dispatch", "check_moe_forward", "check_seq_aux_loss", "check_minimind3_moe",
@@ -182,13 +183,44 @@ solution("7.2", "order = flat_idx.argsort(); ends = flat_idx.bincount(minlength=
                 "y = experts[i](x[tokens]) * flat_weight[order[start:end]], out.index_add_(0, tokens, y)")
 
 
+class _Counted(nn.Module):
+    """An expert that records the rows of every call (the dispatch must run each expert once, on its tokens)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.rows: List[int] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.rows.append(int(x.shape[0]) if x.dim() >= 2 else 1)
+        return self.inner(x)
+
+
+def _check_calls(experts: nn.ModuleList, flat_idx: torch.Tensor, n: int, case: str, hint: str) -> None:
+    """Each expert ran at most once, on exactly as many rows as it has slots; an expert without slots did not run."""
+    for i, expert in enumerate(experts):
+        slots = int((flat_idx == i).sum())
+        if slots == 0 and expert.rows:
+            fail(DISPATCH, f"expert {i}, which no token chose, was run anyway (on {case}); an expert without tokens "
+                 "does not run at all", hint)
+        if len(expert.rows) > 1:
+            fail(DISPATCH, f"expert {i} ran {len(expert.rows)} times (on {case}); each expert runs once, on all of its "
+                 "tokens together", hint)
+        if expert.rows and expert.rows[0] != slots:
+            what = ("on every token of the batch (its output masked afterwards)" if expert.rows[0] == n
+                    else f"on {expert.rows[0]} rows")
+            fail(DISPATCH, f"expert {i} ran {what} (on {case}), while the tokens that chose it number {slots}; an "
+                 "expert runs on exactly the tokens that chose it", hint)
+
+
 @check(DISPATCH, shown=True, why="one entry of the dispatched output of random tokens and experts")
 def check_dispatch(dispatch: Callable[..., torch.Tensor]) -> str:
     """``dispatch(x [n, d], experts, flat_idx [n*k], flat_weight [n*k, 1], top_k) -> [n, d]``; the
     inputs are left unchanged."""
     g = torch.Generator().manual_seed(72)
-    hint = ("every slot j carries one (token, expert, weight) triple; after sorting the slots by expert, keep track of "
-            "which token and which weight each sorted slot came from, and remember that a token owns top_k slots")
+    hint = ("every slot carries one (token, expert, weight) triple, and a token owns top_k neighbouring slots (section "
+            "5); go expert by expert: which rows does your code run it on, with which weights, and where do the "
+            "results go?")
     cases = [(4, 2, -1), (4, 1, -1), (4, 2, 3), (6, 3, 0), (5, 2, 2)]
     for n_experts, top_k, skip in cases:
         n, d = 10, 16
@@ -200,11 +232,14 @@ def check_dispatch(dispatch: Callable[..., torch.Tensor]) -> str:
         flat_idx, flat_w = idx.view(-1), w.view(-1, 1)
         expected = moe.moe_infer(x, flat_idx, flat_w)
         case = f"n_experts={n_experts}, top_k={top_k}{', one expert unused' if skip >= 0 else ''}"
+        counted = nn.ModuleList(_Counted(e) for e in moe.experts)
         with torch.no_grad():
-            got = call(dispatch, x.clone(), moe.experts, flat_idx.clone(), flat_w.clone(), top_k, name=DISPATCH,
-                       hint=hint, case=case, check_inputs=True)
+            got = _call_refusing(dispatch, x.clone(), counted, flat_idx.clone(), flat_w.clone(), top_k,
+                                 forbidden=(MOEFeedForward.moe_infer, MOEFeedForward.moe_train), name=DISPATCH,
+                                 hint=hint, case=case, check_inputs=True)
             check_close(got, expected, name=DISPATCH, hint=hint, case=case,
                         mistakes=_dispatch_mistakes(x, moe.experts, flat_idx, flat_w, top_k))
+        _check_calls(counted, flat_idx, n, case, hint)
     return f"{len(cases)} routings (top-1..3, an expert with no token) match MOEFeedForward.moe_infer"
 
 
@@ -262,7 +297,12 @@ def check_moe_forward(moe_forward: Callable[..., torch.Tensor]) -> str:
         case = f"n_experts={n_experts}, top_k={top_k}, n_shared_experts={n_shared}"
         with torch.no_grad():
             expected = moe(x)
-            got = call(moe_forward, moe, x.clone(), name=MOE, hint=hint, case=case, check_inputs=True)
+
+            with _calls_to(MOEFeedForward.forward) as seen:
+                got = call(moe_forward, moe, x.clone(), name=MOE, hint=hint, case=case, check_inputs=True)
+            if seen:
+                fail(MOE, f"your function calls the layer itself, which runs MOEFeedForward.forward (on {case}); the "
+                     "exercise asks you to build its output from its parts", hint)
             check_close(got, expected, name=MOE, hint=hint, case=case, mistakes=_moe_mistakes(moe, x))
     return f"{len(cases)} layers (0, 1 and 2 shared experts; top-1..3) match MOEFeedForward in eval mode"
 
@@ -298,6 +338,9 @@ solution("7.4", "f = F.one_hot(topk_idx.view(b, s * k), E).float().mean(dim=1) *
 def check_seq_aux_loss(seq_balance_loss: Callable[..., torch.Tensor]) -> str:
     """``seq_balance_loss(scores [b*s, E], topk_idx [b*s, k], batch, n_experts, alpha) -> scalar``,
     value and gradient w.r.t. ``scores`` equal to ``minimind_ref.moe.seq_aux_loss``."""
+    if seq_balance_loss is seq_aux_loss:
+        fail(BALANCE, "this is minimind_ref's own seq_aux_loss, not yours",
+             "repair the draft, or write the loss yourself from section 8's definition")
     g = torch.Generator().manual_seed(74)
     hint = ("work sequence by sequence: f_i is expert i's share of that sequence's routing slots, scaled so an even "
             "load gives 1, P_i its mean router probability over the sequence; perfect balance gives exactly alpha")
@@ -312,8 +355,8 @@ def check_seq_aux_loss(seq_balance_loss: Callable[..., torch.Tensor]) -> str:
         expected.backward()
         got_in = scores.clone().requires_grad_(True)
         case = f"batch={batch}, seq_len={seq}, n_experts={n_experts}, top_k={top_k}, alpha={alpha}"
-        got = call(seq_balance_loss, got_in, topk_idx.clone(), batch, n_experts, alpha, name=BALANCE, hint=hint,
-                   case=case, check_inputs=True)
+        got = _call_refusing(seq_balance_loss, got_in, topk_idx.clone(), batch, n_experts, alpha,
+                             forbidden=(seq_aux_loss,), name=BALANCE, hint=hint, case=case, check_inputs=True)
         if isinstance(got, torch.Tensor) and got.numel() == 1 and got.dim() > 0:
             fail(BALANCE, f"return a 0-d tensor (a scalar), got shape {tuple(got.shape)} (on {case})",
                  "reduce to a single number instead of keeping a dimension of size 1")
@@ -527,12 +570,12 @@ def check_balanced_router_loss(fn: Callable[..., float]) -> str:
         got = call(fn, n_experts, top_k, coef, name=BALANCED, hint=hint, case=case)
         got = as_number(got, BALANCED, case, integer=False, what="the loss")
         mistakes = {
-            "the value of MiniMind2's losses at balance (alpha, whatever k is); minimind-3's loads sum to top_k": coef,
+            "MiniMind2's value at balance carried over; minimind-3's load_i is a share of the tokens, not of the "
+            "routing slots, so work out again what each load_i is when every expert is chosen equally often": coef,
             "the factor num_experts left out": expected / n_experts,
             "one factor num_experts too many": expected * n_experts,
-            "top_k counted twice (load_i already holds it)": expected * top_k,
+            "top_k counted twice (each load_i holds it already)": expected * top_k,
             "the coefficient left out": expected / coef,
-            "top_k divided out (the loads of top-k routing sum to top_k, not to 1)": expected / top_k,
         }
         outcomes.append(Outcome(case, got, expected, mistakes))
     check_numbers(BALANCED, outcomes, hint, rel_tol=1e-6, abs_tol=1e-12)

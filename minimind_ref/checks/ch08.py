@@ -21,6 +21,7 @@ from ..tokenizer import merge_pair as ref_merge_pair
 from ..train import causal_lm_loss as ref_causal_lm_loss
 from ..train import lr_at as ref_lr_at
 from ..train import train_step as ref_train_step
+from .ch05 import _call_refusing
 from .core import _direction, _expect, call, check, check_close, fail, shows_expected, solution
 
 
@@ -42,61 +43,106 @@ def _merge_first_only(ids, pair, new_id):
     return list(ids)
 
 
-def _merge_drops_last(ids, pair, new_id):
+def _merge_scan(ids, pair, new_id, stop=1, look=1, step_after_merge=2):
+    """The left-to-right scan with one of its bounds or steps changed (the mistakes below)."""
     out, i = [], 0
-    while i < len(ids) - 1:
-        if (ids[i], ids[i + 1]) == tuple(pair):
+    while i < len(ids) - (stop - 1):
+        if i + look < len(ids) and (ids[i], ids[i + 1]) == tuple(pair):
             out.append(new_id)
-            i += 2
+            i += step_after_merge
         else:
             out.append(ids[i])
             i += 1
     return out
 
 
+def _merge_right_to_left(ids, pair, new_id):
+    out, i = [], len(ids) - 1
+    while i >= 0:
+        if i >= 1 and (ids[i - 1], ids[i]) == tuple(pair):
+            out.append(new_id)
+            i -= 2
+        else:
+            out.append(ids[i])
+            i -= 1
+    return out[::-1]
+
+
 MERGE_MISTAKES = {
-    "merging overlapping occurrences ([5, 5, 5] became [9, 9], but a token can be used by one merge only)": _merge_overlapping,
+    "merging overlapping occurrences (a token was used by two merges, so decoding would give it back twice)":
+        _merge_overlapping,
     "merging only the first occurrence (every occurrence must be replaced)": _merge_first_only,
-    "dropping the last token when it is not part of a merge (the loop stops one early)": _merge_drops_last,
+    "dropping the last token when it is not part of a merge (the scan stops one position early)":
+        lambda ids, pair, new_id: _merge_scan(ids, pair, new_id, stop=2),
+    "a pair at the very end of the list left unmerged (the look at the next token stops one position early)":
+        lambda ids, pair, new_id: _merge_scan(ids, pair, new_id, look=2),
+    "the pair's second token kept next to new_id (the two tokens of a merged pair become one)":
+        lambda ids, pair, new_id: _merge_scan(ids, pair, new_id, step_after_merge=1),
+    "the token after a merged pair skipped (after a merge the scan goes on with the very next token)":
+        lambda ids, pair, new_id: _merge_scan(ids, pair, new_id, step_after_merge=3),
+    "scanning from right to left (the merge loop and tokenizers go from the left)": _merge_right_to_left,
 }
+
+
+def _explaining(mistakes, cases, results):
+    """The one mistake that reproduces the learner's result on every case, or None."""
+    fits = [d for d, f in mistakes.items()
+            if all(f(list(ids), pair, new_id) == got for (ids, pair, new_id), got in zip(cases, results))]
+    return fits[0] if len(fits) == 1 else None
 
 
 solution("8.1", "out, i = [], 0; while i < len(ids): if i + 1 < len(ids) and (ids[i], ids[i + 1]) == pair: "
                 "out.append(new_id); i += 2; else: out.append(ids[i]); i += 1; return out")
 
+MERGE = "Exercise 8.1 merge_pair"
 
-@check("Exercise 8.1 merge_pair", shown=True,
+
+@check(MERGE, shown=True,
        why="the merged list of a case the message names is an example of the rule, not the loop that implements it")
 def check_merge_pair(merge_pair: Callable[..., Any]) -> str:
     """``merge_pair(ids, pair, new_id)`` must equal ``minimind_ref.tokenizer.merge_pair`` and
     return a new list, leaving ``ids`` unchanged."""
-    name = "Exercise 8.1 merge_pair"
+    name = MERGE
+    if merge_pair is ref_merge_pair:
+        fail(name, "this is minimind_ref's own merge_pair, not yours",
+             "write the merge yourself from the two properties of the exercise")
     rng = random.Random(0)
     cases = [
-        ([1, 2, 3, 1, 2], (1, 2), 99),
-        ([5, 5, 5], (5, 5), 9),          # overlapping: only the first two merge
+        ([1, 2, 3, 1, 2, 4], (1, 2), 99),     # two occurrences, neither at an end of the list
+        ([5, 5, 5], (5, 5), 9),               # overlapping
         ([5, 5, 5, 5], (5, 5), 9),
-        ([1, 2], (2, 1), 7),            # no occurrence
-        ([], (1, 2), 7),                # empty input
+        ([1, 2], (2, 1), 7),                  # no occurrence
+        ([], (1, 2), 7),                      # empty input
         ([3], (3, 3), 7),
+        ([4, 1, 2], (1, 2), 256),             # the only occurrence ends the list
+        ([1, 2, 7, 7], (1, 2), 256),          # the only occurrence starts the list
         ([1, 2, 1, 2, 2, 1], (2, 1), 300),
-        ([4, 1, 2, 7], (1, 2), 256),    # the last token is not part of a merge
+        ([4, 1, 2, 7], (1, 2), 256),          # the last token is not part of a merge
+        ([6, 1, 2, 1, 2], (1, 2), 300),       # two occurrences, the second at the end
     ]
     cases += [([rng.randrange(4) for _ in range(rng.randrange(2, 30))], (rng.randrange(4), rng.randrange(4)), 256)
               for _ in range(50)]
+    hint = ("decode your result (each id as the bytes it stands for) and compare with the input; go through a case "
+            "by hand, from left to right, and look at the first and the last positions")
+    results = []
     for ids, pair, new_id in cases:
         case = f"merge_pair({ids}, {pair}, {new_id})"
-        got = call(merge_pair, list(ids), pair, new_id, name=name, case=case, check_inputs=True,
-                   hint="walk through the list with an index; look at a token and the one after it together.")
-        expected = ref_merge_pair(ids, pair, new_id)
+        got = _call_refusing(merge_pair, list(ids), pair, new_id, forbidden=(ref_merge_pair,), name=name, case=case,
+                             check_inputs=True, hint=hint)
         if got is None:
             fail(name, f"{case} returned None", "build the merged list and return it (did you forget `return`?).")
-        if list(got) != expected:
-            seen = next((d for d, f in MERGE_MISTAKES.items() if f(ids, pair, new_id) == list(got)), None)
-            fail(name, (f"this looks like {seen}: " if seen else "") + f"{case}: expected {expected}, got {list(got)}",
-                 "walk through the list from left to right: a pair that matches becomes one new_id, and neither of its "
-                 "two tokens can be part of another merge; every other token is kept. Think about the last position.")
-    return f"{len(cases)} cases, overlaps and edge cases included, input left unchanged"
+        try:
+            results.append(list(got))
+        except TypeError:
+            fail(name, f"{case} returned a {type(got).__name__}, not a list of ids", "return the merged ids as a list.")
+    wrong = [(c, got) for c, got in zip(cases, results) if got != ref_merge_pair(*c)]
+    if wrong:
+        (ids, pair, new_id), got = wrong[0]
+        seen = _explaining(MERGE_MISTAKES, cases, results)
+        fail(name, (f"this looks like {seen}: " if seen else "") +
+             f"merge_pair({ids}, {pair}, {new_id}): expected {ref_merge_pair(ids, pair, new_id)}, got {got} "
+             f"({len(wrong)} of {len(cases)} cases differ)", hint)
+    return f"{len(cases)} cases, overlaps and both ends of the list included, input left unchanged"
 
 
 # ---------------------------------------------------------------------- 8.2 shifted loss
@@ -130,6 +176,9 @@ def check_causal_lm_loss(causal_lm_loss: Callable[..., Any]) -> str:
     """``causal_lm_loss(logits, input_ids, attention_mask)``: mean next-token cross-entropy over
     positions whose *target* is a real token."""
     name = "Exercise 8.2 causal_lm_loss"
+    if causal_lm_loss is ref_causal_lm_loss:
+        fail(name, "this is minimind_ref's own causal_lm_loss, not yours",
+             "write the loss yourself from the contract of the exercise")
     g = torch.Generator().manual_seed(8)
     vocab = 11
     masks = {
@@ -141,16 +190,18 @@ def check_causal_lm_loss(causal_lm_loss: Callable[..., Any]) -> str:
         logits = torch.randn(3, 7, vocab, generator=g) * 3
         ids = torch.randint(3, vocab, (3, 7), generator=g).masked_fill(mask == 0, 0)
         case = f"a batch with {label}, logits [3, 7, {vocab}]"
-        got = call(causal_lm_loss, logits.clone(), ids.clone(), mask.clone(), name=name, case=case,
-                   hint="logits is [batch, seq, vocab]; F.cross_entropy wants [N, vocab] and [N].")
+        got = _call_refusing(causal_lm_loss, logits.clone(), ids.clone(), mask.clone(), forbidden=(ref_causal_lm_loss,),
+                             name=name, case=case, check_inputs=True,
+                   hint="logits is [batch, seq, vocab] and input_ids [batch, seq]: the cross-entropy compares one row "
+                        "of vocab scores with one target id per term.")
         expected = ref_causal_lm_loss(logits, ids, mask)
         if isinstance(got, torch.Tensor) and got.dim() != 0:
             fail(name, f"expected a scalar (0-d tensor), got shape {tuple(got.shape)} ({case})",
                  "F.cross_entropy averages for you (reduction='mean'); do not return per-token losses.")
         check_close(got, expected, name=name, rtol=1e-5, atol=1e-6, case=case,
                     mistakes=_loss_mistakes(logits, ids, mask),
-                    hint="which position's token is the target of logits[:, t]? Which mask entry says whether "
-                         "that target is real?")
+                    hint="write out the terms of one padded row, each a predicting position and its target, and "
+                         "mark the ones upstream's labels remove; a removed term leaves both the sum and the count.")
     return "no padding, right padding and left padding"
 
 
@@ -171,6 +222,11 @@ LR_MISTAKES = {
     "a cosine over all steps that ignores the warmup offset (progress = step / max_steps)":
         lambda s, T, w, hi, lo: _warmup(s, w, hi) if s < w else
         lo + 0.5 * (hi - lo) * (1 + math.cos(math.pi * min(1.0, s / max(1, T)))),
+    "a warmup that reaches max_lr one step late (the last warmup step, warmup_steps - 1, is already at max_lr)":
+        lambda s, T, w, hi, lo: hi * (s + 1) / (w + 1) if s < w else ref_lr_at(s, T, w, hi, lo),
+    "the progress through the decay measured over max_steps instead of over the decay phase's own length":
+        lambda s, T, w, hi, lo: _warmup(s, w, hi) if s < w else
+        lo + 0.5 * (hi - lo) * (1 + math.cos(math.pi * min(1.0, (s - w) / max(1, T)))),
     "upstream MiniMind's own schedule (a cosine from lr down to a tenth of it, no warmup) instead of the exercise's":
         lambda s, T, w, hi, lo: hi * (0.1 + 0.45 * (1 + math.cos(math.pi * s / T))),
 }
@@ -186,14 +242,19 @@ def check_lr_at(lr_at: Callable[..., Any]) -> str:
     """``lr_at(step, max_steps, warmup_steps, max_lr, min_lr)`` must equal ``minimind_ref.train.lr_at``
     on whole schedules (relative tolerance 1e-9)."""
     name = "Exercise 8.3 lr_at"
-    settings = [(100, 10, 1e-3, 1e-4), (400, 20, 3e-3, 3e-4), (50, 0, 1.0, 0.0), (30, 30, 2e-3, 2e-4), (7, 1, 5e-4, 5e-4)]
+    if lr_at is ref_lr_at:
+        fail(name, "this is minimind_ref's own lr_at (the setup of an older edition imported it), not yours",
+             "write the schedule yourself from the properties the exercise lists")
+    settings = [(100, 10, 1e-3, 1e-4), (400, 20, 3e-3, 3e-4), (50, 0, 1.0, 0.0), (30, 30, 2e-3, 2e-4), (7, 1, 5e-4, 5e-4),
+                (4, 3, 2e-3, 1e-3)]
     n = 0
     for max_steps, warmup, hi, lo in settings:
         steps = list(range(0, max_steps + 5))
         case = f"max_steps={max_steps}, warmup_steps={warmup}, max_lr={hi}, min_lr={lo}"
-        got = [call(lr_at, s, max_steps, warmup, hi, lo, name=name, case=f"step={s}, {case}",
-                    hint="after the warmup you need the progress through the decay phase; mind a decay phase of "
-                         "zero steps.") for s in steps]
+        got = [_call_refusing(lr_at, s, max_steps, warmup, hi, lo, forbidden=(ref_lr_at,), name=name,
+                              case=f"step={s}, {case}",
+                              hint="after the warmup you need the progress through the decay phase; mind a decay phase "
+                                   "of zero steps.") for s in steps]
         expected = [ref_lr_at(s, max_steps, warmup, hi, lo) for s in steps]
         n += len(steps)
 
@@ -221,7 +282,7 @@ def check_lr_at(lr_at: Callable[..., Any]) -> str:
              f"({phase}): {what}",
              "check the three phases separately: step 0 of the warmup, the first step after it (max_lr), and the "
              "last steps (min_lr, and it must stay there after max_steps).")
-    return f"{n} steps over {len(settings)} schedules"
+    return f"every step of {len(settings)} schedules ({n} steps)"
 
 
 # ---------------------------------------------------------------------- 8.4 training step
@@ -232,29 +293,53 @@ def _tiny_model(use_moe: bool, seed: int) -> MiniMindForCausalLM:
     return MiniMindForCausalLM(cfg).train()
 
 
-def _step_variant(kind: str):
-    """The reference step with one known mistake planted (the keys of ``STEP_MISTAKES``)."""
+def _step_variant(aux: bool = True, clip: str = "before", zero: bool = True, clip_norm=None):
+    """The reference step with known mistakes planted: the aux loss left out (``aux=False``), clipping
+    ``"none"`` or ``"after"`` the optimizer's step, gradients never cleared (``zero=False``), or a fixed
+    ``clip_norm``."""
     def step(model, optimizer, x, y, max_norm):
         out = model(x, labels=y)
-        loss = out.loss if kind == "no_aux" else out.loss + out.aux_loss
+        loss = out.loss + out.aux_loss if aux else out.loss
         loss.backward()
-        if kind != "no_clip":
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0 if kind == "clip_1" else max_norm)
+        norm = max_norm if clip_norm is None else clip_norm
+        if clip == "before":
+            torch.nn.utils.clip_grad_norm_(model.parameters(), norm)
         optimizer.step()
-        if kind != "no_zero_grad_at_end":
+        if clip == "after":
+            torch.nn.utils.clip_grad_norm_(model.parameters(), norm)
+        if zero:
             optimizer.zero_grad()
         return out.loss.item()
     return step
 
 
-STEP_MISTAKES = {
-    # clipping after optimizer.step() changes nothing the step used, so it equals no clipping at all
-    "no_clip": "gradients applied unclipped: no clipping, or the clipping done after the optimizer's step (the "
-               "update already used the full-size gradients)",
-    "no_zero_grad_at_end": "gradients never cleared (the second step added the first step's gradients again)",
-    "no_aux": "the MoE auxiliary loss left out (only out.loss was minimised, the router got no balancing gradient)",
-    "clip_1": "clipping to a fixed norm of 1.0 instead of max_grad_norm",
-}
+_UNCLIPPED = ("gradients applied unclipped: no clipping, or the clipping done after the optimizer's step (the update "
+              "already used the full-size gradients)")
+_CLIP_AFTER = "the clipping done after the optimizer's step (the update used the full-size gradients)"
+_NO_ZERO = "gradients never cleared (the second step added the first step's gradients again)"
+_NO_AUX = "the MoE auxiliary loss left out (only out.loss was minimised, the router got no balancing gradient)"
+
+
+def _step_mistakes():
+    """(description, variant) for every mix of the draft's three flaws, single flaws first, then the fixed clip norm."""
+    out = []
+    for n_flaws in (1, 2, 3):
+        for aux in (True, False):
+            for clip in ("before", "none", "after"):
+                for zero in (True, False):
+                    flaws = (not aux) + (clip != "before") + (not zero)
+                    if flaws != n_flaws or (clip == "none" and not zero):
+                        continue  # no clipping and clipping after the step without clearing differ: keep "after"
+                    parts = []
+                    if clip != "before":
+                        parts.append(_UNCLIPPED if zero else _CLIP_AFTER)
+                    if not zero:
+                        parts.append(_NO_ZERO)
+                    if not aux:
+                        parts.append(_NO_AUX)
+                    out.append(("; and ".join(parts), dict(aux=aux, clip=clip, zero=zero)))
+    out.append(("clipping to a fixed norm of 1.0 instead of max_grad_norm", dict(clip_norm=1.0)))
+    return out
 
 
 solution("8.4", "loss = out.loss + out.aux_loss; loss.backward(); torch.nn.utils.clip_grad_norm_(model.parameters(), "
@@ -267,7 +352,8 @@ def check_training_step(training_step: Callable[..., Any]) -> str:
     """``training_step(model, optimizer, input_ids, labels, max_grad_norm)`` runs one step and
     returns the cross-entropy loss; after two calls the weights must equal the reference's."""
     name = "Exercise 8.4 training_step"
-    for use_moe in (False, True):
+    returned_tensor = ""
+    for use_moe in (True, False):  # the MoE model first: it tells every flaw of the draft apart
         kind = "MoE" if use_moe else "dense"
         batches = [torch.randint(0, 40, (2, 12), generator=torch.Generator().manual_seed(84 + i)) for i in range(2)]
 
@@ -290,8 +376,12 @@ def check_training_step(training_step: Callable[..., Any]) -> str:
         ref, (ref_losses, ref_totals) = run(None, reference=True)
         got_losses = []
         for i, x in enumerate(batches):
-            got = call(training_step, mine, opt_mine, x, x, 0.1, name=name, case=f"the {kind} model, step {i + 1}",
-                       hint="the order of the four calls matters; every call needs the model's output or the optimizer.")
+            got = _call_refusing(training_step, mine, opt_mine, x, x, 0.1, forbidden=(ref_train_step,), name=name,
+                                 case=f"the {kind} model, step {i + 1}",
+                                 hint="for each call of the draft, ask what it needs to have happened before it and "
+                                      "what it changes.")
+            if isinstance(got, torch.Tensor) and not returned_tensor:
+                returned_tensor = f"the {kind} model, step {i + 1}"
             if isinstance(got, torch.Tensor):
                 got = got.detach().float().reshape(()) if got.numel() == 1 else got
             elif isinstance(got, (int, float)):
@@ -313,8 +403,8 @@ def check_training_step(training_step: Callable[..., Any]) -> str:
                    if not torch.allclose(a, b, rtol=1e-5, atol=1e-6)]
         if differs:
             seen = None
-            for variant, description in STEP_MISTAKES.items():
-                model, _ = run(_step_variant(variant))
+            for description, flaws in _step_mistakes():
+                model, _ = run(_step_variant(**flaws))
                 if all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(mine.parameters(), model.parameters())):
                     seen = description
                     break
@@ -322,7 +412,11 @@ def check_training_step(training_step: Callable[..., Any]) -> str:
             fail(name, (f"this looks like {seen}. " if seen else "") +
                  f"{kind} model, after two steps: {len(differs)} parameters differ from the reference "
                  f"(first {pname}, max abs diff {diff:.3g})",
-                 "gradient clipping must act on the gradients the optimizer is about to apply, and PyTorch adds "
-                 "new gradients to old ones until they are cleared.")
+                 "compare what the optimizer applied at each step with what clipping promises (a bounded update) and "
+                 "with the loss the step must minimise; PyTorch keeps adding new gradients into .grad.")
         check_loss(1)
-    return "dense and MoE models, two steps each, clipping active"
+    if returned_tensor:
+        fail(name, f"your step returns the loss as a tensor (on {returned_tensor}); the exercise asks for a Python float: "
+             "a tensor that requires grad keeps the whole graph of the step alive for as long as the caller holds it",
+             "return the number itself, detached from autograd")
+    return "MoE and dense models, two steps each, clipping active"
