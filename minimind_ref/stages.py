@@ -44,6 +44,7 @@ from .chat_eval import (EVAL_MAX_NEW_TOKENS, GREEDY_TIE_MARGIN, WIN_TIE_MARGIN, 
                         evaluate_chat, greedy_near_ties, heldout_prompts, mean_logprobs, own_reply_pairs,
                         reference_replies, reply_logprobs, score_reply, score_reply_text, wilson_interval)
 from .files import DIGEST_KEY, PathLike, weights_digest
+from .stage_set import check_set, write_set, write_set_files
 from .stage_registry import (CAPABILITY_ENV, CHECKPOINT_DIR, DEFAULT_SEEDS, FLOAT_PATHS,  # noqa: F401
                              KNOWN_PATHS, RECIPES, RECORD_VERSION, SEEDED_STAGES, SEEDS_FILE, STAGE_INFO,
                              STAGES, TOKENIZER_FILE, Stage)
@@ -73,7 +74,8 @@ def load_tokenizer() -> Any:
 
 
 def load_stage(name: str, device: Any = "cpu") -> Tuple[torch.nn.Module, Any]:
-    """``(model, tokenizer)`` of a shipped stage, the model in fp32 and eval mode."""
+    """``(model, tokenizer)`` of a shipped stage, the model in fp32 and eval mode. The stage files
+    are checked as one set first (``stage_set.check_set``: a mixed or hand-replaced set is refused)."""
     from .checkpoint import load_checkpoint
 
     path = stage_path(name)
@@ -81,6 +83,7 @@ def load_stage(name: str, device: Any = "cpu") -> Tuple[torch.nn.Module, Any]:
         raise FileNotFoundError(f"stage {name!r} is not shipped yet ({path.name} missing); available: "
                                 f"{', '.join(available_stages()) or 'none'}. Rebuild it with "
                                 f"`python -m minimind_ref.stages rebuild {name}`.")
+    check_set(path.parent)
     model, tokenizer = load_checkpoint(path, map_location=device), load_tokenizer()
     check_tokenizer_fits(model.config, tokenizer, path)
     return model, tokenizer
@@ -97,6 +100,7 @@ def stage_metadata(name: str) -> Dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"stage {name!r} is not shipped yet ({path.name} missing); rebuild it with "
                                 f"`python -m minimind_ref.stages rebuild {name}`.")
+    check_set(path.parent)
     blob = _torch_load(path, "cpu")
     if not (isinstance(blob, dict) and isinstance(blob.get("state_dict"), dict) and isinstance(blob.get("extra", {}), dict)):
         raise ValueError(f"{path} is not a stage file (a save_checkpoint file with weights and extra).")
@@ -111,28 +115,51 @@ def stage_metadata(name: str) -> Dict[str, Any]:
     return extra
 
 
-def save_stage(model: torch.nn.Module, name: str, extra: Dict[str, Any], folder: Optional[PathLike] = None) -> Path:
+def save_stage(model: torch.nn.Module, name: str, extra: Dict[str, Any], folder: Optional[PathLike] = None,
+               tokenizer: Any = None) -> Path:
     """Write a stage checkpoint: fp16 weights (as upstream saves them) and ``extra``, plus the
     digest of those weights in ``extra`` (see ``stage_metadata``), to the shipped stage's file
-    (or its file name in ``folder``). A weight beyond float16's range is a ``ValueError`` naming
-    it (it would become inf)."""
+    (or its file name in ``folder``), as a change of the folder's stage set (``stage_set.write_set``:
+    the manifest records the file's digest and lineage, from ``extra``'s ``stage``, ``parent``,
+    ``seed`` and ``float_path``). ``tokenizer``: also the set's tokenizer, in the same change (the
+    ``base`` stage's). A weight beyond float16's range is a ``ValueError`` naming it (it would
+    become inf)."""
+    path = stage_path(name) if folder is None else Path(os.path.expanduser(os.fspath(folder))) / stage_path(name).name
+    writers: Dict[str, Callable[[str], Any]] = {path.name: lambda target: _write_stage_file(model, name, extra, target)}
+    if tokenizer is not None:
+        from .tokenizer import save_tokenizer
+
+        writers[TOKENIZER_FILE.name] = lambda target: save_tokenizer(tokenizer, target)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_set_files(path.parent, writers, {path.name: stage_lineage(name, extra),
+                                           TOKENIZER_FILE.name: {"role": "the tokenizer every stage uses"}})
+    return path
+
+
+def stage_lineage(name: str, extra: Dict[str, Any]) -> Dict[str, Any]:
+    """What the stage set's manifest records about a stage file: its stage, parent stage, seed and
+    float path (from the figures ``extra`` it is saved with)."""
+    where = extra.get("float_path")
+    return {"stage": name, "parent": STAGE_INFO[name].parent, "seed": extra.get("seed"),
+            "float_path": where.get("path") if isinstance(where, dict) else where}
+
+
+def _write_stage_file(model: torch.nn.Module, name: str, extra: Dict[str, Any], path: PathLike) -> None:
+    """``save_stage``'s file, written to ``path``."""
     import copy
 
     from .checkpoint import save_checkpoint
 
-    path = stage_path(name) if folder is None else Path(os.path.expanduser(os.fspath(folder))) / stage_path(name).name
     for key, tensor in model.state_dict().items():  # fp16 holds magnitudes up to 65,504
         finite = tensor[torch.isfinite(tensor)] if tensor.is_floating_point() else None
         if finite is not None and finite.numel() and float(finite.abs().max()) > torch.finfo(torch.float16).max:
             raise ValueError(f"cannot save stage {name!r}: weight {key!r} holds values up to {float(finite.abs().max()):.4g}, "
                              "beyond float16's range (65,504), and stage files store fp16 weights (as upstream saves "
                              "them). Such weights are rare in a healthy run: check the run's loss; save_checkpoint keeps fp32.")
-    path.parent.mkdir(parents=True, exist_ok=True)
     half = copy.deepcopy(model).to("cpu").half()
     # the digest of the weights the figures in ``extra`` belong to (stage_metadata checks it)
     extra = {**extra, DIGEST_KEY: weights_digest(half.state_dict())}
-    save_checkpoint(half, str(path), extra=extra)
-    return path
+    save_checkpoint(half, os.fspath(path), extra=extra)
 
 
 # ---------------------------------------------------------------------- rebuilding
@@ -185,7 +212,6 @@ def rebuild(name: str, log: Callable[[str], None] = print, seed: int = 0, folder
     shipped ``sft`` stage's replies, or its own for ``sft``), save it (to the package's
     checkpoints, or to ``folder``, checked before training starts)."""
     from .files import check_writable
-    from .tokenizer import save_tokenizer
 
     if name not in RECIPES:
         raise ValueError(f"no recipe for stage {name!r}; recipes exist for {', '.join(RECIPES)}.")
@@ -198,8 +224,6 @@ def rebuild(name: str, log: Callable[[str], None] = print, seed: int = 0, folder
     parent_name = STAGE_INFO[name].parent if name in STAGE_INFO else None
     parent, tokenizer = load_stage(parent_name) if parent_name else (None, None)
     model, extra, tokenizer, seconds = train_stage(name, parent, tokenizer, seed)
-    if parent_name is None:
-        save_tokenizer(tokenizer, TOKENIZER_FILE if folder is None else Path(os.path.expanduser(os.fspath(folder))) / TOKENIZER_FILE.name)
     reference = None
     if name == "sft":
         reference = reference_replies(model, tokenizer)
@@ -208,7 +232,8 @@ def rebuild(name: str, log: Callable[[str], None] = print, seed: int = 0, folder
     extra = {**extra, "stage": name, "parent": parent_name, "seconds": round(seconds, 1),
              "evaluate_chat": evaluate_chat(model, tokenizer, reference), "torch": str(torch.__version__),
              "float_path": float_path()}
-    path = save_stage(model, name, extra, folder=folder)
+    # base ships with its tokenizer: the two change as one (stage_set)
+    path = save_stage(model, name, extra, folder=folder, tokenizer=tokenizer if parent_name is None else None)
     log(f"rebuilt {name} in {seconds:.0f} s -> {path}")
     return path
 
@@ -320,12 +345,12 @@ def rebuild_seeds(seeds: Sequence[int] = DEFAULT_SEEDS, paths: Sequence[str] = F
     "torch", "seconds", "stages": {stage: {seed: {path: {"metrics", "seconds", "stage_metrics"}}}}}``
     (seed keys are strings, as JSON has them). ``runner(seed, path, save_dir, work, log)`` runs one
     lineage (default: a subprocess; tests pass their own)."""
-    import shutil
     import tempfile
     import time
     from concurrent.futures import ThreadPoolExecutor
 
-    from .files import atomic_write, check_writable, write_text
+    from .files import check_writable, expand, write_text
+    from .stage_set import read_manifest
 
     seeds, paths = list(seeds), list(paths)
     _check_seeds_and_paths(seeds, paths)
@@ -368,15 +393,32 @@ def rebuild_seeds(seeds: Sequence[int] = DEFAULT_SEEDS, paths: Sequence[str] = F
         for result in results:
             for name, entry in result["stages"].items():
                 record["stages"][name][str(result["seed"])][result["path"]] = entry
+        # the shipped files and, when it sits beside them, the record change as one set (stage_set.write_set)
+        sources: Dict[str, str] = {}
+        lineage: Dict[str, Dict[str, Any]] = {}
         if ship_seed is not None:
             source = os.path.join(work, f"ship-seed{ship_seed}-{paths[0]}")
-            os.makedirs(ship_dir, exist_ok=True)
             for name in SEEDED_STAGES:
-                with open(os.path.join(source, STAGE_INFO[name].file), "rb") as src, \
-                        atomic_write(Path(ship_dir) / STAGE_INFO[name].file, "wb") as dst:
-                    shutil.copyfileobj(src, dst)
-        if out is not None:
-            write_text(out, json.dumps(record, indent=1, sort_keys=True) + "\n")
+                sources[STAGE_INFO[name].file] = os.path.join(source, STAGE_INFO[name].file)
+                lineage[STAGE_INFO[name].file] = {"stage": name, "parent": STAGE_INFO[name].parent, "seed": ship_seed,
+                                                  "float_path": paths[0]}
+        text = json.dumps(record, indent=1, sort_keys=True) + "\n"
+        ship_folder = os.path.realpath(expand(ship_dir)) if ship_seed is not None else None
+        record_folder = os.path.realpath(os.path.dirname(os.path.abspath(out))) if out is not None else None
+        record_in_set = out is not None and os.path.basename(out) == SEEDS_FILE.name and (
+            record_folder == ship_folder or read_manifest(record_folder) is not None)
+        if record_in_set:
+            sources[SEEDS_FILE.name] = os.path.join(work, SEEDS_FILE.name)
+            lineage[SEEDS_FILE.name] = {"role": "seed record", "ship": record["ship"]}
+            with open(sources[SEEDS_FILE.name], "w", encoding="utf-8") as f:
+                f.write(text)
+        if ship_seed is not None:
+            write_set(ship_dir, {k: v for k, v in sources.items() if k != SEEDS_FILE.name or record_folder == ship_folder},
+                      lineage)
+        if record_in_set and record_folder != ship_folder:
+            write_set(record_folder, {SEEDS_FILE.name: sources[SEEDS_FILE.name]}, lineage)
+        elif out is not None and not record_in_set:
+            write_text(out, text)
     log(f"{len(jobs_list)} lineages in {record['seconds']['wall'] / 60:.1f} min wall" + (f"; record: {out}" if out else ""))
     return record
 
