@@ -490,6 +490,60 @@ def _seed_list(text: str) -> List[int]:
     return seeds
 
 
+def _one_seed(text: str) -> int:
+    """``lineage --seed``: one whole number >= 0."""
+    try:
+        seed = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seed takes a whole number >= 0, got {text!r}") from None
+    if seed < 0:
+        raise argparse.ArgumentTypeError(f"--seed takes a whole number >= 0, got {text!r}")
+    return seed
+
+
+def _rebuild_plan(args: argparse.Namespace) -> Dict[str, Any]:
+    """What ``rebuild`` will do, or a ``ValueError`` for an argument that does not apply or a
+    combination that would leave the package's record and stage files describing different runs."""
+    if args.seeds is None:
+        given = [flag for flag, value in (("--out", args.out), ("--paths", args.paths), ("--jobs", args.jobs),
+                                          ("--no-ship", args.no_ship)) if value not in (None, False)]
+        if given:
+            raise ValueError(f"{', '.join(given)} applies only with --seeds (the seeded rebuild over seeds and float "
+                             "paths); `rebuild [stage ...]` re-creates stages with seed 0 here, into --ship-dir or the "
+                             "package's checkpoints.")
+        unknown = [name for name in args.stages if name not in RECIPES]
+        if unknown:
+            raise ValueError(f"unknown stage {unknown[0]!r}; the stages are {', '.join(RECIPES)}.")
+        if len(set(args.stages)) != len(args.stages):
+            raise ValueError(f"each stage once, please: got {' '.join(args.stages)}.")
+        names = args.stages or list(SEEDED_STAGES)
+        return {"stages": sorted(names, key=STAGES.index)}  # parents before children
+    if args.stages:
+        raise ValueError(f"--seeds trains every post-training stage ({', '.join(SEEDED_STAGES)}) in every lineage and "
+                         f"takes no stage names (got {' '.join(args.stages)}); drop the names, or drop --seeds to "
+                         "rebuild only those stages.")
+    package_record = args.out is None or os.path.realpath(os.path.expanduser(args.out)) == os.path.realpath(SEEDS_FILE)
+    if args.no_ship and package_record:
+        raise ValueError(f"--no-ship writes the record only: give --out (a file of your own), so the package's "
+                         f"{SEEDS_FILE.name} keeps describing the package's stage files.")
+    if args.no_ship and args.ship_dir:
+        raise ValueError("--no-ship ships no stage file, so --ship-dir does not apply: drop one of them.")
+    if not args.no_ship and args.out is not None and args.ship_dir is None and not package_record:
+        raise ValueError("--out writes the record elsewhere, but the first seed's stage files would replace the "
+                         "package's own: give --ship-dir (e.g. the folder of --out) or --no-ship.")
+    if args.ship_dir is not None and args.out is None:
+        raise ValueError(f"--ship-dir ships the stage files elsewhere, but the record would replace the package's "
+                         f"{SEEDS_FILE.name}: give --out too (e.g. {os.path.join(args.ship_dir, SEEDS_FILE.name)}).")
+    paths = [x.strip() for x in (args.paths if args.paths is not None else ",".join(FLOAT_PATHS)).split(",")]
+    if any(not x for x in paths):
+        raise ValueError(f"--paths takes comma-separated float paths, e.g. native,default; got {args.paths!r}.")
+    _check_seeds_and_paths(args.seeds, paths)
+    jobs = 1 if args.jobs is None else args.jobs
+    if jobs < 1:
+        raise ValueError(f"--jobs must be >= 1 (lineages run at a time), got {jobs}.")
+    return {"paths": paths, "jobs": jobs}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m minimind_ref.stages", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -506,43 +560,38 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                      help="comma-separated seeds, e.g. 0,1,2,3,4: train every post-training stage with each seed on "
                           "each float path (lineages from the shipped base), record every run's metrics, ship the first "
                           "seed's models of the first path")
-    reb.add_argument("--paths", default=",".join(FLOAT_PATHS),
+    reb.add_argument("--paths", default=None,
                      help=f"with --seeds: comma-separated float paths (default {','.join(FLOAT_PATHS)}; also "
                           f"{', '.join(p for p in KNOWN_PATHS if p not in FLOAT_PATHS)}); each runs in its own process "
                           f"with {CAPABILITY_ENV} set (native: unset)")
-    reb.add_argument("--jobs", type=int, default=1, help="with --seeds: lineages run at a time, one thread each (default 1)")
+    reb.add_argument("--jobs", type=int, default=None, help="with --seeds: lineages run at a time, one thread each "
+                                                            "(default 1)")
     reb.add_argument("--out", default=None, help=f"with --seeds: the record to write (default: {SEEDS_FILE.name} beside "
-                                                  "the checkpoints)")
+                                                  "the checkpoints; with --out give --ship-dir or --no-ship too, so the "
+                                                  "package's record keeps describing the package's stage files)")
     reb.add_argument("--ship-dir", default=None, help="where the rebuilt stage files go (default: the package's "
-                                                      "checkpoints folder)")
-    reb.add_argument("--no-ship", action="store_true", help="with --seeds: write the record only, no stage file")
+                                                      "checkpoints folder; with --seeds, give --out too)")
+    reb.add_argument("--no-ship", action="store_true", help="with --seeds and --out: write the record only, no stage file")
     cla = sub.add_parser("claims", help="check every claim the chapters make (STAGE_CLAIMS) and that no later stage "
                                         "destroyed a skill, against a seed record; exit status 1 if one fails")
     cla.add_argument("--seeds-file", default=None, help=f"the seed record (default {SEEDS_FILE.name} beside the "
                                                         "checkpoints; e.g. the --out of your own rebuild)")
     lin = sub.add_parser("lineage", help="one lineage on this process's float path (what rebuild --seeds runs per "
                                          "seed and path): JSON result")
-    lin.add_argument("--seed", type=int, required=True)
+    lin.add_argument("--seed", type=_one_seed, required=True)
     lin.add_argument("--result", required=True, help="the JSON file to write the lineage's figures to")
     lin.add_argument("--save-dir", default=None, help="also save the lineage's four models there as stage files")
     args = p.parse_args(argv)
     if args.command == "rebuild":
-        if args.seeds:
-            paths = [x.strip() for x in args.paths.split(",") if x.strip()]
-            try:  # a usage line, not a traceback, for a bad path or job count (nothing has run yet)
-                _check_seeds_and_paths(args.seeds, paths)
-                if args.jobs < 1:
-                    raise ValueError(f"--jobs must be >= 1 (lineages run at a time), got {args.jobs}.")
-            except ValueError as error:
-                p.error(str(error))
-            rebuild_seeds(args.seeds, paths, args.jobs, ship_seed=None if args.no_ship else args.seeds[0],
+        try:  # a usage line, not a traceback, for any argument that does not apply (nothing has run yet)
+            plan = _rebuild_plan(args)
+        except ValueError as error:
+            p.error(str(error))
+        if args.seeds is not None:
+            rebuild_seeds(args.seeds, plan["paths"], plan["jobs"], ship_seed=None if args.no_ship else args.seeds[0],
                           out=args.out or SEEDS_FILE, ship_dir=args.ship_dir or CHECKPOINT_DIR)
         else:
-            names = args.stages or list(SEEDED_STAGES)
-            for name in names:  # every name and the output folder checked before the first run
-                if name not in RECIPES:
-                    raise SystemExit(f"unknown stage {name!r}; the stages are {', '.join(RECIPES)}.")
-            for name in names:
+            for name in plan["stages"]:
                 rebuild(name, folder=args.ship_dir)
     if args.command == "claims":
         try:
@@ -558,6 +607,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         write_text(args.result, json.dumps(result, indent=1, sort_keys=True) + "\n")
     if args.command == "report":
         from .files import check_writable
+
+        if args.recorded and args.evaluate:
+            p.error("--recorded and --evaluate are two different reports (the figures each stage file recorded, or "
+                    "a fresh evaluation here): choose one.")
+        if (args.recorded or args.evaluate) and (args.figure or args.seeds_file):
+            p.error(f"{'--figure' if args.figure else '--seeds-file'} belongs to the report from the seed record; "
+                    f"{'--recorded' if args.recorded else '--evaluate'} makes one row per shipped stage without it. "
+                    "Drop one of them.")
 
         for path, what in ((args.out, "--out (the report's table)"), (args.figure, "--figure (the report's PNG)")):
             if path:  # before any evaluation: a folder or an unwritable place fails now, not after minutes

@@ -105,9 +105,9 @@ def test_the_command_line_checks_out_before_training(tmp_path):
     """A folder as --out: a one-line error at once (the real lineages would take minutes each)."""
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
-    for args, error in ((["--out", str(tmp_path)], IsADirectoryError),
-                        (["--out", str(a_file / "r.json")], NotADirectoryError),
-                        (["--ship-dir", str(a_file)], NotADirectoryError)):
+    for args, error in ((["--out", str(tmp_path), "--no-ship"], IsADirectoryError),
+                        (["--out", str(a_file / "r.json"), "--no-ship"], NotADirectoryError),
+                        (["--ship-dir", str(a_file), "--out", str(tmp_path / "r.json")], NotADirectoryError)):
         with pytest.raises(error):
             stages.main(["rebuild", "--seeds", "0", "--paths", "native", *args])
     with pytest.raises(NotADirectoryError):
