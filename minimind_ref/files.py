@@ -127,6 +127,9 @@ def _through_links(path: str) -> str:
     if not os.path.islink(path):
         return path
     target = os.path.realpath(path)
+    if os.path.islink(target):
+        raise OSError(errno.ELOOP, f"the path to write {path} is a symbolic link that leads back to itself (a loop); "
+                                   "point it at a file, or remove it.")
     if os.path.isdir(target):
         raise IsADirectoryError(f"the path to write {path} is a link to the folder {target}; give a file name.")
     return target

@@ -61,6 +61,9 @@ def _markers(bos_ids: Sequence[int], eos_ids: Sequence[int], need_header: bool) 
     bos, eos = list(bos_ids), list(eos_ids)
     if not bos or not eos:
         raise ValueError("bos_ids and eos_ids must not be empty (see marker_ids).")
+    for name, ids in (("bos_ids", bos), ("eos_ids", eos)):
+        if any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
+            raise TypeError(f"{name} must be token ids (ints), as marker_ids(tokenizer) gives them; got {ids!r:.80}.")
     if need_header and len(bos) < 2:
         raise ValueError(f"bos_ids must be the ids of <|im_start|>assistant\\n: the header's tokens, then the newline "
                          f"(marker_ids(tokenizer)); got {bos}, too short to hold both.")

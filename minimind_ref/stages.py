@@ -83,8 +83,9 @@ def load_stage(name: str, device: Any = "cpu") -> Tuple[torch.nn.Module, Any]:
         raise FileNotFoundError(f"stage {name!r} is not shipped yet ({path.name} missing); available: "
                                 f"{', '.join(available_stages()) or 'none'}. Rebuild it with "
                                 f"`python -m minimind_ref.stages rebuild {name}`.")
+    model = load_checkpoint(path, map_location=device)  # the file's own digests first: the most specific message
     check_set(path.parent)
-    model, tokenizer = load_checkpoint(path, map_location=device), load_tokenizer()
+    tokenizer = load_tokenizer()
     check_tokenizer_fits(model.config, tokenizer, path)
     return model, tokenizer
 
@@ -92,7 +93,7 @@ def load_stage(name: str, device: Any = "cpu") -> Tuple[torch.nn.Module, Any]:
 def stage_metadata(name: str) -> Dict[str, Any]:
     """What the shipped file records about how it was made (config, command, metrics).
 
-    The file is verified first: read weights-only (a damaged or truncated file is a one-line
+    The file is verified first (then checked as a member of its stage set, ``stage_set.check_set``): read weights-only (a damaged or truncated file is a one-line
     ``ValueError``), its weights must match the digest ``save_checkpoint`` recorded, and the
     digest ``save_stage`` wrote into ``extra`` (the weights the figures were measured on) must be
     the same: recorded figures are never reported for weights they do not belong to."""
@@ -100,7 +101,6 @@ def stage_metadata(name: str) -> Dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"stage {name!r} is not shipped yet ({path.name} missing); rebuild it with "
                                 f"`python -m minimind_ref.stages rebuild {name}`.")
-    check_set(path.parent)
     blob = _torch_load(path, "cpu")
     if not (isinstance(blob, dict) and isinstance(blob.get("state_dict"), dict) and isinstance(blob.get("extra", {}), dict)):
         raise ValueError(f"{path} is not a stage file (a save_checkpoint file with weights and extra).")
@@ -112,6 +112,7 @@ def stage_metadata(name: str) -> Dict[str, Any]:
         raise ValueError(f"{path}: the figures it records were measured on other weights than the ones it holds (the file "
                          f"was re-saved with new weights and the old metadata); rebuild it with "
                          f"`python -m minimind_ref.stages rebuild {name}`.")
+    check_set(path.parent)  # and the file is the one its set lists (stage_set)
     return extra
 
 
@@ -623,7 +624,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if args.recorded or args.evaluate:
                 table = render_markdown(recorded_rows() if args.recorded else stage_rows())
             else:
-                records = load_seed_records(Path(args.seeds_file) if args.seeds_file else None)
+                try:  # a record that fails the schema check: one usage line naming the file, stage and metric
+                    records = load_seed_records(Path(args.seeds_file) if args.seeds_file else None)
+                except (FileNotFoundError, ValueError) as error:
+                    p.error(str(error))
                 table = render_seed_report(records)
                 if args.figure:
                     render_seed_figure(records, Path(args.figure))
