@@ -334,7 +334,8 @@ class GraphDecoder:
         """The next token of every row ``[b]``: ``generation.sample_next_token``'s processors, then
         argmax (greedy) or the exponential race (sampling), then the end-of-sequence bookkeeping. Rows
         whose logits are NaN/inf (and not finished) set ``st.nonfinite``, read once at the end."""
-        st.nonfinite.copy_(flag_nonfinite(st.nonfinite, logits, st.finished))
+        bad = ~torch.isfinite(logits).all(dim=-1)  # generation.flag_nonfinite, in place (a graph writes its buffers)
+        st.nonfinite |= bad & ~st.finished if s.eos_token_id is not None else bad
         if s.repetition_penalty != 1.0:
             logits = logits.float()
             logits = torch.where(st.seen, torch.where(logits > 0, logits / s.repetition_penalty,
