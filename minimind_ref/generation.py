@@ -224,12 +224,17 @@ def eval_mode(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
         model.train(was_training)
 
 
-def check_first_logits(model: torch.nn.Module, logits: torch.Tensor) -> None:
+def check_first_logits(model: torch.nn.Module, logits: torch.Tensor, step: int = 0,
+                       finished: Optional[torch.Tensor] = None) -> None:
     """The first step's logits ``[b, vocab]`` must be finite: NaN weights show here, and a token
-    chosen from NaN logits is meaningless (argmax gives token 0 forever). One host read."""
-    finite = torch.isfinite(logits).all(dim=-1)
-    if not bool(finite.all()):
-        raise _nonfinite_logits(model, ~finite, 0)
+    chosen from NaN logits is meaningless (argmax gives token 0 forever). One host read. (``generate``
+    with a ``callback`` checks every ``step`` so: a token handed to the callback is never taken back;
+    rows already ``finished`` are not counted.)"""
+    bad = ~torch.isfinite(logits).all(dim=-1)
+    if finished is not None:
+        bad = bad & ~finished
+    if bool(bad.any()):
+        raise _nonfinite_logits(model, bad, step)
 
 
 def flag_nonfinite(flag: torch.Tensor, logits: torch.Tensor, finished: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -283,8 +288,8 @@ def generate(
     ``check_sampling_settings``; ``pad_token_id`` and ``eos_token_id`` must be single ids of the
     vocabulary; the mask must hold 0/1 with padding on the left only). The model decodes in eval
     mode (``eval_mode``: dropout off), its own mode restored afterwards. Logits that are NaN/inf
-    raise ``FloatingPointError`` (at the first step at once; later, once at the end), so no token
-    chosen from them is returned.
+    raise ``FloatingPointError`` (at the first step at once; later, once at the end, or at once
+    when a ``callback`` streams the tokens), so no token chosen from them is returned.
 
     Returns ``[b, s + n]`` with ``n <= max_new_tokens`` the number of steps taken.
     """
@@ -310,8 +315,8 @@ def generate(
             else:
                 out = model(ids, attention_mask=mask, logits_to_keep=1)
             logits = out.logits[:, -1, :]
-            if step == 0:  # NaN weights show at once: stop before emitting argmax(NaN) = token 0 forever
-                check_first_logits(model, logits)
+            if step == 0 or callback is not None:  # NaN weights show at once; a streamed token is never taken back
+                check_first_logits(model, logits, step, finished)
             else:  # later steps: one flag on the device, read once at the end (no host sync per token)
                 nonfinite = flag_nonfinite(nonfinite, logits, finished)
             token = sample_next_token(

@@ -24,6 +24,13 @@ report's rendering).
     python -m minimind_ref.stages claims [--seeds-file FILE]  # the chapters' claims against a record
     python -m minimind_ref.stages report --evaluate       # one row per shipped stage, re-evaluated here
     python -m minimind_ref.stages rebuild [stage]         # re-create one shipped stage (seed 0)
+
+The command line refuses, before any work, what does not apply: stage names with ``--seeds``,
+``--out``/``--paths``/``--jobs``/``--no-ship`` without it, ``--recorded`` with ``--evaluate``, and
+the combinations that would leave the package's record and its stage files describing different
+runs (``--out`` without ``--ship-dir`` or ``--no-ship``; ``--ship-dir`` or ``--no-ship`` without
+``--out``). The shipped stage files, their tokenizer and the record change as one set
+(``stage_set``: a manifest written last, checked whenever a stage or the record is loaded).
 """
 
 from __future__ import annotations
