@@ -65,7 +65,6 @@ from __future__ import annotations
 
 import json
 import math
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -75,8 +74,8 @@ import torch.nn.functional as F
 
 from .fast_decode import WeightsWatch, rms_norm
 from .ffn import ACTIVATIONS
-from .generation import (check_decoding_request, check_first_logits, eval_mode, flag_nonfinite, raise_if_nonfinite,
-                         top_k_filter, top_p_filter, warn_position_limit)
+from .generation import (check_decoding_request, check_first_logits, eval_mode, raise_if_nonfinite, top_k_filter,
+                         top_p_filter, warn_position_limit)
 from .model import MiniMindForCausalLM
 
 

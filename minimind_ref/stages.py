@@ -56,7 +56,8 @@ from .stage_registry import (CAPABILITY_ENV, CHECKPOINT_DIR, DEFAULT_SEEDS, FLOA
                              KNOWN_PATHS, RECIPES, RECORD_VERSION, SEEDED_STAGES, SEEDS_FILE, STAGE_INFO,
                              STAGES, TOKENIZER_FILE, Stage)
 from .stage_report import (CLAIMS, METRICS, PROPORTIONS, REPORT_COLUMNS, REPORT_KEYS,  # noqa: F401
-                           SKILLS, STAGE_CLAIMS, TAUGHT_COSTS, _fmt, check_claim, describe_effect,
+                           SKILLS, STAGE_CLAIMS, TAUGHT_COSTS, _fmt, check_claim, check_metric, check_seed_record,
+                           describe_effect,
                            destroyed_skills, load_seed_records, metric_interval, render_markdown,
                            render_seed_figure, render_seed_report, run_metrics, seed_runs, seed_values,
                            stage_effect)
