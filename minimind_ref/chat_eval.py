@@ -36,6 +36,7 @@ prompts) by them. Claims over seeds and float paths compare these intervals.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -165,7 +166,7 @@ def wilson_interval(successes: float, n: float, z: float = Z_95) -> Tuple[float,
     ``z``: a finite number > 0. Anything else (NaN, inf, a bool, a string, ``z <= 0``, which would
     put the lower end above the upper) is a ``ValueError``/``TypeError`` naming the argument."""
     for name, value in (("successes", successes), ("n", n), ("z", z)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(f"wilson_interval: {name} must be a number, got {value!r} ({type(value).__name__}).")
         if not math.isfinite(value):
             raise ValueError(f"wilson_interval: {name} must be finite, got {value!r}.")

@@ -151,7 +151,8 @@ def write_set(folder: PathLike, sources: Mapping[str, PathLike], lineage: Mappin
     one change: the manifest with the new set as ``pending``, each file copied atomically, then the
     manifest with the new set as ``files`` (see the module docstring). ``lineage[name]``: what the
     manifest records about that file (a stage file: ``stage``, ``parent``, ``seed``,
-    ``float_path``); a stage's ``parent_sha256`` is filled in from its parent's entry in the set.
+    ``float_path``; ``parent_sha256`` when the parent file is not the one in this set); otherwise a
+    stage's ``parent_sha256`` is filled in from its parent's entry in the set.
     Files of the set not in ``sources`` keep their entries. Returns the new set's entries."""
     from . import files as _files
 
@@ -176,7 +177,7 @@ def write_set(folder: PathLike, sources: Mapping[str, PathLike], lineage: Mappin
     by_stage = {stage.name: stage.file for stage in STAGE_INFO.values()}
     for name, entry in new.items():
         parent = entry.get("parent")
-        if name in sources and parent in by_stage and by_stage[parent] in new:
+        if name in sources and "parent_sha256" not in entry and parent in by_stage and by_stage[parent] in new:
             entry["parent_sha256"] = new[by_stage[parent]]["sha256"]
     _write_manifest(folder, old, new)
     for name, source in sources.items():

@@ -51,7 +51,7 @@ from .chat_eval import (EVAL_MAX_NEW_TOKENS, GREEDY_TIE_MARGIN, WIN_TIE_MARGIN, 
                         evaluate_chat, greedy_near_ties, heldout_prompts, mean_logprobs, own_reply_pairs,
                         reference_replies, reply_logprobs, score_reply, score_reply_text, wilson_interval)
 from .files import DIGEST_KEY, PathLike, weights_digest
-from .stage_set import check_set, write_set, write_set_files
+from .stage_set import check_set, file_sha256, write_set, write_set_files
 from .stage_registry import (CAPABILITY_ENV, CHECKPOINT_DIR, DEFAULT_SEEDS, FLOAT_PATHS,  # noqa: F401
                              KNOWN_PATHS, RECIPES, RECORD_VERSION, SEEDED_STAGES, SEEDS_FILE, STAGE_INFO,
                              STAGES, TOKENIZER_FILE, Stage)
@@ -125,14 +125,15 @@ def stage_metadata(name: str) -> Dict[str, Any]:
 
 
 def save_stage(model: torch.nn.Module, name: str, extra: Dict[str, Any], folder: Optional[PathLike] = None,
-               tokenizer: Any = None) -> Path:
+               tokenizer: Any = None, lineage: Optional[Dict[str, Any]] = None) -> Path:
     """Write a stage checkpoint: fp16 weights (as upstream saves them) and ``extra``, plus the
     digest of those weights in ``extra`` (see ``stage_metadata``), to the shipped stage's file
     (or its file name in ``folder``), as a change of the folder's stage set (``stage_set.write_set``:
     the manifest records the file's digest and lineage, from ``extra``'s ``stage``, ``parent``,
     ``seed`` and ``float_path``). ``tokenizer``: also the set's tokenizer, in the same change (the
-    ``base`` stage's). A weight beyond float16's range is a ``ValueError`` naming it (it would
-    become inf)."""
+    ``base`` stage's). ``lineage``: more for the manifest's entry (``parent_sha256``, the digest of
+    the parent file the stage was trained from, when it is not the parent in the same folder). A
+    weight beyond float16's range is a ``ValueError`` naming it (it would become inf)."""
     path = stage_path(name) if folder is None else Path(os.path.expanduser(os.fspath(folder))) / stage_path(name).name
     writers: Dict[str, Callable[[str], Any]] = {path.name: lambda target: _write_stage_file(model, name, extra, target)}
     if tokenizer is not None:
@@ -140,7 +141,7 @@ def save_stage(model: torch.nn.Module, name: str, extra: Dict[str, Any], folder:
 
         writers[TOKENIZER_FILE.name] = lambda target: save_tokenizer(tokenizer, target)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_set_files(path.parent, writers, {path.name: stage_lineage(name, extra),
+    write_set_files(path.parent, writers, {path.name: {**stage_lineage(name, extra), **(lineage or {})},
                                            TOKENIZER_FILE.name: {"role": "the tokenizer every stage uses"}})
     return path
 
@@ -232,6 +233,7 @@ def rebuild(name: str, log: Callable[[str], None] = print, seed: int = 0, folder
         check_writable(stage_path(name), "the rebuilt stage file")
     parent_name = STAGE_INFO[name].parent if name in STAGE_INFO else None
     parent, tokenizer = load_stage(parent_name) if parent_name else (None, None)
+    lineage = {"parent_sha256": file_sha256(stage_path(parent_name))} if parent_name else {}  # the package's parent
     model, extra, tokenizer, seconds = train_stage(name, parent, tokenizer, seed)
     reference = None
     if name == "sft":
@@ -242,7 +244,8 @@ def rebuild(name: str, log: Callable[[str], None] = print, seed: int = 0, folder
              "evaluate_chat": evaluate_chat(model, tokenizer, reference), "torch": str(torch.__version__),
              "float_path": float_path()}
     # base ships with its tokenizer: the two change as one (stage_set)
-    path = save_stage(model, name, extra, folder=folder, tokenizer=tokenizer if parent_name is None else None)
+    path = save_stage(model, name, extra, folder=folder, tokenizer=tokenizer if parent_name is None else None,
+                      lineage=lineage)
     log(f"rebuilt {name} in {seconds:.0f} s -> {path}")
     return path
 
@@ -411,6 +414,8 @@ def rebuild_seeds(seeds: Sequence[int] = DEFAULT_SEEDS, paths: Sequence[str] = F
                 sources[STAGE_INFO[name].file] = os.path.join(source, STAGE_INFO[name].file)
                 lineage[STAGE_INFO[name].file] = {"stage": name, "parent": STAGE_INFO[name].parent, "seed": ship_seed,
                                                   "float_path": paths[0]}
+            if stage_path("base").is_file():  # every lineage's sft started from the package's base
+                lineage[STAGE_INFO["sft"].file]["parent_sha256"] = file_sha256(stage_path("base"))
         text = json.dumps(record, indent=1, sort_keys=True) + "\n"
         ship_folder = os.path.realpath(expand(ship_dir)) if ship_seed is not None else None
         record_folder = os.path.realpath(os.path.dirname(os.path.abspath(out))) if out is not None else None
