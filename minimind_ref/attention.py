@@ -62,6 +62,16 @@ def qk_logit_bound(q_gain: torch.Tensor, k_gain: torch.Tensor) -> float:
     return math.sqrt(head_dim) * q_gain.abs().max().item() * k_gain.abs().max().item()
 
 
+def _propagate_nan(out: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``out`` [b, h, s, d] with every query row of ``q`` [b, h, s, d] that holds NaN/inf made NaN: adds
+    ``0 * (max(row) - min(row))`` (in float32, so no finite row overflows), which is 0 (``out``
+    unchanged, bit for bit) for a finite row and NaN for a row holding NaN, inf or -inf. Two
+    reductions over ``q``, no host read, no gradient (the term is detached)."""
+    q = q.detach()
+    spread = q.amax(dim=-1, keepdim=True).float() - q.amin(dim=-1, keepdim=True).float()
+    return out + (spread * 0).to(out.dtype)
+
+
 class Attention(nn.Module):
     """Causal multi-head attention with ``n_kv_heads`` shared key/value heads.
 
@@ -146,15 +156,22 @@ class Attention(nn.Module):
 
     def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Fused causal attention. ``q`` [b, h, s, d]; ``k, v`` [b, s, n_kv, d]. PyTorch >= 2.5 maps query
-        heads to their KV head itself (``enable_gqa``), so the repeated K/V are never materialized."""
+        heads to their KV head itself (``enable_gqa``), so the repeated K/V are never materialized.
+
+        A query row holding NaN makes every score of that row NaN, and the CPU's fused kernel treats
+        such a row as fully masked and returns zeros for it: NaN weights in ``q_proj`` would give
+        finite logits (the explicit path, and SDPA's math backend, give NaN). ``_propagate_nan``
+        puts the NaN back, so a broken model shows as NaN logits on every path."""
         dropout_p = self.dropout if self.training else 0.0
         if self.n_rep > 1 and _SDPA_HAS_GQA:
-            return F.scaled_dot_product_attention(
+            out = F.scaled_dot_product_attention(
                 q, k.transpose(1, 2), v.transpose(1, 2), dropout_p=dropout_p, is_causal=True, enable_gqa=True
             )
-        k = repeat_kv(k, self.n_rep).transpose(1, 2)
-        v = repeat_kv(v, self.n_rep).transpose(1, 2)
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+        else:
+            out = F.scaled_dot_product_attention(q, repeat_kv(k, self.n_rep).transpose(1, 2),
+                                                 repeat_kv(v, self.n_rep).transpose(1, 2), dropout_p=dropout_p,
+                                                 is_causal=True)
+        return _propagate_nan(out, q)
 
     def _explicit(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: int, attention_mask: Optional[torch.Tensor]

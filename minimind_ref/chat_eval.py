@@ -35,6 +35,8 @@ prompts) by them. Claims over seeds and float paths compare these intervals.
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -158,9 +160,22 @@ def greedy_near_ties(model: torch.nn.Module, tokenizer: Any, conversations: Sequ
 def wilson_interval(successes: float, n: float, z: float = Z_95) -> Tuple[float, float]:
     """The Wilson score interval of a proportion ``successes / n`` (95 % with the default ``z``):
     where the share would lie on another draw of ``n`` prompts of the same kind. ``(0, 1)`` for
-    ``n == 0``."""
-    if n < 0 or successes < 0 or successes > n:
-        raise ValueError(f"need 0 <= successes <= n, got successes={successes!r}, n={n!r}.")
+    ``n == 0``.
+
+    ``n``: a whole number >= 0 (a count of prompts); ``successes``: a finite number in ``[0, n]``;
+    ``z``: a finite number > 0. Anything else (NaN, inf, a bool, a string, ``z <= 0``, which would
+    put the lower end above the upper) is a ``ValueError``/``TypeError`` naming the argument."""
+    for name, value in (("successes", successes), ("n", n), ("z", z)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"wilson_interval: {name} must be a number, got {value!r} ({type(value).__name__}).")
+        if not math.isfinite(value):
+            raise ValueError(f"wilson_interval: {name} must be finite, got {value!r}.")
+    if n < 0 or n != int(n):
+        raise ValueError(f"wilson_interval: n must be a whole number >= 0 (a count of prompts), got {n!r}.")
+    if not 0 <= successes <= n:
+        raise ValueError(f"wilson_interval: need 0 <= successes <= n, got successes={successes!r}, n={n!r}.")
+    if z <= 0:
+        raise ValueError(f"wilson_interval: z must be > 0 (1.96 for 95 %), got {z!r}.")
     if n == 0:
         return 0.0, 1.0
     p = successes / n

@@ -612,7 +612,7 @@ def load_checkpoint(
         elif config_overrides:
             config = config.replace(**config_overrides)
     elif isinstance(blob, dict) and blob and all(isinstance(v, torch.Tensor) for v in blob.values()):
-        if all(".lora." in k or k == "lora_scale" for k in blob):
+        if all(".lora." in k or k in ("lora_scale", "lora_base_sample") for k in blob):  # lora.SCALE_KEY, lora.BASE_KEY
             raise ValueError(f"{os.fspath(path)} holds LoRA adapters only (a save_lora file), not a model: apply_lora("
                              "model, rank) to the model they were trained on, then lora.load_lora(model, path).")
         state_dict = blob

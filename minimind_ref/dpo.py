@@ -176,6 +176,12 @@ def encode_reply(tokenizer: Any, messages: Sequence[Dict[str, Any]], max_length:
     return ids, assistant_loss_mask(ids, bos, eos, max_length, merged_newline_ids(tokenizer))
 
 
+def _prompt_of(messages: Sequence[Any]) -> List[Any]:
+    """The messages before the conversation's last assistant reply (what both sides of a pair share)."""
+    last = max((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"), default=0)
+    return list(messages[:last])
+
+
 class DPODataset:
     """Preference records ``{"chosen": [messages], "rejected": [messages]}`` for DPO.
 
@@ -194,8 +200,9 @@ class DPODataset:
     y_chosen, mask_chosen, x_rejected, y_rejected, mask_rejected`` (``long``).
 
     Checked, where upstream trains on anything: a record whose chosen and rejected conversations
-    are the same is a ``ValueError`` (it holds no preference: its loss is the constant log 2 and
-    its gradient 0). Truncation is counted as in ``sft.SFTDataset``: ``self.truncation`` counts the
+    have different prompts (the messages before the last assistant reply) is a ``ValueError``, and
+    so is one whose two conversations are the same (it holds no preference: its loss is the
+    constant log 2 and its gradient 0). Truncation is counted as in ``sft.SFTDataset``: ``self.truncation`` counts the
     pairs with a side that lost its whole answer (``no_answer``: that side's log-probability is
     0, the pair only adds noise) or the end of it (``cut_answer``), with a warning;
     ``drop_truncated=True`` leaves them out."""
@@ -234,6 +241,13 @@ class DPODataset:
             if record["chosen"] == record["rejected"]:
                 same.append(n)
                 continue
+            prompts = [_prompt_of(record[side]) for side in ("chosen", "rejected")]
+            if prompts[0] != prompts[1]:
+                turn = next((i for i, (a, b) in enumerate(zip(*prompts)) if a != b), min(map(len, prompts)))
+                raise ValueError(f"record {n}: the chosen and rejected conversations have different prompts (they "
+                                 f"differ at message {turn}: {prompts[0][turn:turn + 1]!r:.80} vs "
+                                 f"{prompts[1][turn:turn + 1]!r:.80}); a preference pair is two replies to one prompt, "
+                                 "so everything before the last assistant reply must be the same on both sides.")
             drop = EMPTY_THINK in render_chat(record["chosen"]) and rng.random() > empty_think_ratio
             full = (encode_chat(tokenizer, record["chosen"], drop_empty_think=drop),
                     encode_chat(tokenizer, record["rejected"], drop_empty_think=drop))

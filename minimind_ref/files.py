@@ -9,6 +9,10 @@ tokenizer, JSON and markdown reports) goes through ``atomic_write``:
 2. the temporary file is flushed and ``fsync``-ed: its bytes are on the disk;
 3. ``os.replace`` renames it over the target in one step, and the folder is ``fsync``-ed.
 
+The new file keeps the previous one's permission bits (a ``0600`` file stays ``0600``; a new
+file gets the usual ``0666`` less the umask), and a symbolic link is written through: its target
+is replaced, the link stays a link.
+
 A process killed at any moment therefore leaves either the previous file or the new one, never a
 mix (a hidden ``.NAME.<pid>.*.tmp`` may stay behind; the next write of ``NAME`` removes it once
 its process is gone). A failed write (a full disk, a read-only
@@ -27,6 +31,7 @@ import errno
 import hashlib
 import json
 import os
+import stat
 import uuid
 from typing import IO, Any, Iterator, Mapping, Union
 
@@ -87,13 +92,14 @@ def atomic_write(path: PathLike, mode: str = "wb", encoding: str = "utf-8") -> I
     created if needed. A folder as ``path`` is an ``IsADirectoryError``."""
     if mode not in ("wb", "w"):
         raise ValueError(f"atomic_write writes a whole new file: mode must be 'wb' or 'w', got {mode!r}.")
-    path = _file_to_write(path, "the path to write")
+    path = _through_links(_file_to_write(path, "the path to write"))
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     writer = None
     try:
         with open(tmp, "x" + mode[1:], **({} if "b" in mode else {"encoding": encoding})) as handle:
+            _keep_mode(path, tmp)
             writer = _RecordingWriter(handle) if "b" in mode else handle
             yield writer
             handle.flush()
@@ -113,6 +119,34 @@ def atomic_write(path: PathLike, mode: str = "wb", encoding: str = "utf-8") -> I
         finally:
             os.close(fd)
     remove_stale_temporaries(folder, os.path.basename(path))
+
+
+def _through_links(path: str) -> str:
+    """The file a write of ``path`` replaces: a symbolic link's target (followed to the end), so the
+    link itself stays a link; ``path`` itself otherwise."""
+    if not os.path.islink(path):
+        return path
+    target = os.path.realpath(path)
+    if os.path.islink(target):
+        raise OSError(errno.ELOOP, f"the path to write {path} is a symbolic link that leads back to itself (a loop); "
+                                   "point it at a file, or remove it.")
+    if os.path.isdir(target):
+        raise IsADirectoryError(f"the path to write {path} is a link to the folder {target}; give a file name.")
+    return target
+
+
+def _keep_mode(path: str, tmp: str) -> None:
+    """Give ``tmp`` the permission bits (and, where allowed, the owner) of the file it will replace."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return  # a new file: the usual mode (0666 less the umask)
+    os.chmod(tmp, stat.S_IMODE(st.st_mode))
+    if hasattr(os, "chown"):
+        with contextlib.suppress(OSError):  # another owner: only root may give the file back to it
+            tmp_st = os.stat(tmp)
+            if (tmp_st.st_uid, tmp_st.st_gid) != (st.st_uid, st.st_gid):
+                os.chown(tmp, st.st_uid, st.st_gid)
 
 
 def remove_stale_temporaries(folder: str, name: str) -> None:
@@ -143,7 +177,7 @@ def check_writable(path: PathLike, what: str = "the output file") -> str:
     one that exists, where the missing ones will be created) cannot be written to. Nothing is
     created."""
     path = _file_to_write(path, what)
-    folder = os.path.dirname(os.path.abspath(path))
+    folder = os.path.dirname(os.path.abspath(_through_links(path)))
     while not os.path.exists(folder):
         parent = os.path.dirname(folder)
         if parent == folder:

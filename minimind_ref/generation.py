@@ -11,9 +11,10 @@ whole sequence is recomputed at every step. Both give the same tokens.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -148,6 +149,110 @@ def sample_next_token(
         raise
 
 
+# ---------------------------------------------------------------------- the checks every decoder shares
+# ``generate`` below, ``fast_decode.FastDecoder`` and ``graph_decode.GraphDecoder`` decode the same model three
+# ways; they take their arguments, the position limit, the model's mode and non-finite logits through these
+# functions, so a setting one of them refuses the others refuse with the same words.
+
+
+def check_decoding_request(model: torch.nn.Module, input_ids: Any, max_new_tokens: Any,
+                           eos_token_id: Any = None, pad_token_id: Any = None, attention_mask: Any = None,
+                           temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                           repetition_penalty: float = 1.0) -> int:
+    """Validate one decoding request and return how many steps the position limit allows.
+
+    ``max_new_tokens``: an int >= 0 (not a bool); the sampling settings as ``check_sampling_settings``;
+    ``input_ids``: an integer tensor ``[batch, seq_len]`` with at least one token, on the model's
+    device; ``eos_token_id`` / ``pad_token_id``: one token id of the vocabulary or None (a list of end
+    tokens is refused: every decoder stops on one id); ``attention_mask``: 0/1, padding on the left
+    only. The result is ``min(max_new_tokens, max_position_embeddings - seq_len)`` (never below 0):
+    the sequence never grows past what the model can hold (``warn_position_limit`` says so when a
+    run reaches it)."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        raise TypeError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r} ({type(max_new_tokens).__name__}).")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens}.")
+    check_sampling_settings(temperature, top_k, top_p, repetition_penalty)
+    if not isinstance(input_ids, torch.Tensor):
+        raise TypeError(f"input_ids must be a torch.Tensor of token ids [batch, seq_len], got {type(input_ids).__name__}.")
+    if input_ids.dim() != 2 or input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
+        raise ValueError(
+            f"input_ids must be a tensor of token ids [batch, seq_len] with at least one token, got "
+            f"{tuple(input_ids.shape)}; use input_ids.unsqueeze(0) for a single prompt."
+        )
+    if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+        raise TypeError(f"input_ids must hold integer token ids (torch.long), got {input_ids.dtype}.")
+    param = next(iter(model.parameters()), None)
+    if param is not None and input_ids.device != param.device:
+        raise ValueError(f"input_ids are on {input_ids.device}, the model on {param.device}; move them with "
+                         f".to({str(param.device)!r}).")
+    config = getattr(model, "config", None)
+    vocab_size = getattr(config, "vocab_size", None)
+    for name, value in (("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)):
+        _check_token_id(name, value, vocab_size)
+    if attention_mask is not None:
+        _check_left_padding(attention_mask, input_ids)
+    max_positions = getattr(config, "max_position_embeddings", None)
+    if max_positions is None:
+        return max_new_tokens
+    return min(max_new_tokens, max(max_positions - input_ids.shape[1], 0))
+
+
+def warn_position_limit(caller: str, steps: int, max_new_tokens: int, max_positions: Optional[int],
+                        stacklevel: int = 3) -> None:
+    """The warning every decoder gives when a run took all the ``steps`` the position limit allowed
+    and that was fewer than asked (nothing when ``steps == max_new_tokens``)."""
+    if steps < max_new_tokens:
+        warnings.warn(
+            f"{caller} stopped after {steps} of max_new_tokens={max_new_tokens} new tokens: the sequence "
+            f"reached max_position_embeddings={max_positions}, the most positions the model can hold. "
+            "The tokens generated so far are returned; shorten the prompt to get more.",
+            stacklevel=stacklevel,
+        )
+
+
+@contextlib.contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """Decode in eval mode whatever mode the model is in (dropout off: a model left in train mode
+    would otherwise decode with dropout), and put the mode back afterwards. Every decoder does this:
+    they switch, they do not refuse."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
+def check_first_logits(model: torch.nn.Module, logits: torch.Tensor, step: int = 0,
+                       finished: Optional[torch.Tensor] = None) -> None:
+    """The first step's logits ``[b, vocab]`` must be finite: NaN weights show here, and a token
+    chosen from NaN logits is meaningless (argmax gives token 0 forever). One host read. (``generate``
+    with a ``callback`` checks every ``step`` so: a token handed to the callback is never taken back;
+    rows already ``finished`` are not counted.)"""
+    bad = ~torch.isfinite(logits).all(dim=-1)
+    if finished is not None:
+        bad = bad & ~finished
+    if bool(bad.any()):
+        raise _nonfinite_logits(model, bad, step)
+
+
+def flag_nonfinite(flag: torch.Tensor, logits: torch.Tensor, finished: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``flag | rows of logits [b, vocab] that are not finite`` (rows already finished excluded): kept
+    on the device, no host read per token; ``raise_if_nonfinite`` reads it once at the end."""
+    bad = ~torch.isfinite(logits).all(dim=-1)
+    if finished is not None:
+        bad = bad & ~finished
+    return flag | bad
+
+
+def raise_if_nonfinite(model: torch.nn.Module, flag: torch.Tensor) -> None:
+    """Raise ``FloatingPointError`` when some step's logits were NaN/inf (``flag_nonfinite``): the
+    tokens chosen from them are never returned."""
+    if bool(flag.any()):
+        raise _nonfinite_logits(model, flag.reshape(-1), None)
+
+
 @torch.inference_mode()
 def generate(
     model: torch.nn.Module,
@@ -179,36 +284,19 @@ def generate(
     The sequence never grows past the model's ``config.max_position_embeddings``: the cache is
     allocated for at most that many positions, and a run that reaches the limit stops there and
     returns what it generated, with a warning. Every setting is validated before the first step
-    (``check_sampling_settings``; ``pad_token_id`` and ``eos_token_id`` must be ids of the
-    vocabulary; the mask must hold 0/1 with padding on the left only).
+    (``check_decoding_request``, the check ``FastDecoder`` and ``GraphDecoder`` share:
+    ``check_sampling_settings``; ``pad_token_id`` and ``eos_token_id`` must be single ids of the
+    vocabulary; the mask must hold 0/1 with padding on the left only). The model decodes in eval
+    mode (``eval_mode``: dropout off), its own mode restored afterwards. Logits that are NaN/inf
+    raise ``FloatingPointError`` (at the first step at once; later, once at the end, or at once
+    when a ``callback`` streams the tokens), so no token chosen from them is returned.
 
     Returns ``[b, s + n]`` with ``n <= max_new_tokens`` the number of steps taken.
     """
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
-        raise TypeError(f"max_new_tokens must be an int, got {max_new_tokens!r} ({type(max_new_tokens).__name__}).")
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}.")
-    check_sampling_settings(temperature, top_k, top_p, repetition_penalty)
-    if not isinstance(input_ids, torch.Tensor):
-        raise TypeError(f"input_ids must be a torch.Tensor of token ids [batch, seq_len], got {type(input_ids).__name__}.")
-    if input_ids.dim() != 2:
-        raise ValueError(
-            f"input_ids must have shape [batch, seq_len], got {tuple(input_ids.shape)}; "
-            "use input_ids.unsqueeze(0) for a single prompt."
-        )
-    config = getattr(model, "config", None)
-    vocab_size = getattr(config, "vocab_size", None)
-    for name, value in (("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)):
-        _check_token_id(name, value, vocab_size)
-    if attention_mask is not None:
-        _check_left_padding(attention_mask, input_ids)
-    max_positions = getattr(config, "max_position_embeddings", None)
-    steps = max_new_tokens
-    if max_positions is not None:  # never allocate, or generate, beyond what the model can hold
-        steps = min(max_new_tokens, max(max_positions - input_ids.shape[1], 0))
-    was_training = model.training
-    model.eval()
-    try:
+    steps = check_decoding_request(model, input_ids, max_new_tokens, eos_token_id, pad_token_id, attention_mask,
+                                   temperature, top_k, top_p, repetition_penalty)
+    max_positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    with eval_mode(model):
         if pad_token_id is None:
             pad_token_id = eos_token_id if eos_token_id is not None else 0
         batch = input_ids.shape[0]
@@ -227,12 +315,10 @@ def generate(
             else:
                 out = model(ids, attention_mask=mask, logits_to_keep=1)
             logits = out.logits[:, -1, :]
-            finite = torch.isfinite(logits).all(dim=-1)
-            if step == 0:  # NaN weights show at once: stop before emitting argmax(NaN) = token 0 forever
-                if not bool(finite.all()):
-                    raise _nonfinite_logits(model, ~finite, 0)
+            if step == 0 or callback is not None:  # NaN weights show at once; a streamed token is never taken back
+                check_first_logits(model, logits, step, finished)
             else:  # later steps: one flag on the device, read once at the end (no host sync per token)
-                nonfinite |= ~finite & ~finished
+                nonfinite = flag_nonfinite(nonfinite, logits, finished)
             token = sample_next_token(
                 logits, ids, do_sample, temperature, top_k, top_p, repetition_penalty, mask, generator
             )
@@ -248,18 +334,10 @@ def generate(
             if eos_token_id is not None and bool(finished.all()):
                 break
         else:
-            _raise_if_nonfinite(model, nonfinite)
-            if steps < max_new_tokens:
-                warnings.warn(
-                    f"generate stopped after {steps} of max_new_tokens={max_new_tokens} new tokens: the sequence "
-                    f"reached max_position_embeddings={max_positions}, the most positions the model can hold. "
-                    "The tokens generated so far are returned; shorten the prompt to get more.",
-                    stacklevel=3,
-                )
-        _raise_if_nonfinite(model, nonfinite)
+            raise_if_nonfinite(model, nonfinite)
+            warn_position_limit("generate", steps, max_new_tokens, max_positions, stacklevel=4)
+        raise_if_nonfinite(model, nonfinite)
         return ids
-    finally:
-        model.train(was_training)
 
 
 def _nonfinite_logits(model: torch.nn.Module, rows: torch.Tensor, step: Optional[int]) -> FloatingPointError:
@@ -272,14 +350,12 @@ def _nonfinite_logits(model: torch.nn.Module, rows: torch.Tensor, step: Optional
                               f"so every token chosen from them would be meaningless (greedy picks token 0): {cause}.")
 
 
-def _raise_if_nonfinite(model: torch.nn.Module, nonfinite: torch.Tensor) -> None:
-    if bool(nonfinite.any()):
-        raise _nonfinite_logits(model, nonfinite, None)
-
-
 def _check_token_id(name: str, value: Any, vocab_size: Optional[int]) -> None:
     if value is None:
         return
+    if isinstance(value, (list, tuple, set)):
+        raise TypeError(f"{name} must be a single int token id or None, got {value!r}: the decoders stop on one "
+                        "end token (MiniMind's is <|im_end|> = 2); pass one id.")
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be a single int token id or None, got {value!r} ({type(value).__name__}).")
     if value < 0 or (vocab_size is not None and value >= vocab_size):

@@ -51,6 +51,13 @@ matrix-vector product fast on a CPU. Greedy tokens equal ``generate``'s in float
 are summed in another order, so logits differ by rounding and tokens agree unless two logits tie
 to that precision; ``tests/test_graph_decode.py``).
 
+The request goes through ``generation.check_decoding_request`` (``generate``'s checks and its
+position-limit warning), the prompt through the model in eval mode (``generation.eval_mode``),
+and a step whose logits are NaN/inf sets a flag on the device that is read once at the end (the
+first step's are checked at once), so, as with ``generate``, no token chosen from them is returned:
+a ``FloatingPointError``. The decoding copy of the weights is brought up to date when the model's
+change (``fast_decode.WeightsWatch``; ``refresh``).
+
 Shapes: ``input_ids [b, s]`` (``attention_mask [b, s]``, left padding) -> ``[b, s + n]``.
 """
 
@@ -58,7 +65,6 @@ from __future__ import annotations
 
 import json
 import math
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -66,9 +72,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from .fast_decode import rms_norm
+from .fast_decode import WeightsWatch, rms_norm
 from .ffn import ACTIVATIONS
-from .generation import _check_left_padding, _check_token_id, check_sampling_settings, top_k_filter, top_p_filter
+from .generation import (check_decoding_request, check_first_logits, eval_mode, raise_if_nonfinite, top_k_filter,
+                         top_p_filter, warn_position_limit)
 from .model import MiniMindForCausalLM
 
 
@@ -138,6 +145,7 @@ class _State:
         self.token = torch.zeros(batch, dtype=torch.long, device=d.device)
         self.pos = torch.zeros((), dtype=torch.long, device=d.device)
         self.finished = torch.zeros(batch, dtype=torch.bool, device=d.device)
+        self.nonfinite = torch.zeros(batch, dtype=torch.bool, device=d.device)  # rows with NaN/inf logits at a step
         self.seen = torch.zeros(batch, d.config.vocab_size, dtype=torch.bool, device=d.device)
         self.positions = torch.arange(capacity, device=d.device)
         self.batch, self.capacity = batch, capacity
@@ -164,16 +172,26 @@ class GraphDecoder:
         for name, value in (("capacity_multiple", capacity_multiple), ("check_every", check_every)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
-        config = model.config
-        self.model, self.config = model, config
+        self.model = model
+        self.cuda_graph_setting, self.compiled = cuda_graph, bool(compile)
+        self.capacity_multiple, self.check_every = capacity_multiple, check_every
+        self._graphs: Dict[Tuple[int, int, Sampling], Tuple[Any, _State]] = {}
+        self._lay_out()
+        self._watch = WeightsWatch(model)
+        self.last_path = ""  # what the last generate() ran: "cuda graph", "compiled cuda graph", "compiled", "eager"
+
+    def _lay_out(self) -> None:
+        """Read the config and the device, lay the weights out for decoding, drop captured graphs."""
+        model, config = self.model, self.model.config
+        self.config = config
         self.device = model.device
+        cuda_graph = self.cuda_graph_setting
         if cuda_graph is None:
             cuda_graph = self.device.type == "cuda"
         if cuda_graph and self.device.type != "cuda":
             raise ValueError(f"cuda_graph=True needs the model on a CUDA device, it is on {self.device}; move it with "
                              "model.cuda(), or leave cuda_graph=None to decode eagerly here.")
-        self.cuda_graph, self.compiled = bool(cuda_graph), bool(compile)
-        self.capacity_multiple, self.check_every = capacity_multiple, check_every
+        self.cuda_graph = bool(cuda_graph)
         self.n_heads, self.n_kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.n_rep, self.head_dim = self.n_heads // self.n_kv_heads, config.head_dim
         self.q_size, self.kv_size = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
@@ -192,9 +210,33 @@ class GraphDecoder:
             self.head_t = model.lm_head.weight.t().contiguous()
         self.cos, self.sin = inner.freqs_cos, inner.freqs_sin
         self._step_fn: Callable[..., None] = (torch.compile(self._static_step, fullgraph=True, dynamic=False)
-                                              if compile else self._static_step)
-        self._graphs: Dict[Tuple[int, int, Sampling], Tuple[Any, _State]] = {}
-        self.last_path = ""  # what the last generate() ran: "cuda graph", "compiled cuda graph", "compiled", "eager"
+                                              if self.compiled else self._static_step)
+        self._graphs.clear()
+
+    def refresh(self, force: bool = False) -> Optional[str]:
+        """Bring the decoding copy up to date with the model's weights, if they changed since it was
+        made (``fast_decode.WeightsWatch``; ``force``: copy them whatever it says). Called by every
+        ``generate``. New values are copied into the same tensors, so captured graphs stay valid
+        (``"values"``); replaced tensors (a new device or dtype, ``load_state_dict(assign=True)``)
+        mean a new layout and the graphs are dropped (``"layout"``). None: nothing changed."""
+        change = "values" if force else self._watch.changed()
+        if change is None:
+            return None
+        with torch.no_grad():
+            mine = [t for layer in self.layers for t in layer.tensors()] + [self.head_t]
+            fresh_layers = [_Layer(block, self.model.config) for block in self.model.model.layers]
+            fresh = [t for layer in fresh_layers for t in layer.tensors()] + [self.model.lm_head.weight.t().contiguous()]
+            same_shapes = len(mine) == len(fresh) and all(
+                a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and not a.is_inference()
+                for a, b in zip(mine, fresh))
+            if change == "values" and same_shapes:
+                for a, b in zip(mine, fresh):
+                    a.copy_(b)
+            else:
+                change = "layout"
+                self._lay_out()
+        self._watch.reset()
+        return change
 
     # --- bookkeeping ---------------------------------------------------------------------------
 
@@ -289,7 +331,10 @@ class GraphDecoder:
 
     def _pick(self, logits: torch.Tensor, st: _State, s: Sampling, generator: Optional[torch.Generator]) -> torch.Tensor:
         """The next token of every row ``[b]``: ``generation.sample_next_token``'s processors, then
-        argmax (greedy) or the exponential race (sampling), then the end-of-sequence bookkeeping."""
+        argmax (greedy) or the exponential race (sampling), then the end-of-sequence bookkeeping. Rows
+        whose logits are NaN/inf (and not finished) set ``st.nonfinite``, read once at the end."""
+        bad = ~torch.isfinite(logits).all(dim=-1)  # generation.flag_nonfinite, in place (a graph writes its buffers)
+        st.nonfinite |= bad & ~st.finished if s.eos_token_id is not None else bad
         if s.repetition_penalty != 1.0:
             logits = logits.float()
             logits = torch.where(st.seen, torch.where(logits > 0, logits / s.repetition_penalty,
@@ -345,28 +390,12 @@ class GraphDecoder:
         ``generator`` seeds the sampling draws; a CUDA graph draws from the device's default
         generator (seed it with ``torch.manual_seed``), so with a ``generator`` on a GPU the step
         runs eagerly (``last_path`` says which path ran)."""
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}.")
-        check_sampling_settings(temperature, top_k, top_p, repetition_penalty)
-        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[0] == 0 \
-                or input_ids.shape[1] == 0:
-            shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
-            raise ValueError(f"input_ids must be a tensor of token ids [batch, seq_len] with at least one token, "
-                             f"got {shape}; use input_ids.unsqueeze(0) for a single prompt.")
-        if input_ids.device != self.device:
-            raise ValueError(f"input_ids are on {input_ids.device}, the model on {self.device}; move them with "
-                             f".to({str(self.device)!r}).")
-        for name, value in (("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)):
-            _check_token_id(name, value, self.config.vocab_size)
-        if attention_mask is not None:
-            _check_left_padding(attention_mask, input_ids)
-        batch, prompt_len = input_ids.shape
-        steps = min(max_new_tokens, max(self.config.max_position_embeddings - prompt_len, 0))
-        if steps < max_new_tokens:
-            warnings.warn(f"GraphDecoder.generate stops after {steps} of max_new_tokens={max_new_tokens} new tokens: "
-                          f"the sequence reaches max_position_embeddings={self.config.max_position_embeddings}. "
-                          "Shorten the prompt to get more.", stacklevel=2)
+        steps = check_decoding_request(self.model, input_ids, max_new_tokens, eos_token_id, pad_token_id, attention_mask,
+                                       temperature, top_k, top_p, repetition_penalty)
+        self.refresh()
+        limit = self.config.max_position_embeddings
         if steps == 0:
+            warn_position_limit("GraphDecoder.generate", steps, max_new_tokens, limit)
             return input_ids
         pad = pad_token_id if pad_token_id is not None else (eos_token_id if eos_token_id is not None else 0)
         s = Sampling(bool(do_sample), float(temperature), int(top_k), float(top_p), float(repetition_penalty),
@@ -375,17 +404,18 @@ class GraphDecoder:
         # the static buffers outlive the call (and a graph records them): ordinary tensors, under no_grad;
         # the eager path's live for one call, under inference_mode (less bookkeeping per operator)
         with torch.no_grad() if static else torch.inference_mode():
-            return self._generate(input_ids, attention_mask, steps, s, generator, static)
+            out = self._generate(input_ids, attention_mask, steps, s, generator, static)
+        if out.shape[1] - input_ids.shape[1] == steps and not (
+                eos_token_id is not None and bool((out[:, input_ids.shape[1]:] == eos_token_id).any(dim=1).all())):
+            warn_position_limit("GraphDecoder.generate", steps, max_new_tokens, limit)  # the limit, not the end token
+        return out
 
     def _generate(self, input_ids: torch.Tensor, mask: Optional[torch.Tensor], steps: int, s: Sampling,
                   generator: Optional[torch.Generator], static: bool) -> torch.Tensor:
         batch, prompt_len = input_ids.shape
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            out = self.model(input_ids, attention_mask=mask, use_cache=True, logits_to_keep=1)  # the prefill
-        finally:
-            self.model.train(was_training)
+        with eval_mode(self.model):  # the prefill, dropout off
+            out = self.model(input_ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
+        check_first_logits(self.model, out.logits[:, -1])  # NaN weights: stop before the first token
         graph = None
         if static:  # buffers (and a graph) per batch, rounded-up capacity and settings, kept for the next call
             limit = self.config.max_position_embeddings
@@ -413,6 +443,7 @@ class GraphDecoder:
                 self._eager_step(st, s, prompt_len + n - 1, generator)
         self.last_path = {(True, True): "compiled cuda graph", (True, False): "cuda graph",
                           (False, True): "compiled", (False, False): "eager"}[(graph is not None, static)]
+        raise_if_nonfinite(self.model, st.nonfinite)  # no token chosen from NaN/inf logits is returned
         return self._result(st, prompt_len, steps, s)
 
     def _load_prompt(self, st: _State, input_ids: torch.Tensor, mask: Optional[torch.Tensor], cache: list) -> None:
@@ -430,6 +461,7 @@ class GraphDecoder:
         if mask is not None:
             st.bias[:, :prompt_len] = (1.0 - mask.float()) * -1e9
         st.finished.zero_()
+        st.nonfinite.zero_()
         st.seen.zero_()
         real = input_ids if mask is None else torch.where(mask.bool(), input_ids, input_ids[:, -1:])
         st.seen.scatter_(1, real, True)  # the last prompt token is real (left padding), so it stands in for padding

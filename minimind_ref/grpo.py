@@ -554,6 +554,12 @@ class Rehearsal:
             raise ValueError(f"batch_size must be an int >= 1 (conversations rehearsed per step), got {batch_size!r}.")
         if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not math.isfinite(weight) or weight < 0:
             raise ValueError(f"weight must be a finite number >= 0 (the rehearsal loss's weight), got {weight!r}.")
+        if not callable(objective):
+            raise TypeError(f"objective must be a callable objective(model, batch) -> {{'loss': ...}}, got "
+                            f"{type(objective).__name__}.")
+        if not (hasattr(dataset, "__len__") and callable(getattr(dataset, "batch", None))):
+            raise TypeError(f"dataset must be a dataset with batch(indices) -> (x, y), such as sft.SFTDataset(records, "
+                            f"tokenizer), got {type(dataset).__name__}: wrap the conversations in an SFTDataset.")
         if not len(dataset):
             raise ValueError("the rehearsal dataset is empty: give it conversations to rehearse.")
         self.objective, self.dataset, self.batch_size, self.weight = objective, dataset, batch_size, float(weight)
@@ -565,7 +571,12 @@ class Rehearsal:
         return getattr(self.objective, name)
 
     def __call__(self, model: torch.nn.Module, batch: Any) -> Dict[str, torch.Tensor]:
-        metrics = dict(self.objective(model, batch))
+        metrics = self.objective(model, batch)
+        if not isinstance(metrics, dict) or not isinstance(metrics.get("loss"), torch.Tensor):
+            got = type(metrics).__name__ if not isinstance(metrics, dict) else f"a dict with keys {sorted(metrics)}"
+            raise TypeError(f"the objective Rehearsal wraps must return a dict with 'loss' (a scalar tensor) and other "
+                            f"metrics, got {got}.")
+        metrics = dict(metrics)
         device = next(model.parameters()).device
         idx = torch.randint(len(self.dataset), (self.batch_size,), generator=self.generator)
         x, y = (t.to(device) for t in self.dataset.batch(idx))

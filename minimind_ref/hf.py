@@ -230,6 +230,34 @@ def split_fused_experts(state: Mapping[str, torch.Tensor]) -> Dict[str, torch.Te
     return out
 
 
+def check_fused_experts(state: Mapping[str, torch.Tensor], config: MiniMindConfig, source: Any) -> None:
+    """``ValueError`` naming the fused key (``mlp.experts.gate_up_proj`` / ``down_proj``) whose shape is not
+    what ``config`` says: ``[experts, 2 * expert width, hidden]`` and ``[experts, hidden, expert width]``.
+    A tensor with the last two dimensions swapped is called transposed, one with another first dimension
+    another expert count. ``source`` names the folder. (Checked before ``split_fused_experts``, whose
+    per-expert keys the file does not hold.)"""
+    n, hidden, width = config.n_routed_experts, config.hidden_size, config.expert_intermediate_size
+    for key, value in state.items():
+        if key.endswith(_FUSED_GATE_UP):
+            want, layout = (n, 2 * width, hidden), "[experts, 2 * expert width, hidden] (gate rows, then up rows)"
+        elif key.endswith(_FUSED_DOWN):
+            want, layout = (n, hidden, width), "[experts, hidden, expert width]"
+        else:
+            continue
+        got = tuple(value.shape)
+        if got == want:
+            continue
+        if len(got) == 3 and got[1:] == want[1:]:
+            why = (f"it holds {got[0]} experts, the config {n} (num_experts / num_local_experts): set the count the "
+                   "weights hold")
+        elif len(got) == 3 and got[0] == n and got[1:] == want[:0:-1]:
+            why = (f"its last two dimensions are swapped ({got[1]} x {got[2]} instead of {want[1]} x {want[2]}): "
+                   "transposed when it was written; transformers 5 stores it as " + layout)
+        else:
+            why = f"expected {want}, the layout {layout} with the config's sizes"
+        raise ValueError(f"{source}: the fused expert tensor {key} has shape {got}: {why}.")
+
+
 def fuse_experts(state: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     """MiniMind's per-expert keys as transformers 5's fused Qwen3-MoE parameters (``split_fused_experts``
     undone); other keys unchanged."""
@@ -600,6 +628,12 @@ def config_from_qwen3_dict(raw: Mapping[str, Any], **overrides: Any) -> MiniMind
         raise ValueError("cannot express this Qwen3 config as minimind-3: " + "; ".join(problems) + ".")
     theta = rope_theta_of(raw)
     experts = qwen3_num_experts(raw) if moe else None
+    if moe and experts is None and "n_routed_experts" not in overrides:
+        raise ValueError("the Qwen3-MoE config has no expert count: neither num_experts (transformers 4, upstream's "
+                         "converter) nor num_local_experts (transformers 5). transformers would take its default of "
+                         f"{_QWEN3_DEFAULTS['num_experts']} experts whatever the weights hold; add \"num_experts\": N "
+                         "to config.json (N: the experts per layer the weights hold, "
+                         "model.layers.0.mlp.experts.{e}.* or the first dimension of mlp.experts.gate_up_proj).")
     switches = _recorded_switches(raw, "qwen3")
     defaults = qwen3_missing_fields(raw)
     _warn_missing("Qwen3-MoE" if moe else "Qwen3", list(defaults.items()))

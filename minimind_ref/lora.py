@@ -177,10 +177,54 @@ def save_lora(model: nn.Module, path: PathLike) -> None:
     scale = _adapter_scale(model)
     if scale != 1.0:  # upstream's files have no scale (1); record any other (upstream's load_lora ignores the key)
         blob[SCALE_KEY] = torch.tensor(float(scale))
+    blob[BASE_KEY] = base_sample(model)  # which base the adapters belong to (upstream's load_lora ignores the key)
     _atomic_save(blob, path)
 
 
 SCALE_KEY = "lora_scale"
+BASE_KEY = "lora_base_sample"
+#: values of each base tensor recorded in an adapter file (evenly spaced, in state-dict order)
+BASE_SAMPLE = 16
+
+
+def base_sample(model: nn.Module) -> torch.Tensor:
+    """The base model's fingerprint an adapter file records (key ``lora_base_sample``): ``BASE_SAMPLE``
+    evenly spaced values of every tensor of the model's state dict other than the adapters (in name
+    order), as float16 (clamped to its range), on the CPU. Adapters only mean something on the
+    weights they were trained on: ``load_lora`` compares this with the model it loads into."""
+    values = []
+    with torch.no_grad():
+        state = model.state_dict()
+        for name in sorted(state):
+            clean = name.replace("module.", "", 1) if name.startswith("module.") else name
+            clean = clean.replace("_orig_mod.", "", 1) if clean.startswith("_orig_mod.") else clean
+            if ".lora." in clean or not state[name].is_floating_point() or not state[name].numel():
+                continue
+            flat = state[name].detach().reshape(-1)
+            picked = flat[torch.linspace(0, flat.numel() - 1, min(BASE_SAMPLE, flat.numel())).round().long()]
+            values.append(picked.float().cpu())
+    if not values:
+        return torch.zeros(0, dtype=torch.float16)
+    fp16 = torch.finfo(torch.float16).max
+    return torch.cat(values).clamp(-fp16, fp16).half()
+
+
+def _check_base(model: nn.Module, recorded: torch.Tensor, path: PathLike) -> None:
+    """The model's base weights must be the ones the adapters were saved on (``base_sample``), up to
+    float16 rounding (rtol 1e-3)."""
+    mine = base_sample(model).float()
+    recorded = recorded.detach().float().cpu()
+    if recorded.dim() != 1 or recorded.shape != mine.shape:
+        raise ValueError(f"{os.fspath(path)} was saved on another base model: its record of the base weights holds "
+                         f"{recorded.numel()} values, this model gives {mine.numel()} (other layers or sizes). Load it "
+                         "into the model it was trained on, or pass check_base=False.")
+    if not torch.allclose(mine, recorded, rtol=1e-3, atol=1e-6, equal_nan=True):
+        worst = float((mine - recorded).abs().nan_to_num(float("inf")).max())
+        raise ValueError(f"{os.fspath(path)} was trained on another base model: this model's weights differ from the "
+                         f"ones its adapters were saved on (by up to {worst:.3g} at the values the file records; float16 "
+                         "rounding moves them by less than 0.1 %). Adapters only mean something on their own base: "
+                         "load it into the model it was trained on (chapter 10's into the shipped sft stage), or pass "
+                         "check_base=False if you know the weights are the same up to rounding (a bfloat16 copy, say).")
 
 
 def _adapter_scale(model: nn.Module) -> float:
@@ -190,8 +234,14 @@ def _adapter_scale(model: nn.Module) -> float:
     return scales.pop()
 
 
-def load_lora(model: nn.Module, path: PathLike, check_finite: bool = True) -> None:
+def load_lora(model: nn.Module, path: PathLike, check_finite: bool = True, check_base: bool = True) -> None:
     """Load adapters saved by ``save_lora`` (ours or upstream's) into ``model``, which has adapters.
+
+    Which base: our files record a sample of the base model's weights (``base_sample``, key
+    ``lora_base_sample``) and ``check_base`` compares it with ``model``'s (a ``ValueError`` when the
+    adapters were trained on another base; ``check_base=False`` skips it). Upstream's files have no
+    such record: for them only the shapes can be checked (an adapter of the right shapes trained on
+    another base of the same size loads), so load them into the base model they name.
 
     The file is read weights-only (a pickled Python object is refused, never run). Every adapter of
     the model must be in the file with the same shape and the file must hold nothing else;
@@ -206,6 +256,7 @@ def load_lora(model: nn.Module, path: PathLike, check_finite: bool = True) -> No
         raise ValueError(f"{os.fspath(path)} is not a LoRA file: expected a dict of tensors such as save_lora writes.")
     state = {(k[len("module."):] if k.startswith("module.") else k): v for k, v in blob.items()}
     file_scale = state.pop(SCALE_KEY, None)
+    file_base = state.pop(BASE_KEY, None)
     if not state:
         raise ValueError(f"{os.fspath(path)} holds no adapter.")
     first = next(iter(state))
@@ -238,6 +289,8 @@ def load_lora(model: nn.Module, path: PathLike, check_finite: bool = True) -> No
     if file_scale is not None and (file_scale.numel() != 1 or not bool(torch.isfinite(file_scale).all())):
         raise ValueError(f"{os.fspath(path)}: its lora_scale entry must be one finite number, got shape "
                          f"{tuple(file_scale.shape)}; a damaged or hand-made file?")
+    if file_base is not None and check_base:
+        _check_base(model, file_base, path)
     saved = 1.0 if file_scale is None else float(file_scale)
     if _adapter_scale(model) != saved:
         raise ValueError(f"{os.fspath(path)} was trained with scale {saved} (upstream's files: 1.0), but the model's "

@@ -61,10 +61,25 @@ def _markers(bos_ids: Sequence[int], eos_ids: Sequence[int], need_header: bool) 
     bos, eos = list(bos_ids), list(eos_ids)
     if not bos or not eos:
         raise ValueError("bos_ids and eos_ids must not be empty (see marker_ids).")
+    for name, ids in (("bos_ids", bos), ("eos_ids", eos)):
+        if any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
+            raise TypeError(f"{name} must be token ids (ints), as marker_ids(tokenizer) gives them; got {ids!r:.80}.")
     if need_header and len(bos) < 2:
         raise ValueError(f"bos_ids must be the ids of <|im_start|>assistant\\n: the header's tokens, then the newline "
                          f"(marker_ids(tokenizer)); got {bos}, too short to hold both.")
+    if need_header and len(eos) < 2:
+        raise ValueError(f"eos_ids must be the ids of <|im_end|>\\n, the end marker then the newline (marker_ids(tokenizer)); "
+                         f"got {eos}, a single id: c090b69's markers (marker_ids(tokenizer, newline=False)), with which "
+                         "this mask would read the token after <|im_start|> as the header's newline and shift every "
+                         "supervised position by one. Pass marker_ids(tokenizer), or use upstream_loss_mask(..., "
+                         "commit='c090b69') for c090b69's own rule.")
     return bos, eos
+
+
+def _check_max_length(max_length: Any) -> None:
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+        raise ValueError(f"max_length must be a whole number >= 1 (the sequence length the mask is cut to), got "
+                         f"{max_length!r}: with it nothing would be supervised.")
 
 
 def assistant_loss_mask(input_ids: Sequence[int], bos_ids: Sequence[int], eos_ids: Sequence[int], max_length: int,
@@ -85,7 +100,12 @@ def assistant_loss_mask(input_ids: Sequence[int], bos_ids: Sequence[int], eos_id
     wherever its marker matches, and c090b69's except for the merged first token it leaves out.
 
     ``merged_starts`` (optional, e.g. ``merged_newline_ids(tokenizer)``): accept only these tokens
-    after the header as a merged newline (without it, any token other than the newline is)."""
+    after the header as a merged newline (without it, any token other than the newline is).
+
+    ``max_length`` must be >= 1, and ``eos_ids`` two ids or more: c090b69's single ``<|im_end|>``
+    (``marker_ids(tokenizer, newline=False)``) is refused, since with its markers every supervised
+    position would shift by one."""
+    _check_max_length(max_length)
     ids = list(input_ids)
     bos, eos = _markers(bos_ids, eos_ids, need_header=True)
     header, newline = bos[:-1], bos[-1]
@@ -133,8 +153,13 @@ def upstream_loss_mask(input_ids: Sequence[int], bos_ids: Sequence[int], eos_ids
     shorter one it stops at the end where upstream's would index past it."""
     if commit not in UPSTREAM_RULES:
         raise ValueError(f"commit must be one of {UPSTREAM_RULES} (the commits the course pins), got {commit!r}.")
+    _check_max_length(max_length)
     ids = list(input_ids)
     bos, eos = _markers(bos_ids, eos_ids, need_header=False)
+    if (commit == "c090b69") != (len(eos) == 1):  # each commit's markers: <|im_end|> alone at c090b69, then "\n"
+        raise ValueError(f"commit={commit!r} takes that commit's markers, marker_ids(tokenizer, newline="
+                         f"{commit == 'd65ef2c'}) (eos_ids {'<|im_end|> alone' if commit == 'c090b69' else '<|im_end|> then the newline'}); "
+                         f"got eos_ids {eos}: the other commit's, which would shift every label by one.")
     skip = 1 if commit == "c090b69" else 0
     mask = [0] * len(ids)
     i = 0

@@ -22,6 +22,7 @@ from its own parent, "within range" when they overlap.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -32,24 +33,179 @@ from .stage_registry import DEFAULT_SEEDS, RECORD_VERSION, SEEDED_STAGES, SEEDS_
 
 
 def load_seed_records(path: Optional[PathLike] = None) -> Dict[str, Any]:
-    """The seeded rebuild's record (``rebuild_seeds``), shipped beside the checkpoints."""
+    """The seeded rebuild's record (``rebuild_seeds``), shipped beside the checkpoints, read through
+    ``check_seed_record`` (a record that fails it is a ``ValueError`` naming the file and what is
+    wrong where). The shipped record is also checked against the stage set's manifest
+    (``stage_set.check_set``): it must be the record the shipped stage files were made with."""
     from .files import read_json
+    from .stage_set import check_set
 
     path = Path(path) if path is not None else SEEDS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"no seed record at {path}: run `python -m minimind_ref.stages rebuild --seeds "
                                 f"{','.join(map(str, DEFAULT_SEEDS))}`.")
-    records = read_json(path, "seed record")
+    if path.resolve() == SEEDS_FILE.resolve():
+        check_set(SEEDS_FILE.parent)
+    return check_seed_record(read_json(path, "seed record"), str(path))
+
+
+# ---------------------------------------------------------------------- the record's one schema check
+_REMAKE = "make it again with `python -m minimind_ref.stages rebuild --seeds 0,1,2,3,4`"
+#: the figures every run must hold (the report's skills and their counts: ``destroyed_skills`` reads them)
+REQUIRED_METRICS = ("sum_accuracy", "identity_accuracy", "refusal_accuracy", "stop_rate")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_whole(value: Any) -> bool:
+    return _is_number(value) and math.isfinite(value) and value == int(value)
+
+
+def _count_key(metric: str) -> Optional[str]:
+    """The count a share or a near-ties figure is out of (``PROPORTIONS``), else None."""
+    for share, (n_key, ties_key) in PROPORTIONS.items():
+        if metric in (share, ties_key):
+            return n_key
+    return None
+
+
+def check_metric(metrics: Dict[str, Any], metric: str, where: str) -> float:
+    """One figure of a run, checked (``where`` names the file, stage, seed and path): a finite number
+    (not a bool, a string or null); a share (``..._accuracy``, ``..._rate``) within [0, 1] and, for
+    the report's shares (``PROPORTIONS``), over a count > 0; a count (``..._n``) a whole number >= 0;
+    near ties a whole number between 0 and their count; a length >= 0. Returns it as a float."""
+    if metric not in metrics:
+        raise ValueError(f"{where}: no metric {metric!r}; the run has {', '.join(sorted(metrics)) or 'none'}.")
+    value = metrics[metric]
+    at = f"{where}, metric {metric!r}"
+    if not _is_number(value):
+        raise ValueError(f"{at} is {json_repr(value)}, not a number: edited by hand? Restore the file or {_REMAKE}.")
+    if not math.isfinite(value):
+        raise ValueError(f"{at} is {json_repr(value)}: figures must be finite. Restore the file or {_REMAKE}.")
+    n_key = _count_key(metric)
+    if metric.endswith(("_accuracy", "_rate")) and not 0 <= value <= 1:
+        raise ValueError(f"{at} is {value!r}, a share outside [0, 1]. Restore the file or {_REMAKE}.")
+    if metric.endswith("_n") and not (_is_whole(value) and value >= 0):
+        raise ValueError(f"{at} is {value!r}: a count of prompts must be a whole number >= 0. Restore the file or "
+                         f"{_REMAKE}.")
+    if metric.endswith("_length") and value < 0:
+        raise ValueError(f"{at} is {value!r}: a length must be >= 0. Restore the file or {_REMAKE}.")
+    if n_key is not None:
+        n = check_metric(metrics, n_key, where) if n_key in metrics else None
+        if metric.endswith("_near_ties"):
+            if not (_is_whole(value) and 0 <= value <= (n if n is not None else value)):
+                raise ValueError(f"{at} is {value!r}: near ties are a whole number between 0 and the count {n_key} "
+                                 f"({n!r}). Restore the file or {_REMAKE}.")
+        elif n is None or n <= 0:
+            raise ValueError(f"{at}: a share needs its count {n_key} > 0, the run has "
+                             f"{json_repr(metrics.get(n_key, 'none'))}. Restore the file or {_REMAKE}.")
+    return float(value)
+
+
+def json_repr(value: Any) -> str:
+    """A value as the JSON file shows it (``NaN``, ``Infinity``, ``null``, a string in quotes)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+    return "null" if value is None else repr(value)
+
+
+def check_seed_record(records: Any, source: str = "the seed record") -> Dict[str, Any]:
+    """Check a seed record's shape and every figure in it, and return it: the one schema check every
+    reader of a record goes through (``load_seed_records``, the report, the claims, the effects).
+    ``source`` names it in the messages (the file).
+
+    * ``version``: ``RECORD_VERSION``, in its shape (stage -> seed -> float path -> run; version 1
+      had no float paths);
+    * ``seeds`` (distinct whole numbers >= 0) and ``paths`` (distinct names): the header; every stage
+      of ``stages`` (names of ``STAGES``) has a run for every seed and path of the header, and none
+      other;
+    * every run: ``metrics`` with ``REQUIRED_METRICS`` and their counts, each figure as
+      ``check_metric`` wants it; ``seconds`` a finite number >= 0.
+
+    A ``ValueError`` names the file, stage, seed, path and metric of the first problem."""
     if not isinstance(records, dict) or records.get("version") != RECORD_VERSION:
-        raise ValueError(f"{path} is not a seed record of this version ({RECORD_VERSION}: every seed under every float "
-                         "path); make it again with `python -m minimind_ref.stages rebuild --seeds 0,1,2,3,4`.")
+        raise ValueError(f"{source} is not a seed record of this version ({RECORD_VERSION}: every seed under every "
+                         f"float path); {_REMAKE}.")
+    seeds, paths, per_stage = records.get("seeds"), records.get("paths"), records.get("stages")
+    if not (isinstance(seeds, list) and seeds and all(_is_whole(s) and s >= 0 for s in seeds)
+            and len(set(seeds)) == len(seeds)):
+        raise ValueError(f"{source}: the header's 'seeds' must be a list of distinct whole numbers >= 0, got "
+                         f"{json_repr(seeds)}; {_REMAKE}.")
+    if not (isinstance(paths, list) and paths and all(isinstance(p, str) and p for p in paths)
+            and len(set(paths)) == len(paths)):
+        raise ValueError(f"{source}: the header's 'paths' must be a list of distinct float path names, got "
+                         f"{json_repr(paths)}; {_REMAKE}.")
+    if not isinstance(per_stage, dict) or not per_stage:
+        raise ValueError(f"{source}: 'stages' must map each stage to its runs, got {json_repr(per_stage)}; {_REMAKE}.")
+    capabilities, ship = records.get("capabilities", {}), records.get("ship")
+    if not (isinstance(capabilities, dict) and all(isinstance(v, str) for v in capabilities.values())):
+        raise ValueError(f"{source}: 'capabilities' must map each float path to its CPU capability (strings), got "
+                         f"{json_repr(capabilities)}.")
+    if ship is not None and not (isinstance(ship, dict) and ship.get("seed") in seeds and ship.get("path") in paths):
+        raise ValueError(f"{source}: 'ship' must name the seed and float path of the shipped stages (one of the "
+                         f"header's), got {json_repr(ship)}.")
+    want_seeds = [str(int(s)) for s in seeds]
+    for stage, runs in per_stage.items():
+        if stage not in STAGE_INFO:
+            raise ValueError(f"{source}: unknown stage {stage!r}; the stages are {', '.join(STAGES)}.")
+        if not isinstance(runs, dict):
+            raise ValueError(f"{source}: stage {stage!r} must map each seed to its runs, got {json_repr(runs)}.")
+        for seed, entry in runs.items():
+            if isinstance(entry, dict) and "metrics" in entry:
+                raise ValueError(f"{source} is labelled version {RECORD_VERSION} but is in the old shape (version 1: "
+                                 f"stage -> seed -> run, without float paths; stage {stage!r}, seed {seed} holds a run "
+                                 f"directly); {_REMAKE}.")
+        missing = [s for s in want_seeds if s not in runs]
+        extra = [s for s in runs if s not in want_seeds]
+        if missing or extra:
+            raise ValueError(f"{source}: stage {stage!r} has runs for seeds {', '.join(sorted(runs, key=str)) or 'none'}, "
+                             f"but the header's 'seeds' lists {', '.join(want_seeds)}"
+                             + (f" (no runs for {', '.join(missing)})" if missing else "")
+                             + (f" (runs for {', '.join(extra)} not in the header)" if extra else "")
+                             + f"; every stage needs a run per seed and path. {_REMAKE[0].upper() + _REMAKE[1:]}.")
+        for seed in want_seeds:
+            per_path = runs[seed]
+            if not isinstance(per_path, dict) or set(per_path) != set(paths):
+                have = ", ".join(sorted(per_path)) if isinstance(per_path, dict) else json_repr(per_path)
+                raise ValueError(f"{source}: stage {stage!r}, seed {seed} has runs for paths {have or 'none'}, but the "
+                                 f"header's 'paths' lists {', '.join(paths)}. {_REMAKE[0].upper() + _REMAKE[1:]}.")
+            for path in paths:
+                run, where = per_path[path], f"{source}: stage {stage!r}, seed {seed}, path {path!r}"
+                if not isinstance(run, dict) or not isinstance(run.get("metrics"), dict):
+                    raise ValueError(f"{where}: a run must hold its 'metrics' (a JSON object); got {json_repr(run)}.")
+                seconds = run.get("seconds", 0.0)
+                if not (_is_number(seconds) and math.isfinite(seconds) and seconds >= 0):
+                    raise ValueError(f"{where}: 'seconds' must be a finite number >= 0, got {json_repr(seconds)}.")
+                if "stage_metrics" in run and not isinstance(run["stage_metrics"], dict):
+                    raise ValueError(f"{where}: 'stage_metrics' must be a JSON object, got "
+                                     f"{json_repr(run['stage_metrics'])}.")
+                metrics = run["metrics"]
+                for metric in REQUIRED_METRICS:
+                    check_metric(metrics, metric, where)
+                for metric in metrics:
+                    check_metric(metrics, metric, where)
     return records
+
+
+def _checked(records: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """``records``, or the shipped record, through ``check_seed_record``."""
+    return load_seed_records() if records is None else check_seed_record(records)
 
 
 def seed_runs(records: Dict[str, Any], stage: str, paths: Optional[Sequence[str]] = None
               ) -> List[Tuple[int, str, Dict[str, Any]]]:
     """``(seed, path, run)`` for every recorded run of ``stage`` (seed order, then path order);
     ``run`` holds ``metrics``, ``seconds`` and ``stage_metrics``. ``paths``: only these paths."""
+    _checked(records)
+    return _seed_runs(records, stage, paths)
+
+
+def _seed_runs(records: Dict[str, Any], stage: str, paths: Optional[Sequence[str]] = None
+               ) -> List[Tuple[int, str, Dict[str, Any]]]:
+    if stage not in STAGE_INFO:
+        raise ValueError(f"unknown stage {stage!r}: the stages are {', '.join(STAGE_INFO)}.")
     per_seed = records["stages"].get(stage, {})
     if not per_seed:
         raise ValueError(f"the seed record has no stage {stage!r}; it has {', '.join(records['stages'])}.")
@@ -64,10 +220,11 @@ def seed_runs(records: Dict[str, Any], stage: str, paths: Optional[Sequence[str]
 def run_metrics(records: Dict[str, Any], stage: str, seed: int, path: Optional[str] = None) -> Dict[str, float]:
     """The ``evaluate_chat`` figures of one run: ``stage`` in lineage ``seed`` on float ``path``
     (default: the record's first path, the one the shipped stages come from)."""
+    _checked(records)
     path = path or records["paths"][0]
     try:
         return records["stages"][stage][str(seed)][path]["metrics"]
-    except KeyError:
+    except (KeyError, TypeError):
         raise ValueError(f"the seed record has no run of {stage!r} with seed {seed} on float path {path!r}; it has "
                          f"seeds {records['seeds']} and paths {records['paths']}.") from None
 
@@ -75,13 +232,23 @@ def run_metrics(records: Dict[str, Any], stage: str, seed: int, path: Optional[s
 def seed_values(records: Dict[str, Any], stage: str, metric: str, paths: Optional[Sequence[str]] = None) -> List[float]:
     """The values of ``metric`` for ``stage`` over the recorded runs, every seed on every float path
     (``seed_runs`` order); ``paths``: only these paths."""
+    _checked(records)
+    return _seed_values(records, stage, metric, paths)
+
+
+def _seed_values(records: Dict[str, Any], stage: str, metric: str, paths: Optional[Sequence[str]] = None) -> List[float]:
     out = []
-    for seed, path, run in seed_runs(records, stage, paths):
+    for seed, path, run in _seed_runs(records, stage, paths):
         if metric not in run["metrics"]:
             raise ValueError(f"the seed record of {stage!r} has no metric {metric!r}; it has "
                              f"{', '.join(sorted(run['metrics']))}.")
         out.append(float(run["metrics"][metric]))
     return out
+
+
+def _mean(values: Sequence[float]) -> float:
+    """The mean, summed exactly (``math.fsum``): the same digits on every Python (3.12 changed ``sum``'s rounding)."""
+    return math.fsum(values) / len(values)
 
 
 #: proportion metric -> (its count key, its near-ties key) in ``evaluate_chat``'s figures
@@ -95,14 +262,18 @@ def metric_interval(metrics: Dict[str, float], metric: str, z: float = Z_95) -> 
     """Where ``metric`` of one run could lie: for a share (``PROPORTIONS``) the Wilson interval of
     its count (``z``: 95 %), widened by its near ties (each could go either way on another float
     path); for other figures (margins, lengths) the value itself (their spread comes from the seeds
-    and paths)."""
-    value = float(metrics[metric])
+    and paths). Every figure it reads goes through ``check_metric`` (a NaN, a count of 0, negative
+    near ties: a ``ValueError`` naming the metric)."""
+    if not isinstance(metrics, dict):
+        raise TypeError(f"metrics must be one run's figures (a dict), got {type(metrics).__name__}.")
+    where = "the run's figures"
+    value = check_metric(metrics, metric, where)
     if metric not in PROPORTIONS:
         return value, value
     n_key, ties_key = PROPORTIONS[metric]
-    n = float(metrics[n_key])
+    n = check_metric(metrics, n_key, where)
     successes = round(value * n)
-    ties = float(metrics.get(ties_key, 0.0))
+    ties = check_metric(metrics, ties_key, where) if ties_key in metrics else 0.0
     return wilson_interval(max(0.0, successes - ties), n, z)[0], wilson_interval(min(n, successes + ties), n, z)[1]
 
 
@@ -122,14 +293,20 @@ def stage_effect(stage: str, metric: str, records: Optional[Dict[str, Any]] = No
     * ``"up in every lineage"`` / ``"down in every lineage"``: the envelopes overlap, but in every
       lineage the stage's value lies above / below its own parent's: a consistent change smaller
       than what one run can resolve;
-    * ``"within range"``: neither."""
+    * ``"within range"``: neither.
+
+    ``runs`` and ``seeds`` count the stage's recorded runs and seeds, ``paths`` its float paths."""
     if stage not in STAGE_INFO:
         raise ValueError(f"unknown stage {stage!r}: the stages are {', '.join(STAGE_INFO)}.")
-    records = records if records is not None else load_seed_records()
+    return _stage_effect(stage, metric, _checked(records), parent, paths)
+
+
+def _stage_effect(stage: str, metric: str, records: Dict[str, Any], parent: Optional[str] = None,
+                  paths: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     parent = parent or STAGE_INFO[stage].parent
     if parent is None:
         raise ValueError(f"stage {stage!r} has no parent to compare with; pass parent=...")
-    child_runs, parent_runs = seed_runs(records, stage, paths), seed_runs(records, parent, paths)
+    child_runs, parent_runs = _seed_runs(records, stage, paths), _seed_runs(records, parent, paths)
     for name, runs in ((stage, child_runs), (parent, parent_runs)):
         for seed, path, run in runs:
             if metric not in run["metrics"]:
@@ -154,8 +331,8 @@ def stage_effect(stage: str, metric: str, records: Optional[Dict[str, Any]] = No
         direction = "down in every lineage"
     else:
         direction = "within range"
-    return {"stage": stage, "parent": parent, "metric": metric, "mean": sum(child) / len(child),
-            "parent_mean": sum(before) / len(before), "change": sum(child) / len(child) - sum(before) / len(before),
+    return {"stage": stage, "parent": parent, "metric": metric, "mean": _mean(child),
+            "parent_mean": _mean(before), "change": _mean(child) - _mean(before),
             "range": (min(child), max(child)), "parent_range": (min(before), max(before)), "interval": interval,
             "parent_interval": parent_interval, "lineages": len(pairs), "lineages_up": up, "lineages_down": down,
             "direction": direction, "runs": len(child), "seeds": len({s for s, _, _ in child_runs}),
@@ -170,8 +347,14 @@ def describe_effect(stage: str, metric: str, records: Optional[Dict[str, Any]] =
     """``stage_effect`` as one sentence (asserting nothing): the means, the intervals (shares) or
     ranges (other figures), how many lineages went up and down, and the direction; where the
     direction differs between float paths, each path's own."""
-    records = records if records is not None else load_seed_records()
-    e = stage_effect(stage, metric, records, parent, paths)
+    if stage not in STAGE_INFO:
+        raise ValueError(f"unknown stage {stage!r}: the stages are {', '.join(STAGE_INFO)}.")
+    return _describe_effect(stage, metric, _checked(records), parent, paths)
+
+
+def _describe_effect(stage: str, metric: str, records: Dict[str, Any], parent: Optional[str] = None,
+                     paths: Optional[Sequence[str]] = None) -> str:
+    e = _stage_effect(stage, metric, records, parent, paths)
     fmt = _fmt(metric)
     kind = "95 % intervals" if metric in PROPORTIONS else "ranges"
     low, high = ("interval", "parent_interval") if metric in PROPORTIONS else ("range", "parent_range")
@@ -180,7 +363,7 @@ def describe_effect(stage: str, metric: str, records: Optional[Dict[str, Any]] =
                 f"{fmt(e[low][1])}; higher in {e['lineages_up']} of {e['lineages']} lineages, lower in "
                 f"{e['lineages_down']}): {e['direction']}")
     if paths is None and len(records["paths"]) > 1:
-        each = {p: stage_effect(stage, metric, records, parent, [p])["direction"] for p in records["paths"]}
+        each = {p: _stage_effect(stage, metric, records, parent, [p])["direction"] for p in records["paths"]}
         if len(set(each.values())) > 1:
             sentence += " (" + "; ".join(f"on {p} alone: {d}" for p, d in each.items()) + ")"
     return sentence
@@ -197,8 +380,11 @@ def check_claim(stage: str, metric: str, claim: str, records: Optional[Dict[str,
     otherwise, so a chapter cannot state an effect the record does not show."""
     if claim not in CLAIMS:
         raise ValueError(f"claim must be one of {', '.join(repr(c) for c in CLAIMS)}, got {claim!r}.")
-    direction = stage_effect(stage, metric, records, parent)["direction"]
-    sentence = describe_effect(stage, metric, records, parent)
+    if stage not in STAGE_INFO:
+        raise ValueError(f"unknown stage {stage!r}: the stages are {', '.join(STAGE_INFO)}.")
+    records = _checked(records)
+    direction = _stage_effect(stage, metric, records, parent)["direction"]
+    sentence = _describe_effect(stage, metric, records, parent)
     if claim == "within range":
         holds = direction not in ("up", "down")
     else:
@@ -222,10 +408,11 @@ def destroyed_skills(records: Dict[str, Any], stages: Sequence[str] = SEEDED_STA
     half the parent's lower bound (e.g. refusals 83.7 % of 49 -> 0 %). Each entry says whether the
     loss is one a chapter teaches (``TAUGHT_COSTS``: ``"taught"`` names the chapter, else None).
     Empty when nothing was destroyed."""
+    _checked(records)
     out = []
     for stage in stages:
         parent = STAGE_INFO[stage].parent
-        for seed, path, run in seed_runs(records, stage):
+        for seed, path, run in _seed_runs(records, stage):
             before = records["stages"][parent][str(seed)][path]["metrics"]
             for skill in skills:
                 had, now = metric_interval(before, skill), metric_interval(run["metrics"], skill)
@@ -300,7 +487,8 @@ def render_seed_report(records: Dict[str, Any]) -> str:
     its parent's beyond their intervals (``stage_effect`` "up" / "down"), ↑ / ↓ where they overlap
     but every lineage went up / down; then the number of held-out prompts per column. A second
     table gives the mean and range per float path, then the runs in which a stage destroyed a
-    skill its parent had (``destroyed_skills``)."""
+    skill its parent had (``destroyed_skills``). The record goes through ``check_seed_record`` first."""
+    check_seed_record(records)
     seeds, paths = records["seeds"], records["paths"]
     header = "| stage | chapter | " + " | ".join(h for _, h, _ in REPORT_COLUMNS) + " |"
     lines = [header, "| --- | --- |" + " ---: |" * len(REPORT_COLUMNS)]
@@ -313,7 +501,7 @@ def render_seed_report(records: Dict[str, Any]) -> str:
                 cells.append("–")
                 continue
             try:
-                values = seed_values(records, name, key)
+                values = _seed_values(records, name, key)
             except ValueError:
                 cells.append("–")
                 continue
@@ -322,10 +510,10 @@ def render_seed_report(records: Dict[str, Any]) -> str:
             own = key == "win_rate" and name == "sft"  # its own replies are the reference: low by construction
             if STAGE_INFO[name].parent and records["stages"].get(STAGE_INFO[name].parent) and not own:
                 try:
-                    mark = _mark(stage_effect(name, key, records)["direction"])
+                    mark = _mark(_stage_effect(name, key, records)["direction"])
                 except ValueError:
                     pass
-            mean = sum(values) / len(values)
+            mean = _mean(values)
             cells.append(f"{fmt(mean)}{mark}<br>({fmt(min(values))}–{fmt(max(values))})")
         lines.append(f"| {name} | {STAGE_INFO[name].chapter} | " + " | ".join(cells) + " |")
     first = run_metrics(records, "sft", seeds[0]) if records["stages"].get("sft") else {}
@@ -337,7 +525,7 @@ def render_seed_report(records: Dict[str, Any]) -> str:
     capabilities = records.get("capabilities", {})
     where = ", ".join(f"`{p}`" + (f" ({capabilities[p]})" if p in capabilities else "") for p in paths)
     ties = max((run["metrics"].get(PROPORTIONS[k][1], 0.0) for name in STAGES if records["stages"].get(name)
-                for _, _, run in seed_runs(records, name) for k in REPORT_KEYS if k in PROPORTIONS), default=0.0)
+                for _, _, run in _seed_runs(records, name) for k in REPORT_KEYS if k in PROPORTIONS), default=0.0)
     lines.append(f"\nMean over {len(seeds) * len(paths)} runs: {len(seeds)} seeds ({', '.join(map(str, seeds))}) on "
                  f"{len(paths)} float paths ({where}); range (min–max) below it. ▲ / ▼: every run of the stage lies "
                  "above / below every run of its parent stage (`base` for `sft`, `sft` for the others) beyond the 95 % "
@@ -360,12 +548,12 @@ def render_seed_report(records: Dict[str, Any]) -> str:
             cells = []
             for key, _ in path_cols:
                 try:
-                    values = seed_values(records, name, key, [path])
+                    values = _seed_values(records, name, key, [path])
                 except ValueError:  # a run without this figure, as in the main table
                     cells.append("–")
                     continue
                 fmt = _fmt(key)
-                cells.append(f"{fmt(sum(values) / len(values))} ({fmt(min(values))}–{fmt(max(values))})")
+                cells.append(f"{fmt(_mean(values))} ({fmt(min(values))}–{fmt(max(values))})")
             lines.append(f"| {name} | `{path}` | " + " | ".join(cells) + " |")
     lost = destroyed_skills(records)
     untaught = [d for d in lost if not d["taught"]]
@@ -383,7 +571,9 @@ def render_seed_report(records: Dict[str, Any]) -> str:
 
 def render_seed_figure(records: Dict[str, Any], path: Path) -> Path:
     """The report's figure: per stage, the mean of each accuracy column over every run, with the
-    envelope of the runs' 95 % intervals (``metric_interval``) as error bars."""
+    envelope of the runs' 95 % intervals (``metric_interval``) as error bars. The record goes through
+    ``check_seed_record`` first."""
+    check_seed_record(records)
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -401,10 +591,15 @@ def render_seed_figure(records: Dict[str, Any], path: Path) -> Path:
                 lows.append(0.0)
                 highs.append(0.0)
                 continue
-            runs = seed_runs(records, name)
+            runs = _seed_runs(records, name)
+            if any(key not in run["metrics"] for _, _, run in runs):  # a run without this figure: no bar, as "–"
+                means.append(float("nan"))
+                lows.append(0.0)
+                highs.append(0.0)
+                continue
             v = [float(run["metrics"][key]) for _, _, run in runs]
             intervals = [metric_interval(run["metrics"], key) for _, _, run in runs]
-            m = sum(v) / len(v)
+            m = _mean(v)
             means.append(100 * m)
             lows.append(100 * max(0.0, m - min(lo for lo, _ in intervals)))
             highs.append(100 * max(0.0, max(hi for _, hi in intervals) - m))

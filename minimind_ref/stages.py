@@ -24,6 +24,13 @@ report's rendering).
     python -m minimind_ref.stages claims [--seeds-file FILE]  # the chapters' claims against a record
     python -m minimind_ref.stages report --evaluate       # one row per shipped stage, re-evaluated here
     python -m minimind_ref.stages rebuild [stage]         # re-create one shipped stage (seed 0)
+
+The command line refuses, before any work, what does not apply: stage names with ``--seeds``,
+``--out``/``--paths``/``--jobs``/``--no-ship`` without it, ``--recorded`` with ``--evaluate``, and
+the combinations that would leave the package's record and its stage files describing different
+runs (``--out`` without ``--ship-dir`` or ``--no-ship``; ``--ship-dir`` or ``--no-ship`` without
+``--out``). The shipped stage files, their tokenizer and the record change as one set
+(``stage_set``: a manifest written last, checked whenever a stage or the record is loaded).
 """
 
 from __future__ import annotations
@@ -44,11 +51,13 @@ from .chat_eval import (EVAL_MAX_NEW_TOKENS, GREEDY_TIE_MARGIN, WIN_TIE_MARGIN, 
                         evaluate_chat, greedy_near_ties, heldout_prompts, mean_logprobs, own_reply_pairs,
                         reference_replies, reply_logprobs, score_reply, score_reply_text, wilson_interval)
 from .files import DIGEST_KEY, PathLike, weights_digest
+from .stage_set import check_set, file_sha256, write_set, write_set_files
 from .stage_registry import (CAPABILITY_ENV, CHECKPOINT_DIR, DEFAULT_SEEDS, FLOAT_PATHS,  # noqa: F401
                              KNOWN_PATHS, RECIPES, RECORD_VERSION, SEEDED_STAGES, SEEDS_FILE, STAGE_INFO,
                              STAGES, TOKENIZER_FILE, Stage)
 from .stage_report import (CLAIMS, METRICS, PROPORTIONS, REPORT_COLUMNS, REPORT_KEYS,  # noqa: F401
-                           SKILLS, STAGE_CLAIMS, TAUGHT_COSTS, _fmt, check_claim, describe_effect,
+                           SKILLS, STAGE_CLAIMS, TAUGHT_COSTS, _fmt, check_claim, check_metric, check_seed_record,
+                           describe_effect,
                            destroyed_skills, load_seed_records, metric_interval, render_markdown,
                            render_seed_figure, render_seed_report, run_metrics, seed_runs, seed_values,
                            stage_effect)
@@ -73,7 +82,8 @@ def load_tokenizer() -> Any:
 
 
 def load_stage(name: str, device: Any = "cpu") -> Tuple[torch.nn.Module, Any]:
-    """``(model, tokenizer)`` of a shipped stage, the model in fp32 and eval mode."""
+    """``(model, tokenizer)`` of a shipped stage, the model in fp32 and eval mode. The stage files
+    are checked as one set first (``stage_set.check_set``: a mixed or hand-replaced set is refused)."""
     from .checkpoint import load_checkpoint
 
     path = stage_path(name)
@@ -81,7 +91,9 @@ def load_stage(name: str, device: Any = "cpu") -> Tuple[torch.nn.Module, Any]:
         raise FileNotFoundError(f"stage {name!r} is not shipped yet ({path.name} missing); available: "
                                 f"{', '.join(available_stages()) or 'none'}. Rebuild it with "
                                 f"`python -m minimind_ref.stages rebuild {name}`.")
-    model, tokenizer = load_checkpoint(path, map_location=device), load_tokenizer()
+    model = load_checkpoint(path, map_location=device)  # the file's own digests first: the most specific message
+    check_set(path.parent)
+    tokenizer = load_tokenizer()
     check_tokenizer_fits(model.config, tokenizer, path)
     return model, tokenizer
 
@@ -89,7 +101,7 @@ def load_stage(name: str, device: Any = "cpu") -> Tuple[torch.nn.Module, Any]:
 def stage_metadata(name: str) -> Dict[str, Any]:
     """What the shipped file records about how it was made (config, command, metrics).
 
-    The file is verified first: read weights-only (a damaged or truncated file is a one-line
+    The file is verified first (then checked as a member of its stage set, ``stage_set.check_set``): read weights-only (a damaged or truncated file is a one-line
     ``ValueError``), its weights must match the digest ``save_checkpoint`` recorded, and the
     digest ``save_stage`` wrote into ``extra`` (the weights the figures were measured on) must be
     the same: recorded figures are never reported for weights they do not belong to."""
@@ -108,31 +120,56 @@ def stage_metadata(name: str) -> Dict[str, Any]:
         raise ValueError(f"{path}: the figures it records were measured on other weights than the ones it holds (the file "
                          f"was re-saved with new weights and the old metadata); rebuild it with "
                          f"`python -m minimind_ref.stages rebuild {name}`.")
+    check_set(path.parent)  # and the file is the one its set lists (stage_set)
     return extra
 
 
-def save_stage(model: torch.nn.Module, name: str, extra: Dict[str, Any], folder: Optional[PathLike] = None) -> Path:
+def save_stage(model: torch.nn.Module, name: str, extra: Dict[str, Any], folder: Optional[PathLike] = None,
+               tokenizer: Any = None, lineage: Optional[Dict[str, Any]] = None) -> Path:
     """Write a stage checkpoint: fp16 weights (as upstream saves them) and ``extra``, plus the
     digest of those weights in ``extra`` (see ``stage_metadata``), to the shipped stage's file
-    (or its file name in ``folder``). A weight beyond float16's range is a ``ValueError`` naming
-    it (it would become inf)."""
+    (or its file name in ``folder``), as a change of the folder's stage set (``stage_set.write_set``:
+    the manifest records the file's digest and lineage, from ``extra``'s ``stage``, ``parent``,
+    ``seed`` and ``float_path``). ``tokenizer``: also the set's tokenizer, in the same change (the
+    ``base`` stage's). ``lineage``: more for the manifest's entry (``parent_sha256``, the digest of
+    the parent file the stage was trained from, when it is not the parent in the same folder). A
+    weight beyond float16's range is a ``ValueError`` naming it (it would become inf)."""
+    path = stage_path(name) if folder is None else Path(os.path.expanduser(os.fspath(folder))) / stage_path(name).name
+    writers: Dict[str, Callable[[str], Any]] = {path.name: lambda target: _write_stage_file(model, name, extra, target)}
+    if tokenizer is not None:
+        from .tokenizer import save_tokenizer
+
+        writers[TOKENIZER_FILE.name] = lambda target: save_tokenizer(tokenizer, target)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_set_files(path.parent, writers, {path.name: {**stage_lineage(name, extra), **(lineage or {})},
+                                           TOKENIZER_FILE.name: {"role": "the tokenizer every stage uses"}})
+    return path
+
+
+def stage_lineage(name: str, extra: Dict[str, Any]) -> Dict[str, Any]:
+    """What the stage set's manifest records about a stage file: its stage, parent stage, seed and
+    float path (from the figures ``extra`` it is saved with)."""
+    where = extra.get("float_path")
+    return {"stage": name, "parent": STAGE_INFO[name].parent, "seed": extra.get("seed"),
+            "float_path": where.get("path") if isinstance(where, dict) else where}
+
+
+def _write_stage_file(model: torch.nn.Module, name: str, extra: Dict[str, Any], path: PathLike) -> None:
+    """``save_stage``'s file, written to ``path``."""
     import copy
 
     from .checkpoint import save_checkpoint
 
-    path = stage_path(name) if folder is None else Path(os.path.expanduser(os.fspath(folder))) / stage_path(name).name
     for key, tensor in model.state_dict().items():  # fp16 holds magnitudes up to 65,504
         finite = tensor[torch.isfinite(tensor)] if tensor.is_floating_point() else None
         if finite is not None and finite.numel() and float(finite.abs().max()) > torch.finfo(torch.float16).max:
             raise ValueError(f"cannot save stage {name!r}: weight {key!r} holds values up to {float(finite.abs().max()):.4g}, "
                              "beyond float16's range (65,504), and stage files store fp16 weights (as upstream saves "
                              "them). Such weights are rare in a healthy run: check the run's loss; save_checkpoint keeps fp32.")
-    path.parent.mkdir(parents=True, exist_ok=True)
     half = copy.deepcopy(model).to("cpu").half()
     # the digest of the weights the figures in ``extra`` belong to (stage_metadata checks it)
     extra = {**extra, DIGEST_KEY: weights_digest(half.state_dict())}
-    save_checkpoint(half, str(path), extra=extra)
-    return path
+    save_checkpoint(half, os.fspath(path), extra=extra)
 
 
 # ---------------------------------------------------------------------- rebuilding
@@ -185,7 +222,6 @@ def rebuild(name: str, log: Callable[[str], None] = print, seed: int = 0, folder
     shipped ``sft`` stage's replies, or its own for ``sft``), save it (to the package's
     checkpoints, or to ``folder``, checked before training starts)."""
     from .files import check_writable
-    from .tokenizer import save_tokenizer
 
     if name not in RECIPES:
         raise ValueError(f"no recipe for stage {name!r}; recipes exist for {', '.join(RECIPES)}.")
@@ -197,9 +233,8 @@ def rebuild(name: str, log: Callable[[str], None] = print, seed: int = 0, folder
         check_writable(stage_path(name), "the rebuilt stage file")
     parent_name = STAGE_INFO[name].parent if name in STAGE_INFO else None
     parent, tokenizer = load_stage(parent_name) if parent_name else (None, None)
+    lineage = {"parent_sha256": file_sha256(stage_path(parent_name))} if parent_name else {}  # the package's parent
     model, extra, tokenizer, seconds = train_stage(name, parent, tokenizer, seed)
-    if parent_name is None:
-        save_tokenizer(tokenizer, TOKENIZER_FILE if folder is None else Path(os.path.expanduser(os.fspath(folder))) / TOKENIZER_FILE.name)
     reference = None
     if name == "sft":
         reference = reference_replies(model, tokenizer)
@@ -208,7 +243,9 @@ def rebuild(name: str, log: Callable[[str], None] = print, seed: int = 0, folder
     extra = {**extra, "stage": name, "parent": parent_name, "seconds": round(seconds, 1),
              "evaluate_chat": evaluate_chat(model, tokenizer, reference), "torch": str(torch.__version__),
              "float_path": float_path()}
-    path = save_stage(model, name, extra, folder=folder)
+    # base ships with its tokenizer: the two change as one (stage_set)
+    path = save_stage(model, name, extra, folder=folder, tokenizer=tokenizer if parent_name is None else None,
+                      lineage=lineage)
     log(f"rebuilt {name} in {seconds:.0f} s -> {path}")
     return path
 
@@ -320,12 +357,12 @@ def rebuild_seeds(seeds: Sequence[int] = DEFAULT_SEEDS, paths: Sequence[str] = F
     "torch", "seconds", "stages": {stage: {seed: {path: {"metrics", "seconds", "stage_metrics"}}}}}``
     (seed keys are strings, as JSON has them). ``runner(seed, path, save_dir, work, log)`` runs one
     lineage (default: a subprocess; tests pass their own)."""
-    import shutil
     import tempfile
     import time
     from concurrent.futures import ThreadPoolExecutor
 
-    from .files import atomic_write, check_writable, write_text
+    from .files import check_writable, expand, write_text
+    from .stage_set import read_manifest
 
     seeds, paths = list(seeds), list(paths)
     _check_seeds_and_paths(seeds, paths)
@@ -368,15 +405,34 @@ def rebuild_seeds(seeds: Sequence[int] = DEFAULT_SEEDS, paths: Sequence[str] = F
         for result in results:
             for name, entry in result["stages"].items():
                 record["stages"][name][str(result["seed"])][result["path"]] = entry
+        # the shipped files and, when it sits beside them, the record change as one set (stage_set.write_set)
+        sources: Dict[str, str] = {}
+        lineage: Dict[str, Dict[str, Any]] = {}
         if ship_seed is not None:
             source = os.path.join(work, f"ship-seed{ship_seed}-{paths[0]}")
-            os.makedirs(ship_dir, exist_ok=True)
             for name in SEEDED_STAGES:
-                with open(os.path.join(source, STAGE_INFO[name].file), "rb") as src, \
-                        atomic_write(Path(ship_dir) / STAGE_INFO[name].file, "wb") as dst:
-                    shutil.copyfileobj(src, dst)
-        if out is not None:
-            write_text(out, json.dumps(record, indent=1, sort_keys=True) + "\n")
+                sources[STAGE_INFO[name].file] = os.path.join(source, STAGE_INFO[name].file)
+                lineage[STAGE_INFO[name].file] = {"stage": name, "parent": STAGE_INFO[name].parent, "seed": ship_seed,
+                                                  "float_path": paths[0]}
+            if stage_path("base").is_file():  # every lineage's sft started from the package's base
+                lineage[STAGE_INFO["sft"].file]["parent_sha256"] = file_sha256(stage_path("base"))
+        text = json.dumps(record, indent=1, sort_keys=True) + "\n"
+        ship_folder = os.path.realpath(expand(ship_dir)) if ship_seed is not None else None
+        record_folder = os.path.realpath(os.path.dirname(os.path.abspath(out))) if out is not None else None
+        record_in_set = out is not None and os.path.basename(out) == SEEDS_FILE.name and (
+            record_folder == ship_folder or read_manifest(record_folder) is not None)
+        if record_in_set:
+            sources[SEEDS_FILE.name] = os.path.join(work, SEEDS_FILE.name)
+            lineage[SEEDS_FILE.name] = {"role": "seed record", "ship": record["ship"]}
+            with open(sources[SEEDS_FILE.name], "w", encoding="utf-8") as f:
+                f.write(text)
+        if ship_seed is not None:
+            write_set(ship_dir, {k: v for k, v in sources.items() if k != SEEDS_FILE.name or record_folder == ship_folder},
+                      lineage)
+        if record_in_set and record_folder != ship_folder:
+            write_set(record_folder, {SEEDS_FILE.name: sources[SEEDS_FILE.name]}, lineage)
+        elif out is not None and not record_in_set:
+            write_text(out, text)
     log(f"{len(jobs_list)} lineages in {record['seconds']['wall'] / 60:.1f} min wall" + (f"; record: {out}" if out else ""))
     return record
 
@@ -448,6 +504,60 @@ def _seed_list(text: str) -> List[int]:
     return seeds
 
 
+def _one_seed(text: str) -> int:
+    """``lineage --seed``: one whole number >= 0."""
+    try:
+        seed = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seed takes a whole number >= 0, got {text!r}") from None
+    if seed < 0:
+        raise argparse.ArgumentTypeError(f"--seed takes a whole number >= 0, got {text!r}")
+    return seed
+
+
+def _rebuild_plan(args: argparse.Namespace) -> Dict[str, Any]:
+    """What ``rebuild`` will do, or a ``ValueError`` for an argument that does not apply or a
+    combination that would leave the package's record and stage files describing different runs."""
+    if args.seeds is None:
+        given = [flag for flag, value in (("--out", args.out), ("--paths", args.paths), ("--jobs", args.jobs),
+                                          ("--no-ship", args.no_ship)) if value not in (None, False)]
+        if given:
+            raise ValueError(f"{', '.join(given)} applies only with --seeds (the seeded rebuild over seeds and float "
+                             "paths); `rebuild [stage ...]` re-creates stages with seed 0 here, into --ship-dir or the "
+                             "package's checkpoints.")
+        unknown = [name for name in args.stages if name not in RECIPES]
+        if unknown:
+            raise ValueError(f"unknown stage {unknown[0]!r}; the stages are {', '.join(RECIPES)}.")
+        if len(set(args.stages)) != len(args.stages):
+            raise ValueError(f"each stage once, please: got {' '.join(args.stages)}.")
+        names = args.stages or list(SEEDED_STAGES)
+        return {"stages": sorted(names, key=STAGES.index)}  # parents before children
+    if args.stages:
+        raise ValueError(f"--seeds trains every post-training stage ({', '.join(SEEDED_STAGES)}) in every lineage and "
+                         f"takes no stage names (got {' '.join(args.stages)}); drop the names, or drop --seeds to "
+                         "rebuild only those stages.")
+    package_record = args.out is None or os.path.realpath(os.path.expanduser(args.out)) == os.path.realpath(SEEDS_FILE)
+    if args.no_ship and package_record:
+        raise ValueError(f"--no-ship writes the record only: give --out (a file of your own), so the package's "
+                         f"{SEEDS_FILE.name} keeps describing the package's stage files.")
+    if args.no_ship and args.ship_dir:
+        raise ValueError("--no-ship ships no stage file, so --ship-dir does not apply: drop one of them.")
+    if not args.no_ship and args.out is not None and args.ship_dir is None and not package_record:
+        raise ValueError("--out writes the record elsewhere, but the first seed's stage files would replace the "
+                         "package's own: give --ship-dir (e.g. the folder of --out) or --no-ship.")
+    if args.ship_dir is not None and args.out is None:
+        raise ValueError(f"--ship-dir ships the stage files elsewhere, but the record would replace the package's "
+                         f"{SEEDS_FILE.name}: give --out too (e.g. {os.path.join(args.ship_dir, SEEDS_FILE.name)}).")
+    paths = [x.strip() for x in (args.paths if args.paths is not None else ",".join(FLOAT_PATHS)).split(",")]
+    if any(not x for x in paths):
+        raise ValueError(f"--paths takes comma-separated float paths, e.g. native,default; got {args.paths!r}.")
+    _check_seeds_and_paths(args.seeds, paths)
+    jobs = 1 if args.jobs is None else args.jobs
+    if jobs < 1:
+        raise ValueError(f"--jobs must be >= 1 (lineages run at a time), got {jobs}.")
+    return {"paths": paths, "jobs": jobs}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m minimind_ref.stages", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -464,43 +574,38 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                      help="comma-separated seeds, e.g. 0,1,2,3,4: train every post-training stage with each seed on "
                           "each float path (lineages from the shipped base), record every run's metrics, ship the first "
                           "seed's models of the first path")
-    reb.add_argument("--paths", default=",".join(FLOAT_PATHS),
+    reb.add_argument("--paths", default=None,
                      help=f"with --seeds: comma-separated float paths (default {','.join(FLOAT_PATHS)}; also "
                           f"{', '.join(p for p in KNOWN_PATHS if p not in FLOAT_PATHS)}); each runs in its own process "
                           f"with {CAPABILITY_ENV} set (native: unset)")
-    reb.add_argument("--jobs", type=int, default=1, help="with --seeds: lineages run at a time, one thread each (default 1)")
+    reb.add_argument("--jobs", type=int, default=None, help="with --seeds: lineages run at a time, one thread each "
+                                                            "(default 1)")
     reb.add_argument("--out", default=None, help=f"with --seeds: the record to write (default: {SEEDS_FILE.name} beside "
-                                                  "the checkpoints)")
+                                                  "the checkpoints; with --out give --ship-dir or --no-ship too, so the "
+                                                  "package's record keeps describing the package's stage files)")
     reb.add_argument("--ship-dir", default=None, help="where the rebuilt stage files go (default: the package's "
-                                                      "checkpoints folder)")
-    reb.add_argument("--no-ship", action="store_true", help="with --seeds: write the record only, no stage file")
+                                                      "checkpoints folder; with --seeds, give --out too)")
+    reb.add_argument("--no-ship", action="store_true", help="with --seeds and --out: write the record only, no stage file")
     cla = sub.add_parser("claims", help="check every claim the chapters make (STAGE_CLAIMS) and that no later stage "
                                         "destroyed a skill, against a seed record; exit status 1 if one fails")
     cla.add_argument("--seeds-file", default=None, help=f"the seed record (default {SEEDS_FILE.name} beside the "
                                                         "checkpoints; e.g. the --out of your own rebuild)")
     lin = sub.add_parser("lineage", help="one lineage on this process's float path (what rebuild --seeds runs per "
                                          "seed and path): JSON result")
-    lin.add_argument("--seed", type=int, required=True)
+    lin.add_argument("--seed", type=_one_seed, required=True)
     lin.add_argument("--result", required=True, help="the JSON file to write the lineage's figures to")
     lin.add_argument("--save-dir", default=None, help="also save the lineage's four models there as stage files")
     args = p.parse_args(argv)
     if args.command == "rebuild":
-        if args.seeds:
-            paths = [x.strip() for x in args.paths.split(",") if x.strip()]
-            try:  # a usage line, not a traceback, for a bad path or job count (nothing has run yet)
-                _check_seeds_and_paths(args.seeds, paths)
-                if args.jobs < 1:
-                    raise ValueError(f"--jobs must be >= 1 (lineages run at a time), got {args.jobs}.")
-            except ValueError as error:
-                p.error(str(error))
-            rebuild_seeds(args.seeds, paths, args.jobs, ship_seed=None if args.no_ship else args.seeds[0],
+        try:  # a usage line, not a traceback, for any argument that does not apply (nothing has run yet)
+            plan = _rebuild_plan(args)
+        except ValueError as error:
+            p.error(str(error))
+        if args.seeds is not None:
+            rebuild_seeds(args.seeds, plan["paths"], plan["jobs"], ship_seed=None if args.no_ship else args.seeds[0],
                           out=args.out or SEEDS_FILE, ship_dir=args.ship_dir or CHECKPOINT_DIR)
         else:
-            names = args.stages or list(SEEDED_STAGES)
-            for name in names:  # every name and the output folder checked before the first run
-                if name not in RECIPES:
-                    raise SystemExit(f"unknown stage {name!r}; the stages are {', '.join(RECIPES)}.")
-            for name in names:
+            for name in plan["stages"]:
                 rebuild(name, folder=args.ship_dir)
     if args.command == "claims":
         try:
@@ -517,6 +622,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "report":
         from .files import check_writable
 
+        if args.recorded and args.evaluate:
+            p.error("--recorded and --evaluate are two different reports (the figures each stage file recorded, or "
+                    "a fresh evaluation here): choose one.")
+        if (args.recorded or args.evaluate) and (args.figure or args.seeds_file):
+            p.error(f"{'--figure' if args.figure else '--seeds-file'} belongs to the report from the seed record; "
+                    f"{'--recorded' if args.recorded else '--evaluate'} makes one row per shipped stage without it. "
+                    "Drop one of them.")
+
         for path, what in ((args.out, "--out (the report's table)"), (args.figure, "--figure (the report's PNG)")):
             if path:  # before any evaluation: a folder or an unwritable place fails now, not after minutes
                 check_writable(path, what)
@@ -524,7 +637,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if args.recorded or args.evaluate:
                 table = render_markdown(recorded_rows() if args.recorded else stage_rows())
             else:
-                records = load_seed_records(Path(args.seeds_file) if args.seeds_file else None)
+                try:  # a record that fails the schema check: one usage line naming the file, stage and metric
+                    records = load_seed_records(Path(args.seeds_file) if args.seeds_file else None)
+                except (FileNotFoundError, ValueError) as error:
+                    p.error(str(error))
                 table = render_seed_report(records)
                 if args.figure:
                     render_seed_figure(records, Path(args.figure))

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from typing import Dict, Iterable, List, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Sequence, Tuple, Union
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
@@ -119,7 +119,59 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 1024, split_digi
     tokenizer.train_from_iterator(texts, trainer=trainer)
     for i, tok in enumerate(SPECIAL_TOKENS):
         assert tokenizer.token_to_id(tok) == i, f"special token {tok} should have id {i}"
-    return tokenizer
+    return CheckedTokenizer(tokenizer)
+
+
+class CheckedTokenizer:
+    """A ``tokenizers.Tokenizer`` whose ``decode`` and ``decode_batch`` refuse ids outside the
+    vocabulary: the library skips such an id without a word (``decode([5, 99999])`` is the text of
+    5 alone), which hides ids of another tokenizer or of a model with a larger vocabulary. Every
+    other attribute is the library tokenizer's own (``encode``, ``token_to_id``, ``to_str``, ...;
+    ``backend_tokenizer`` is the library object itself). The library's class cannot be subclassed,
+    hence the wrapper; ``load_tokenizer`` and ``train_bpe_tokenizer`` return one."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        object.__setattr__(self, "_inner", getattr(tokenizer, "backend_tokenizer", tokenizer))
+
+    @property
+    def backend_tokenizer(self) -> Any:
+        return self._inner
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_inner":  # while unpickling, before __dict__ is filled
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._inner, name, value)  # e.g. encode_special_tokens, decoder: the library object's settings
+
+    def __repr__(self) -> str:
+        return f"CheckedTokenizer(vocab_size={self._inner.get_vocab_size()})"
+
+    def _ids(self, ids: Any) -> List[int]:
+        if hasattr(ids, "tolist"):  # a tensor or an array
+            ids = ids.tolist()
+        if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+            raise TypeError(f"decode takes a sequence of token ids, got {type(ids).__name__}.")
+        out = []
+        for i in ids:
+            if isinstance(i, bool) or not isinstance(i, int):
+                raise TypeError(f"token ids must be ints, got {i!r} ({type(i).__name__}).")
+            out.append(i)
+        n = self._inner.get_vocab_size()
+        outside = [i for i in out if not 0 <= i < n]
+        if outside:
+            raise ValueError(f"token id(s) {outside[:5]} are outside this tokenizer's vocabulary [0, {n - 1}]: ids of "
+                             "another tokenizer, or of a model with a larger vocabulary? (the tokenizers library would "
+                             "drop them without a word)")
+        return out
+
+    def decode(self, ids: Any, skip_special_tokens: bool = True) -> str:
+        """The text of ``ids`` (a list, or a 1-D tensor); an id outside the vocabulary is a ``ValueError``."""
+        return self._inner.decode(self._ids(ids), skip_special_tokens=skip_special_tokens)
+
+    def decode_batch(self, sequences: Any, skip_special_tokens: bool = True) -> List[str]:
+        return self._inner.decode_batch([self._ids(ids) for ids in sequences], skip_special_tokens=skip_special_tokens)
 
 
 def save_tokenizer(tokenizer, path: PathLike) -> None:
@@ -161,12 +213,13 @@ def encode_plain(tokenizer, text: str) -> List[int]:
 
 
 def load_tokenizer(path: PathLike):
-    """Read a ``tokenizer.json`` written by ``save_tokenizer`` (or by upstream MiniMind)."""
+    """Read a ``tokenizer.json`` written by ``save_tokenizer`` (or by upstream MiniMind), as a
+    ``CheckedTokenizer`` (its ``decode`` refuses ids outside the vocabulary)."""
     tk = _require_tokenizers()
     path = os.path.expanduser(os.fspath(path))
     if not os.path.exists(path):
         raise FileNotFoundError(f"no tokenizer at {path!s}; train one with train_bpe_tokenizer and save_tokenizer.")
-    return read_tokenizer_file(path)
+    return CheckedTokenizer(read_tokenizer_file(path))
 
 
 def read_tokenizer_file(path: PathLike):

@@ -388,13 +388,32 @@ def read_hf_weights(folder: PathLike, map_location: Union[str, torch.device] = "
     raise FileNotFoundError(f"{folder} holds no weights: expected one of {', '.join(_WEIGHT_FILES)}.")
 
 
-def _per_expert(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+def _expert_count(state: Mapping[str, torch.Tensor]) -> Optional[int]:
+    """Experts per layer of a state dict: per-expert keys (``mlp.experts.{e}.``) or fused tensors."""
+    for key, value in state.items():
+        if key.startswith("model.layers.0.") and key.endswith(".mlp.experts.gate_up_proj") and value.dim() == 3:
+            return int(value.shape[0])
+    numbers = {int(k.split(".mlp.experts.")[1].split(".")[0]) for k in state
+               if k.startswith("model.layers.0.") and ".mlp.experts." in k and k.split(".mlp.experts.")[1].split(".")[0].isdigit()}
+    return max(numbers) + 1 if numbers else None
+
+
+def _per_expert(state: Dict[str, torch.Tensor], config: Optional[MiniMindConfig] = None,
+                source: Any = "the weights") -> Dict[str, torch.Tensor]:
     """A folder's state with transformers 5's fused Qwen3-MoE experts (if any) split per expert, as
-    MiniMind stores them (``minimind_ref.hf.split_fused_experts``; needs no transformers)."""
+    MiniMind stores them (``minimind_ref.hf.split_fused_experts``; needs no transformers). With the
+    folder's ``config``, the fused tensors' shapes are checked first (``hf.check_fused_experts``: an
+    error names the fused key, not per-expert keys the folder does not hold)."""
     if not any(k.endswith((".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")) for k in state):
         return state
-    from .hf import split_fused_experts
+    from .hf import check_fused_experts, split_fused_experts
 
+    if config is not None:
+        if not config.use_moe:
+            fused = next(k for k in state if k.endswith((".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")))
+            raise ValueError(f"{source}: the weights hold fused experts ({fused}) but the config describes a dense "
+                             "model: a Qwen3-MoE folder needs model_type 'qwen3_moe' in config.json.")
+        check_fused_experts(state, config, source)
     return split_fused_experts(state)
 
 
@@ -417,8 +436,15 @@ def load_hf_dir(folder: PathLike, dtype: Optional[torch.dtype] = torch.float32,
     raw = read_json(cfg_path, "config.json")
     with warnings.catch_warnings(record=True) as said:  # said after the weights are checked (below)
         warnings.simplefilter("always")
-        config = config_from_hf(raw)
-    state = _as_state_dict(_per_expert(read_hf_weights(folder, map_location)), folder)
+        try:
+            config = config_from_hf(raw)
+        except ValueError as err:
+            if "has no expert count" not in str(err):
+                raise ValueError(f"{cfg_path}: {err}") from None
+            count = _expert_count(read_hf_weights(folder, map_location))
+            raise ValueError(f"{cfg_path}: {err}" + (f" Here the weights hold {count} experts per layer: add "
+                                                     f"\"num_experts\": {count}." if count else "")) from None
+    state = _as_state_dict(_per_expert(read_hf_weights(folder, map_location), config, folder), folder)
     if raw.get("model_type") in ("qwen3", "qwen3_moe"):  # a missing field whose default the weights contradict
         from .hf import qwen3_defaults_against_weights
 

@@ -186,6 +186,27 @@ def test_graph_decoder_sampling_on_cuda():
     assert seeded.shape == (4, 13) and decoder.last_path == "eager"  # a generator of one's own: no graph
 
 
+def test_graph_decoder_on_cuda_sees_changed_weights_and_nan():
+    """Issue 46 under a captured graph: weights changed in place after capture are copied into the tensors the
+    graph reads (the next replay decodes them), and a NaN that first appears mid-decode raises, as generate does."""
+    from minimind_ref.graph_decode import GraphDecoder
+
+    model = _decode_model("minimind-3", 4, tie_word_embeddings=False)
+    decoder = GraphDecoder(model)
+    ids = torch.randint(0, 300, (1, 6), generator=torch.Generator().manual_seed(4)).cuda()
+    assert torch.equal(decoder.generate(ids, 24), model.generate(ids, max_new_tokens=24))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.5)
+    assert torch.equal(decoder.generate(ids, 24), model.generate(ids, max_new_tokens=24))
+    assert decoder.last_path == "cuda graph"
+    first = int(model.generate(ids, max_new_tokens=1)[0, -1])
+    with torch.no_grad():
+        model.model.embed_tokens.weight[first].fill_(float("nan"))
+    with pytest.raises(FloatingPointError, match="during generation"):
+        decoder.generate(ids, 24)
+
+
 @pytest.mark.slow
 def test_compiled_graph_decoder_on_cuda():
     from minimind_ref.graph_decode import GraphDecoder

@@ -233,7 +233,7 @@ def test_cuda_graph_demanded_off_cuda_is_a_clear_error():
     (dict(input_ids=torch.tensor([1, 2, 3])), ValueError, r"\[batch, seq_len\]"),
     (dict(input_ids=torch.zeros(1, 0, dtype=torch.long)), ValueError, r"at least one token"),
     (dict(max_new_tokens=-1), ValueError, r"max_new_tokens"),
-    (dict(max_new_tokens=2.5), ValueError, r"max_new_tokens"),
+    (dict(max_new_tokens=2.5), TypeError, r"max_new_tokens"),
     (dict(temperature=0.0), ValueError, r"temperature"),
     (dict(top_p=1.5), ValueError, r"top_p"),
     (dict(top_k=-2), ValueError, r"top_k"),

@@ -154,7 +154,8 @@ def test_our_file_is_upstreams_format(tmp_path):
     save_lora(source, path)
     state = torch.load(path, weights_only=True)
     names = [name for name, _ in lora_modules(source)]
-    assert sorted(state) == sorted(f"{n}.lora.{k}" for n in names for k in ("A.weight", "B.weight"))
+    # the adapters under upstream's keys, and our record of the base (a key upstream's load_lora skips: no ".lora.")
+    assert sorted(state) == sorted([f"{n}.lora.{k}" for n in names for k in ("A.weight", "B.weight")] + ["lora_base_sample"])
     assert "model.layers.0.self_attn.q_proj.lora.A.weight" in state
     assert all(v.dtype == torch.float16 for v in state.values()), "upstream's save_lora writes fp16"
     target = apply_lora(tiny_model(), rank=4)

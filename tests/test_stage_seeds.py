@@ -105,9 +105,9 @@ def test_the_command_line_checks_out_before_training(tmp_path):
     """A folder as --out: a one-line error at once (the real lineages would take minutes each)."""
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
-    for args, error in ((["--out", str(tmp_path)], IsADirectoryError),
-                        (["--out", str(a_file / "r.json")], NotADirectoryError),
-                        (["--ship-dir", str(a_file)], NotADirectoryError)):
+    for args, error in ((["--out", str(tmp_path), "--no-ship"], IsADirectoryError),
+                        (["--out", str(a_file / "r.json"), "--no-ship"], NotADirectoryError),
+                        (["--ship-dir", str(a_file), "--out", str(tmp_path / "r.json")], NotADirectoryError)):
         with pytest.raises(error):
             stages.main(["rebuild", "--seeds", "0", "--paths", "native", *args])
     with pytest.raises(NotADirectoryError):
@@ -312,3 +312,50 @@ def test_the_claims_command_checks_a_record_and_fails_loudly(tmp_path, capsys):
     with pytest.raises(SystemExit):
         stages.main(["claims", "--seeds-file", str(tmp_path / "missing.json")])
     assert "no seed record" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------- the shipped files as one set
+def test_a_rebuild_ships_one_set_with_its_manifest(tmp_path):
+    """The shipped stage files and the record beside them change as one set (stage_set): the manifest lists each
+    file's digest and lineage; a file swapped afterwards, or a mix of two sets, is refused at load."""
+    from minimind_ref import stage_set
+
+    ship = tmp_path / "ship"
+    stages.rebuild_seeds([0, 1], ["native"], ship_seed=1, out=ship / stages.SEEDS_FILE.name, ship_dir=ship,
+                         log=lambda line: None, runner=_fake_runner(VALUES))
+    entries = stage_set.check_set(ship)
+    assert sorted(entries) == sorted([stages.STAGE_INFO[n].file for n in stages.SEEDED_STAGES] + ["stage_seeds.json"])
+    assert entries["lora.pt"]["parent_sha256"] == entries["sft.pt"]["sha256"] and entries["lora.pt"]["seed"] == 1
+    assert entries["sft.pt"]["parent_sha256"] == stage_set.file_sha256(stages.stage_path("base"))  # the package's base
+    assert stages.load_seed_records(ship / "stage_seeds.json")["ship"] == {"seed": 1, "path": "native"}
+    old = (ship / "dpo.pt").read_bytes()
+    (ship / "dpo.pt").write_bytes(b"dpo by hand")
+    with pytest.raises(ValueError, match="dpo.pt is not the file the stage set's manifest.json lists"):
+        stage_set.check_set(ship)
+    (ship / "dpo.pt").write_bytes(old)
+    # a write interrupted after its pending manifest and one file: refused as mixed, naming both sides
+    manifest = json.loads((ship / "manifest.json").read_text())
+    manifest["pending"] = {**manifest["files"], "sft.pt": {"sha256": stage_set.file_sha256(ship / "lora.pt")}}
+    (ship / "manifest.json").write_text(json.dumps(manifest))
+    assert stage_set.check_set(ship) == manifest["files"]  # nothing replaced yet: the old set, whole
+    (ship / "sft.pt").write_bytes((ship / "lora.pt").read_bytes())
+    assert stage_set.check_set(ship)["sft.pt"]["sha256"] == manifest["pending"]["sft.pt"]["sha256"]  # the new, whole
+    manifest["pending"]["grpo.pt"] = {"sha256": "0" * 64}
+    (ship / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="the stage set is mixed.*sft.pt from the new set.*grpo.pt"):
+        stage_set.check_set(ship)
+
+
+def test_a_stage_rebuilt_alone_shows_in_the_lineage(tmp_path):
+    from minimind_ref import stage_set
+
+    sources = {name: tmp_path / f"{name}.src" for name in ("sft.pt", "lora.pt")}
+    for name, path in sources.items():
+        path.write_bytes(name.encode())
+    lineage = {"sft.pt": {"stage": "sft", "parent": "base"}, "lora.pt": {"stage": "lora", "parent": "sft"}}
+    entries = stage_set.write_set(tmp_path / "set", sources, lineage)
+    assert stage_set.stale_lineage(entries) == {}
+    sources["sft.pt"].write_bytes(b"sft, rebuilt")
+    entries = stage_set.write_set(tmp_path / "set", {"sft.pt": sources["sft.pt"]}, lineage)
+    assert stage_set.stale_lineage(entries) == {"lora.pt": "sft.pt"}  # lora was trained from the sft before
+    assert stage_set.check_set(tmp_path / "set") == entries
