@@ -1042,21 +1042,26 @@ def config_from_args(argv: Optional[Sequence[str]] = None) -> Tuple[TrainConfig,
     if args.history and os.path.isdir(os.path.expanduser(args.history)):
         p.error(f"--history {args.history} is a folder; give a file name, e.g. {os.path.join(args.history, 'history.json')}")
     try:
-        d = TrainConfig().to_dict()
-        if args.config:
-            d = TrainConfig.from_json(args.config).to_dict()
-        for item in args.set:
-            key, sep, value = item.partition("=")
-            if not sep:
-                p.error(f"--set expects KEY=VALUE, got {item!r}")
-            if key.startswith("model."):
-                d["model"][key[len("model."):]] = _parse_value(value)
-            else:
-                d[key] = _parse_value(value)
-        return TrainConfig.from_dict(d), args
+        return config_with_overrides(args.config, args.set), args
     except (ValueError, FileNotFoundError) as err:
         p.error(str(err))  # exits with status 2 and the message, not a traceback
         raise  # unreachable: p.error exits
+
+
+def config_with_overrides(config: Optional[str], overrides: Sequence[str] = ()) -> TrainConfig:
+    """The command lines' config: ``config`` (a file or a shipped name; None: the defaults) with
+    ``KEY=VALUE`` overrides, values parsed as JSON (``model.KEY`` sets a model option). A bad value
+    is the ``ValueError`` of ``TrainConfig``'s checks."""
+    d = TrainConfig.from_json(config).to_dict() if config else TrainConfig().to_dict()
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+        if key.startswith("model."):
+            d["model"][key[len("model."):]] = _parse_value(value)
+        else:
+            d[key] = _parse_value(value)
+    return TrainConfig.from_dict(d)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
