@@ -11,10 +11,16 @@ One optimizer step (``train_step``)::
     loss.backward(); clip_grad_norm_(max_norm); AdamW.step(); zero_grad()
 
 with the learning rate set before every step by ``lr_at`` (linear warmup, then cosine decay to
-``min_lr``). On a CUDA GPU that supports it the forward pass runs under bf16 autocast (weights and
-optimizer stay fp32). Under ``torchrun`` every process trains a slice of the global batch inside
-``DistributedDataParallel`` (``nccl`` on GPUs, ``gloo`` on CPUs), which averages the gradients,
-so N processes with batch B/N follow the same trajectory as one process with batch B.
+``min_lr``). With ``accumulation_steps`` k the step runs k micro-batches, each loss scaled by 1/k,
+before its one clip and update (``accumulation_step``). ``dtype="auto"`` picks the precision with
+``utils.half_precision``: bf16 autocast on GPUs that have bf16 in hardware, fp16 autocast with a
+gradient scaler on the others (the T4), fp32 on a CPU (weights and optimizer stay fp32 under
+autocast); ``compile=True`` runs the steps through ``torch.compile``. Under ``torchrun`` every
+process trains a slice of the global batch inside ``DistributedDataParallel`` (``nccl`` on GPUs,
+``gloo`` on CPUs), which averages the gradients, so N processes with batch B/N follow the same
+trajectory as one process with batch B. Upstream's recipes are shipped as configs
+(``pretrain_minimind2_small``, ``sft_minimind2_small``, ``pretrain_minimind3``, ``sft_minimind3``);
+``python -m minimind_ref.plan`` says whether a run fits a GPU and how long it takes.
 
 ``train`` is the loop: prepare (processes, resume state, data, model, optimizer), then for each
 step batch -> objective -> update -> log, evaluate, checkpoint, then finish. What it delegates
