@@ -102,6 +102,18 @@ def find_gpu(name: str) -> GPU:
     return GPUS[found]
 
 
+def local_gpu(index: Optional[int] = None) -> GPU:
+    """This machine's CUDA GPU as a ``GPU`` (memory and capability from torch; the peak from ``GPUS``
+    when the name matches one of them, else 0: unknown)."""
+    if not torch.cuda.is_available():
+        raise ValueError("no CUDA GPU on this machine (torch.cuda.is_available() is False); plan for one with --gpu NAME.")
+    props = torch.cuda.get_device_properties(torch.cuda.current_device() if index is None else index)
+    squashed = props.name.replace(" ", "").replace("-", "").lower()
+    known = [g for key, g in GPUS.items() if key.split("-")[0].lower() in squashed]
+    return GPU(props.name, props.total_memory / GB, (props.major, props.minor), known[0].peak_tflops if known else 0.0,
+               "this machine's GPU (torch.cuda.get_device_properties)")
+
+
 def gpu_precision(dtype: str, gpu: GPU) -> Tuple[Optional[torch.dtype], bool]:
     """``(autocast dtype, gradient scaler)`` that ``TrainConfig.dtype`` gives on ``gpu``: the rule of
     ``utils.half_precision`` (bf16 from compute capability 8.0, else fp16 with a scaler) applied to
@@ -216,7 +228,7 @@ def plan_memory(cfg: TrainConfig, device: str = "cuda", gpus: int = 1, gpu: Opti
     model = _meta_model(mc)
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if device == "cuda":
-        gpu = gpu or GPUS["A100-80GB"]
+        gpu = gpu or local_gpu()
         dtype, scaler = gpu_precision(cfg.dtype, gpu)
         # PyTorch's flash kernel needs compute capability 8.0 and a half dtype; without it, assume the math
         # path (the memory-efficient kernel may take some of these cases: then this is an upper bound)
@@ -321,10 +333,7 @@ def plan_time(cfg: TrainConfig, tokens_per_s: float, source: str, epoch_tokens: 
 def _memory_available(device: str, gpu: Optional[GPU]) -> Tuple[Optional[float], str]:
     """Bytes the plan may fill, and what they are."""
     if device == "cuda" and gpu is not None:
-        return HEADROOM * gpu.memory_gb * GB, f"{HEADROOM:.0%} of the {gpu.name}'s {gpu.memory_gb:g} GB ({gpu.source})"
-    if device == "cuda":
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        return HEADROOM * props.total_memory, f"{HEADROOM:.0%} of this {props.name}'s {props.total_memory / GB:.1f} GB"
+        return HEADROOM * gpu.memory_gb * GB, f"{HEADROOM:.0%} of the {gpu.name}'s {gpu.memory_gb:.3g} GB ({gpu.source})"
     try:
         with open("/proc/meminfo") as fh:
             info = {ln.split(":")[0]: int(ln.split()[1]) * 1024 for ln in fh}
@@ -370,16 +379,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise ValueError(f"--mfu is a fraction of the peak, at most 1; got {args.mfu}.")
         if args.measure and gpu is not None:
             raise ValueError("--measure runs here: use it with --device cpu or --device cuda, not with --gpu.")
-        if device == "cuda" and gpu is None and not torch.cuda.is_available():
-            raise ValueError("--device cuda needs a CUDA GPU on this machine; plan for one with --gpu NAME instead.")
+        if device == "cuda" and gpu is None:
+            gpu = local_gpu()  # a ValueError without CUDA
         memory = plan_memory(cfg, device, args.gpus, gpu)
     except (ValueError, FileNotFoundError) as err:
         p.error(str(err))
         raise
     mc = MiniMindConfig(**{**cfg.model, "vocab_size": cfg.vocab_size})
-    print(f"plan for {args.config or 'the default config'} on {args.gpus} x "
-          f"{gpu.name if gpu else ('this machine' + chr(39) + 's GPU' if device == 'cuda' else 'this CPU')}:")
-    if gpu is not None and args.gpus > 1:
+    print(f"plan for {args.config or 'the default config'} on {args.gpus} x {gpu.name if gpu else 'this CPU'}:")
+    if device == "cuda" and args.gpus > 1:
         print(f"  batch_size {cfg.batch_size} is global: {memory.micro_batch} a GPU (upstream's --batch_size is per GPU)")
     for line in memory.lines():
         print(line)
@@ -399,14 +407,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from .utils import device_name
 
         source = f"measured here on {device_name(dev)}" + (f", times {args.gpus} processes" if args.gpus > 1 else "")
-    elif gpu is not None:
+    elif gpu is not None and gpu.peak_tflops > 0:
         mfu = args.mfu or 1.0
         rate = args.gpus * mfu * gpu.peak_tflops * 1e12 / flops
         source = (f"{mfu:.0%} of {args.gpus} x {gpu.peak_tflops:g} TFLOP/s at {flops / 1e6:,.1f} MFLOP a token" +
                   (": a bound no run reaches; --mfu, --tokens-per-s or --measure on the GPU for an estimate"
                    if args.mfu is None else ", an assumed utilisation"))
     else:
-        print("time: give --measure (run a few micro-batches here) or --tokens-per-s")
+        print("time: give --measure (run a few micro-batches here) or --tokens-per-s (this GPU's peak is not in GPUS)")
         return 0
     for line in plan_time(cfg, rate, source, args.epoch_tokens).lines():
         print(line)

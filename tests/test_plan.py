@@ -120,7 +120,8 @@ def test_bad_input_is_refused_clearly(capsys):
                            (["--gpu", "T4", "--set", "batch_size=0"], "batch_size=0 is invalid"),
                            (["--config", "pretrain_minimind2_small"], "say where the run goes"),
                            (["--gpu", "T4", "--mfu", "1.5"], "at most 1"),
-                           (["--gpu", "T4", "--measure"], "--measure runs here")):
+                           (["--gpu", "T4", "--measure"], "--measure runs here"),
+                           *([(["--device", "cuda"], "no CUDA GPU on this machine")] if not torch.cuda.is_available() else [])):
         with pytest.raises(SystemExit) as exit_info:
             main(["--config", "pretrain_minimind2_small", *argv])
         assert exit_info.value.code == 2
