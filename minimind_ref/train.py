@@ -697,7 +697,9 @@ def train(cfg: TrainConfig, model: Optional[MiniMindForCausalLM] = None, data: O
       instead of ``objective_step``, under the run's autocast (chapter 08's ``training_step``).
 
     ``stop_at``: stop after this step (the schedule still plans ``cfg.max_steps``); ``log``: where lines go
-    (default: ``print`` on the first process). Processes: ``distributed``; resume, checkpoints: ``run_state``."""
+    (default: ``print`` on the first process). Processes: ``distributed``; resume, checkpoints: ``run_state``.
+    ``cfg.accumulation_steps``, ``cfg.dtype`` (``precision_for``) and ``cfg.compile`` apply to every
+    objective alike; a ``step_fn`` makes its own update, so it takes neither accumulation nor fp16's scaler."""
     cfg = _checked_config(cfg, stop_at)
     procs = setup_processes(cfg)  # rank, world size, device (and the process group under torchrun)
     log = log if log is not None else (print if procs.is_main else _silent)
