@@ -63,13 +63,15 @@ def qk_logit_bound(q_gain: torch.Tensor, k_gain: torch.Tensor) -> float:
 
 
 def _propagate_nan(out: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """``out`` [b, h, s, d] with every query row of ``q`` [b, h, s, d] that holds NaN/inf made NaN: adds
-    ``0 * (max(row) - min(row))`` (in float32, so no finite row overflows), which is 0 (``out``
-    unchanged, bit for bit) for a finite row and NaN for a row holding NaN, inf or -inf. Two
-    reductions over ``q``, no host read, no gradient (the term is detached)."""
+    """``out`` [b, s, hidden] (the attention's projected output) with every position whose query ``q``
+    [b, h, s, d] holds NaN/inf (in any head) made NaN: adds ``0 * (max - min)`` of that position's
+    queries (in float32, so no finite row overflows), which is 0 (``out`` unchanged, bit for bit) for
+    a finite position and NaN otherwise. Two reductions over ``q``, no host read, no gradient (the
+    term is detached). Applied after ``o_proj``, whose output no later operation saves for the
+    backward pass, so training keeps no extra activation."""
     q = q.detach()
-    spread = q.amax(dim=-1, keepdim=True).float() - q.amin(dim=-1, keepdim=True).float()
-    return out + (spread * 0).to(out.dtype)
+    spread = q.amax(dim=(1, 3)).float() - q.amin(dim=(1, 3)).float()  # [b, s]
+    return out + (spread * 0).to(out.dtype).unsqueeze(-1)
 
 
 class Attention(nn.Module):
@@ -147,12 +149,12 @@ class Attention(nn.Module):
         present = kv if use_cache else None
 
         q = q.transpose(1, 2)  # [b, heads, s, d]
-        if self.uses_sdpa(seq_len, past_key_value, attention_mask):
-            out = self._sdpa(q, k, v)
-        else:
-            out = self._explicit(q, k, v, seq_len, attention_mask)
-        out = out.transpose(1, 2).reshape(batch, seq_len, -1)
-        return self.resid_dropout(self.o_proj(out)), present
+        fused = self.uses_sdpa(seq_len, past_key_value, attention_mask)
+        out = self._sdpa(q, k, v) if fused else self._explicit(q, k, v, seq_len, attention_mask)
+        out = self.o_proj(out.transpose(1, 2).reshape(batch, seq_len, -1))
+        if fused:
+            out = _propagate_nan(out, q)
+        return self.resid_dropout(out), present
 
     def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Fused causal attention. ``q`` [b, h, s, d]; ``k, v`` [b, s, n_kv, d]. PyTorch >= 2.5 maps query
@@ -160,8 +162,8 @@ class Attention(nn.Module):
 
         A query row holding NaN makes every score of that row NaN, and the CPU's fused kernel treats
         such a row as fully masked and returns zeros for it: NaN weights in ``q_proj`` would give
-        finite logits (the explicit path, and SDPA's math backend, give NaN). ``_propagate_nan``
-        puts the NaN back, so a broken model shows as NaN logits on every path."""
+        finite logits (the explicit path, and SDPA's math backend, give NaN). ``forward`` puts the NaN
+        back after ``o_proj`` (``_propagate_nan``), so a broken model shows as NaN logits on every path."""
         dropout_p = self.dropout if self.training else 0.0
         if self.n_rep > 1 and _SDPA_HAS_GQA:
             out = F.scaled_dot_product_attention(
@@ -171,7 +173,7 @@ class Attention(nn.Module):
             out = F.scaled_dot_product_attention(q, repeat_kv(k, self.n_rep).transpose(1, 2),
                                                  repeat_kv(v, self.n_rep).transpose(1, 2), dropout_p=dropout_p,
                                                  is_causal=True)
-        return _propagate_nan(out, q)
+        return out
 
     def _explicit(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: int, attention_mask: Optional[torch.Tensor]

@@ -16,6 +16,11 @@ config and a fingerprint of the data), ``tokenizer.json`` and ``train_config.jso
 * A non-finite loss or gradient norm raises ``FloatingPointError`` before the update
   (``check_finite``); ``DivergenceGuard`` turns it into a message naming the checkpoint kept and
   how to go on, and warns once when a next-token loss exceeds 2 ln(vocab_size).
+* Under fp16 a gradient scaler multiplies the loss by a large scale (65,536 at first) so that small
+  gradients survive fp16; a gradient that overflows makes it skip that update and halve the scale.
+  Such a skip is the scaler working, not a divergence (``check_scaler_overflow``): only a gradient
+  that is not finite at a scale of 1 or less (no scaling left to blame) stops the run. A checkpoint
+  keeps the scaler's state, so a resumed run continues with the same scale.
 """
 
 from __future__ import annotations
@@ -36,8 +41,10 @@ CHECKPOINT_NAME = "ckpt.pt"
 TOKENIZER_NAME = "tokenizer.json"
 # Options a resumed run may change; any other difference from the checkpoint's run is an error.
 # lr, min_lr and grad_clip may change: resuming with a lower learning rate is the way out of a divergence.
+# compile changes how the steps run, not what they compute.
 RESUMABLE_CHANGES = frozenset({"eval_every", "eval_batches", "eval_problems", "log_every", "save_every", "out_dir",
-                               "resume", "device", "dtype", "progress", "deterministic", "lr", "min_lr", "grad_clip"})
+                               "resume", "device", "dtype", "progress", "deterministic", "lr", "min_lr", "grad_clip",
+                               "compile"})
 
 History = Dict[str, List[float]]
 
@@ -92,7 +99,9 @@ def check_resumable(cfg: Any, previous: Dict[str, Any], path: str) -> None:
     only in RESUMABLE_CHANGES."""
     now = cfg.to_dict()
     before = type(cfg).from_dict(previous).to_dict() if previous else now
-    different = [k for k in now if k not in RESUMABLE_CHANGES and now[k] != before.get(k)]
+    derived = {"max_steps"} if now.get("epochs") is not None and now.get("epochs") == before.get("epochs") else set()
+    # (a run given epochs stores the max_steps it derived from its data; the data are checked by their fingerprint)
+    different = [k for k in now if k not in RESUMABLE_CHANGES | derived and now[k] != before.get(k)]
     if different:
         detail = "; ".join(f"{k}: checkpoint {before.get(k)!r}, now {now[k]!r}" for k in different)
         raise ValueError(f"cannot resume from {path}: the run was made with other settings ({detail}). Use the "
@@ -100,14 +109,21 @@ def check_resumable(cfg: Any, previous: Dict[str, Any], path: str) -> None:
 
 
 def training_state(step: int, optimizer: torch.optim.Optimizer, history: History, cfg: Any, device: torch.device,
-                   fingerprint: Optional[str]) -> Dict[str, Any]:
+                   fingerprint: Optional[str], scaler: Optional[Any] = None) -> Dict[str, Any]:
     """What a checkpoint of the run holds besides the weights (its ``extra``), all that
-    ``ResumeState.restore`` needs to continue the same loss curve."""
+    ``ResumeState.restore`` needs to continue the same loss curve: with gradient accumulation the
+    micro-batch the next step starts at (``micro_step``), and under fp16 the gradient scaler's state."""
     rng = {"torch": torch.get_rng_state()}
     if device.type == "cuda":
         rng["cuda"] = torch.cuda.get_rng_state(device)
-    return {"step": step, "optimizer": optimizer.state_dict(), "history": history, "train_config": cfg.to_dict(),
-            "rng": rng, "data_fingerprint": fingerprint}
+    state = {"step": step, "optimizer": optimizer.state_dict(), "history": history, "train_config": cfg.to_dict(),
+             "rng": rng, "data_fingerprint": fingerprint}
+    accumulation = getattr(cfg, "accumulation_steps", 1)
+    if accumulation != 1:
+        state["micro_step"] = step * accumulation
+    if scaler is not None:
+        state["scaler"] = scaler.state_dict()
+    return state
 
 
 @dataclass
@@ -141,9 +157,12 @@ class ResumeState:
                              "(out_dir/tokenizer.json), or start a new run in another out_dir.")
 
     def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device,
-                log: Callable[[str], None], stop_at: Optional[int] = None) -> Optional[Tuple[int, History]]:
-        """Load the checkpoint's weights, optimizer state and RNG state into the run; returns
-        ``(step, history)`` to continue from, or None for a new run. ``stop_at`` must come later."""
+                log: Callable[[str], None], stop_at: Optional[int] = None,
+                scaler: Optional[Any] = None) -> Optional[Tuple[int, History]]:
+        """Load the checkpoint's weights, optimizer state, RNG state and (when both the run and the
+        checkpoint have one) gradient scaler state into the run; returns ``(step, history)`` to
+        continue from, or None for a new run. ``stop_at`` must come later. A checkpoint's
+        ``micro_step`` must be where its step's micro-batches start (``step * accumulation_steps``)."""
         if self.blob is None:
             return None
         state = {k: v for k, v in self.blob["state_dict"].items() if not k.endswith(("freqs_cos", "freqs_sin"))}
@@ -151,6 +170,13 @@ class ResumeState:
         extra = self.blob["extra"]
         optimizer.load_state_dict(extra["optimizer"])
         step = int(extra["step"])
+        accumulation = int(extra.get("train_config", {}).get("accumulation_steps", 1))
+        if int(extra.get("micro_step", step * accumulation)) != step * accumulation:
+            raise ValueError(f"cannot resume from {self.path}: it records micro-batch {extra['micro_step']} at step {step}, "
+                             f"but with accumulation_steps={accumulation} step {step} starts at micro-batch "
+                             f"{step * accumulation}; the file was edited or written by another program.")
+        if scaler is not None and isinstance(extra.get("scaler"), dict):
+            scaler.load_state_dict(extra["scaler"])
         history = {k: list(v) for k, v in extra["history"].items()}
         torch.set_rng_state(extra["rng"]["torch"])
         if device.type == "cuda" and "cuda" in extra["rng"]:
@@ -234,6 +260,17 @@ def check_finite(name: str, value: torch.Tensor, what: str) -> None:
     if not bool(torch.isfinite(value).all()):
         raise FloatingPointError(f"{name} is {float(value)} {what}; the weights were NOT updated. Lower the learning "
                                  "rate (or check the data and the model's inputs) and resume from the last checkpoint.")
+
+
+def check_scaler_overflow(grad_norm: torch.Tensor, scale: float) -> None:
+    """The rule for an update the fp16 gradient scaler skipped (its gradient was not finite at
+    ``scale``): an overflow while ``scale`` > 1 is the scaler's business (it halves the scale and the
+    run goes on; the loop counts it in ``history["scaler_skipped"]``); at a scale of 1 or less the
+    gradient itself is not finite, which is a divergence: ``FloatingPointError``."""
+    if scale <= 1.0:
+        raise FloatingPointError(f"the gradient norm is {float(grad_norm)} before the update, at a loss scale of {scale:g} "
+                                 "(the fp16 gradient scaler has no scaling left to blame); the weights were NOT updated. "
+                                 "Lower the learning rate, or train in bf16 or fp32, and resume from the last checkpoint.")
 
 
 class DivergenceGuard:

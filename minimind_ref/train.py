@@ -11,10 +11,16 @@ One optimizer step (``train_step``)::
     loss.backward(); clip_grad_norm_(max_norm); AdamW.step(); zero_grad()
 
 with the learning rate set before every step by ``lr_at`` (linear warmup, then cosine decay to
-``min_lr``). On a CUDA GPU that supports it the forward pass runs under bf16 autocast (weights and
-optimizer stay fp32). Under ``torchrun`` every process trains a slice of the global batch inside
-``DistributedDataParallel`` (``nccl`` on GPUs, ``gloo`` on CPUs), which averages the gradients,
-so N processes with batch B/N follow the same trajectory as one process with batch B.
+``min_lr``). With ``accumulation_steps`` k the step runs k micro-batches, each loss scaled by 1/k,
+before its one clip and update (``accumulation_step``). ``dtype="auto"`` picks the precision with
+``utils.half_precision``: bf16 autocast on GPUs that have bf16 in hardware, fp16 autocast with a
+gradient scaler on the others (the T4), fp32 on a CPU (weights and optimizer stay fp32 under
+autocast); ``compile=True`` runs the steps through ``torch.compile``. Under ``torchrun`` every
+process trains a slice of the global batch inside ``DistributedDataParallel`` (``nccl`` on GPUs,
+``gloo`` on CPUs), which averages the gradients, so N processes with batch B/N follow the same
+trajectory as one process with batch B. Upstream's recipes are shipped as configs
+(``pretrain_minimind2_small``, ``sft_minimind2_small``, ``pretrain_minimind3``, ``sft_minimind3``);
+``python -m minimind_ref.plan`` says whether a run fits a GPU and how long it takes.
 
 ``train`` is the loop: prepare (processes, resume state, data, model, optimizer), then for each
 step batch -> objective -> update -> log, evaluate, checkpoint, then finish. What it delegates
@@ -53,14 +59,18 @@ from .config import MiniMindConfig
 from .distributed import Processes, dist_info, resolve_device, setup_processes  # noqa: F401  (also train's names)
 from .model import MiniMindForCausalLM
 from .run_state import (CHECKPOINT_NAME, RESUMABLE_CHANGES, TOKENIZER_NAME, CheckpointPolicy,  # noqa: F401
-                        DivergenceGuard, ResumeState, check_finite, next_token_ceiling, prepare_run_folder,
-                        training_state)
+                        DivergenceGuard, ResumeState, check_finite, check_scaler_overflow, next_token_ceiling,
+                        prepare_run_folder, training_state)
 from .run_state import load_resume_blob as _load_resume_blob  # noqa: F401  (tests/test_bad_input.py)
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID, load_tokenizer, save_tokenizer, train_bpe_tokenizer
 from .truncation import truncation_note
 
 # ---------------------------------------------------------------------- configuration
 CONFIG_DIR = Path(__file__).with_name("configs")
+
+
+#: The precisions a run can ask for (``TrainConfig.dtype``); see ``precision_for``.
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def _is_int(v: Any) -> bool:
@@ -76,7 +86,30 @@ class TrainConfig:
     """Everything a run needs; a JSON file with any subset of these keys is a config file.
 
     Every value is checked when the config is made: a wrong type or an out-of-range value raises
-    ``ValueError`` naming the option, the value and what is allowed.
+    ``ValueError`` naming the option, the value and what is allowed. Keys that start with ``_``
+    (``_comment``, and a recipe's ``_upstream`` notes) are comments: read and ignored.
+
+    The loop's options beyond one step on one batch (all off by default; the chapters use none):
+
+    * ``accumulation_steps`` (k): gradient accumulation. ``batch_size`` is one *micro-batch* (the
+      global one, split across processes); an optimizer step runs k of them, each loss scaled by
+      1/k, then clips and steps once, so it sees ``k * batch_size`` sequences. The schedule, the
+      step numbers, ``max_steps``, ``log_every``, ``eval_every`` and ``save_every`` count optimizer
+      steps. Micro-batch ``m = step * k + i`` is ``data.global_batch_indices(..., m, ...)``: the k
+      micro-batches of a step are exactly the batch of ``k * batch_size`` one step without
+      accumulation would take. Under ``torchrun`` the first k - 1 skip DDP's gradient all-reduce
+      (``no_sync``).
+    * ``epochs``: when set, ``max_steps`` is derived from the training set:
+      ``ceil(epochs * len(train) / (batch_size * accumulation_steps))`` (upstream's recipes
+      count epochs).
+    * ``dtype``: ``"auto"`` asks ``utils.half_precision(device)``: bf16 autocast on GPUs that have
+      it in hardware (compute capability 8.0+), fp16 autocast with a gradient scaler on the others
+      (the T4) and on Apple MPS, fp32 on a CPU. ``"float32"``, ``"bfloat16"`` and ``"float16"``
+      force one (fp16 always with a ``torch.amp.GradScaler``). Weights and optimizer state stay
+      fp32 under autocast. The scaler's skipped updates (a gradient overflowed fp16) are counted in
+      ``history["scaler_skipped"]`` beside ``history["loss_scale"]``, and are not a divergence.
+    * ``compile``: ``torch.compile`` the model for the training steps (evaluation and checkpoints
+      use the eager module, which shares its weights).
 
     **Data.** ``data="generated"`` builds chapter 08's corpus (``n_docs``, ``n_val_docs``,
     ``story_fraction``, ``data_seed``). A ``.jsonl`` file of upstream's pretraining lines
@@ -119,8 +152,10 @@ class TrainConfig:
     })
     seq_len: int = 128
     # optimization
-    batch_size: int = 32  # global: split evenly across processes
-    max_steps: int = 400
+    batch_size: int = 32  # global: split evenly across processes; one micro-batch when accumulating
+    accumulation_steps: int = 1  # micro-batches per optimizer step (gradient accumulation)
+    max_steps: int = 400  # optimizer steps
+    epochs: Optional[float] = None  # when set: max_steps = ceil(epochs * len(train) / (batch_size * accumulation_steps))
     lr: float = 3e-3
     min_lr: float = 3e-4
     warmup_steps: int = 20
@@ -137,7 +172,8 @@ class TrainConfig:
     resume: Optional[str] = None  # a checkpoint path, or "auto": out_dir/ckpt.pt if it exists
     # execution
     device: str = "auto"  # "auto" (cuda > mps > cpu), or a torch device string
-    dtype: str = "auto"  # "auto" (bf16 autocast on CUDA GPUs that support it), "float32", "bfloat16"
+    dtype: str = "auto"  # "auto" (utils.half_precision: bf16, fp16 + scaler, or fp32), "float32", "bfloat16", "float16"
+    compile: bool = False  # torch.compile the model for the training steps
     seed: int = 0
     progress: bool = True  # tqdm bar on the first process
     deterministic: bool = False  # torch.use_deterministic_algorithms(True)
@@ -146,7 +182,8 @@ class TrainConfig:
         def bad(option: str, value: Any, allowed: str) -> None:
             raise ValueError(f"training option {option}={value!r} is invalid: {allowed}.")
 
-        for name in ("n_docs", "n_val_docs", "batch_size", "max_steps", "eval_batches", "seq_len", "vocab_size"):
+        for name in ("n_docs", "n_val_docs", "batch_size", "accumulation_steps", "max_steps", "eval_batches", "seq_len",
+                     "vocab_size"):
             v = getattr(self, name)
             if not _is_int(v) or v < 1:
                 bad(name, v, "expected a whole number >= 1")
@@ -176,13 +213,16 @@ class TrainConfig:
         for name in ("data", "device", "dtype"):
             if not isinstance(getattr(self, name), str):
                 bad(name, getattr(self, name), "expected a string")
-        if self.dtype not in ("auto", "float32", "bfloat16"):
-            bad("dtype", self.dtype, "expected 'auto', 'float32' or 'bfloat16'")
+        if self.dtype not in DTYPES:
+            bad("dtype", self.dtype, "expected 'auto', 'float32', 'bfloat16' or 'float16'")
+        if self.epochs is not None and not (_is_number(self.epochs) and self.epochs > 0):
+            bad("epochs", self.epochs, "expected a positive number of passes over the training set, or null (then "
+                "max_steps says how long the run is)")
         for name in ("tokenizer", "out_dir", "resume", "data_cache"):
             v = getattr(self, name)
             if v is not None and not isinstance(v, str):
                 bad(name, v, "expected a path (string) or null")
-        for name in ("split_digits", "progress", "deterministic"):
+        for name in ("split_digits", "progress", "deterministic", "compile"):
             if not isinstance(getattr(self, name), bool):
                 bad(name, getattr(self, name), "expected true or false")
         if not isinstance(self.model, dict):
@@ -191,9 +231,10 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "TrainConfig":
         names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names - {"_comment"})
+        unknown = sorted(k for k in set(d) - names if not (isinstance(k, str) and k.startswith("_")))
         if unknown:
-            raise ValueError(f"unknown training option(s) {unknown}; valid: {sorted(names)}.")
+            raise ValueError(f"unknown training option(s) {unknown}; valid: {sorted(names)} (keys that start with _ "
+                             "are comments).")
         d = {k: v for k, v in d.items() if k in names}
         if "model" in d:
             if not isinstance(d["model"], dict):
@@ -295,6 +336,7 @@ def objective_step(
     objective: Objective = lm_objective,
     max_grad_norm: Optional[float] = 1.0,
     autocast: Optional[Callable[[], Any]] = None,
+    scaler: Optional["torch.amp.GradScaler"] = None,
 ) -> Dict[str, torch.Tensor]:
     """One optimizer step on any objective; returns its metrics (detached) plus ``grad_norm``.
 
@@ -303,12 +345,92 @@ def objective_step(
     -> ``zero_grad``. A non-finite loss or gradient norm raises ``FloatingPointError`` *before*
     the update, so the weights (and any checkpoint saved later) stay finite. A batch whose
     ``tokens`` metric is 0 is skipped: no update, ``skipped`` = 1 in the metrics.
-    ``max_grad_norm`` must be None or a positive number (a negative one would reverse the update)."""
+    ``max_grad_norm`` must be None or a positive number (a negative one would reverse the update).
+    With a gradient ``scaler`` (fp16), see ``accumulation_step``."""
+    return accumulation_step(model, optimizer, [batch], objective, max_grad_norm, autocast, scaler)
+
+
+def accumulation_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    micro_batches: Sequence[Any],
+    objective: Objective = lm_objective,
+    max_grad_norm: Optional[float] = 1.0,
+    autocast: Optional[Callable[[], Any]] = None,
+    scaler: Optional["torch.amp.GradScaler"] = None,
+) -> Dict[str, torch.Tensor]:
+    """One optimizer step on k micro-batches (gradient accumulation, as upstream's trainers do it,
+    ``c090b69:trainer/train_pretrain.py:32-46``): each micro-batch's loss is scaled by 1/k and
+    back-propagated, the gradients add up, then one clip and one optimizer step. With k = 1 this
+    is ``objective_step`` (the loss is not rescaled). For a loss that is a mean over a fixed number
+    of tokens per micro-batch (packed pretraining windows) the step equals one step on the k
+    micro-batches concatenated; where micro-batches hold different numbers of supervised tokens
+    (chat data) each micro-batch weighs 1/k, as upstream's ``loss / args.accumulation_steps``.
+
+    Under ``DistributedDataParallel`` the first k - 1 micro-batches run inside ``model.no_sync()``:
+    their gradients stay local and the last backward all-reduces the sum once.
+
+    ``scaler`` (a ``torch.amp.GradScaler``, for fp16 autocast): the losses are scaled before
+    backward, the gradients unscaled before clipping (``grad_norm`` is the true norm), and
+    ``scaler.step`` skips the update when a gradient overflowed; the metrics then carry
+    ``scaler_skipped`` = 1 and ``loss_scale`` (the scale the step used). A skipped update is the
+    scaler doing its work, not a divergence (``run_state.check_scaler_overflow``): only a gradient
+    that is not finite at a scale of 1 or less raises ``FloatingPointError``.
+
+    Metrics: every entry averaged over the micro-batches that held supervised tokens (``tokens``
+    summed); ``skipped`` = 1 when none did (no update)."""
     if max_grad_norm is not None and (isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, (int, float))
                                       or math.isnan(max_grad_norm) or max_grad_norm <= 0):
         raise ValueError(f"max_grad_norm={max_grad_norm!r} is invalid: expected a positive number (the largest allowed "
                          "gradient norm) or None for no clipping; 0 would zero every update and a negative value would "
                          "reverse it (gradient ascent).")
+    k = len(micro_batches)
+    if k < 1:
+        raise ValueError("accumulation_step needs at least one micro-batch.")
+    parts: List[Tuple[Dict[str, torch.Tensor], bool]] = []  # (metrics, back-propagated)
+    try:
+        for i, batch in enumerate(micro_batches):
+            local = k > 1 and i < k - 1 and hasattr(model, "no_sync")  # DDP: all-reduce only on the last
+            with (model.no_sync() if local else contextlib.nullcontext()):
+                parts.append(_micro_backward(model, batch, objective, autocast, scaler, k))
+    except FloatingPointError:
+        optimizer.zero_grad(set_to_none=True)  # gradients of earlier micro-batches must not leak into a resumed step
+        raise
+    used = [m for m, backed in parts if backed]
+    out = _merge_metrics([m for m, _ in parts] if not used else used, parts)
+    if not used:
+        optimizer.zero_grad(set_to_none=True)
+        out.update(grad_norm=torch.tensor(0.0), skipped=torch.tensor(1.0))
+        if scaler is not None:
+            out.update(scaler_skipped=torch.tensor(0.0), loss_scale=torch.tensor(float(scaler.get_scale())))
+        return out
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    params = [p for p in model.parameters() if p.grad is not None]
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, math.inf if max_grad_norm is None else max_grad_norm)
+    if scaler is None:
+        if not bool(torch.isfinite(grad_norm)):
+            optimizer.zero_grad(set_to_none=True)
+            check_finite("the gradient norm", grad_norm, "before the update")
+        optimizer.step()
+    else:
+        scale = float(scaler.get_scale())
+        scaler.step(optimizer)  # skipped when unscale_ found an inf or nan
+        scaler.update()  # halves the scale after an overflow, doubles it after growth_interval clean steps
+        overflowed = float(scaler.get_scale()) < scale
+        if overflowed:
+            optimizer.zero_grad(set_to_none=True)
+            check_scaler_overflow(grad_norm, scale)
+        out.update(scaler_skipped=torch.tensor(float(overflowed)), loss_scale=torch.tensor(scale))
+    optimizer.zero_grad(set_to_none=True)
+    out.update(grad_norm=grad_norm.detach(), skipped=torch.tensor(0.0))
+    return out
+
+
+def _micro_backward(model: torch.nn.Module, batch: Any, objective: Objective, autocast: Optional[Callable[[], Any]],
+                    scaler: Optional["torch.amp.GradScaler"], k: int) -> Tuple[Dict[str, torch.Tensor], bool]:
+    """Forward and backward of one micro-batch (its loss scaled by 1/k); ``(metrics, back-propagated)``:
+    a batch whose ``tokens`` metric is 0 is not back-propagated."""
     with (autocast() if autocast is not None else contextlib.nullcontext()):
         metrics = objective(model, batch)
     if not isinstance(metrics, dict) or not isinstance(metrics.get("loss"), torch.Tensor) or metrics["loss"].numel() != 1:
@@ -316,24 +438,29 @@ def objective_step(
         raise TypeError(f"the objective must return a dict with 'loss' (a scalar tensor) and other metrics, got {got}.")
     loss = metrics["loss"]
     if "tokens" in metrics and int(metrics["tokens"]) == 0:
-        optimizer.zero_grad(set_to_none=True)
-        out = {k: v.detach() for k, v in metrics.items()}
-        out.update(grad_norm=torch.tensor(0.0), skipped=torch.tensor(1.0))
-        return out
+        return metrics, False
     check_finite("the loss", loss.detach(), "before the update")
     if not loss.requires_grad:
         raise ValueError("the objective's loss carries no gradient (computed under torch.no_grad() or detached?), so "
                          "the optimizer could not learn from it; return the loss as computed from the model's outputs.")
-    loss.backward()
-    params = [p for p in model.parameters() if p.grad is not None]
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, math.inf if max_grad_norm is None else max_grad_norm)
-    if not bool(torch.isfinite(grad_norm)):
-        optimizer.zero_grad(set_to_none=True)
-        check_finite("the gradient norm", grad_norm, "before the update")
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    out = {k: v.detach() for k, v in metrics.items()}
-    out.update(grad_norm=grad_norm.detach(), skipped=torch.tensor(0.0))
+    if k > 1:
+        loss = loss / k
+    (scaler.scale(loss) if scaler is not None else loss).backward()
+    return metrics, True
+
+
+def _merge_metrics(chosen: List[Dict[str, torch.Tensor]], parts: List[Tuple[Dict[str, torch.Tensor], bool]]
+                   ) -> Dict[str, torch.Tensor]:
+    """One step's metrics from its micro-batches' (detached): one micro-batch's as they are; else each
+    metric's mean over ``chosen`` and ``tokens`` summed over all of them."""
+    if len(parts) == 1:
+        return {k: v.detach() for k, v in parts[0][0].items()}
+    out: Dict[str, torch.Tensor] = {}
+    for key in dict.fromkeys(k for m in chosen for k in m):
+        values = [m[key].detach().float() for m in chosen if key in m]
+        out[key] = torch.stack(values).mean()
+    if any("tokens" in m for m, _ in parts):
+        out["tokens"] = torch.stack([m["tokens"].detach() for m, _ in parts if "tokens" in m]).sum()
     return out
 
 
@@ -548,17 +675,48 @@ def build_model(cfg: TrainConfig, vocab_size: int) -> MiniMindForCausalLM:
 
 
 # ---------------------------------------------------------------------- precision
-def autocast_for(cfg: TrainConfig, device: torch.device) -> Optional[Callable[[], Any]]:
-    """A zero-argument autocast context factory, or None for plain fp32."""
+@dataclass(frozen=True)
+class Precision:
+    """How a run computes: the autocast ``dtype`` (None: plain fp32), whether its updates go
+    through a gradient scaler (fp16), and why, in words to print."""
+
+    dtype: Optional[torch.dtype]
+    scaler: bool
+    reason: str
+
+    def autocast(self, device: torch.device) -> Optional[Callable[[], Any]]:
+        """A zero-argument autocast context factory for ``device``, or None for plain fp32."""
+        if self.dtype is None:
+            return None
+        dtype = self.dtype
+        return lambda: torch.autocast(device_type=device.type, dtype=dtype)
+
+    def grad_scaler(self, device: torch.device) -> Optional["torch.amp.GradScaler"]:
+        """A fresh ``torch.amp.GradScaler`` for ``device`` when the precision needs one (fp16)."""
+        return torch.amp.GradScaler(device.type) if self.scaler else None
+
+
+def precision_for(cfg: TrainConfig, device: torch.device) -> Precision:
+    """The precision of ``cfg.dtype`` on ``device``: ``"auto"`` follows ``utils.half_precision``
+    (bf16 where the GPU has it in hardware, fp16 with a scaler on older GPUs and MPS, fp32 on a
+    CPU); ``"float16"`` always trains with a gradient scaler."""
     if cfg.dtype == "float32":
-        return None
+        return Precision(None, False, "fp32: asked for (dtype='float32')")
     if cfg.dtype == "bfloat16":
-        return lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+        return Precision(torch.bfloat16, False, "bf16 autocast: asked for (dtype='bfloat16')")
+    if cfg.dtype == "float16":
+        return Precision(torch.float16, True, "fp16 autocast with a gradient scaler: asked for (dtype='float16')")
     if cfg.dtype != "auto":
-        raise ValueError(f"dtype must be 'auto', 'float32' or 'bfloat16', got {cfg.dtype!r}.")
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return lambda: torch.autocast(device_type="cuda", dtype=torch.bfloat16)
-    return None
+        raise ValueError(f"dtype must be one of {', '.join(map(repr, DTYPES))}, got {cfg.dtype!r}.")
+    from .utils import half_precision
+
+    chosen = half_precision(device)
+    return Precision(chosen.dtype, chosen.needs_scaler, chosen.reason)
+
+
+def autocast_for(cfg: TrainConfig, device: torch.device) -> Optional[Callable[[], Any]]:
+    """A zero-argument autocast context factory, or None for plain fp32 (``precision_for``'s)."""
+    return precision_for(cfg, device).autocast(device)
 
 
 # ---------------------------------------------------------------------- the loop
@@ -593,7 +751,9 @@ def train(cfg: TrainConfig, model: Optional[MiniMindForCausalLM] = None, data: O
       instead of ``objective_step``, under the run's autocast (chapter 08's ``training_step``).
 
     ``stop_at``: stop after this step (the schedule still plans ``cfg.max_steps``); ``log``: where lines go
-    (default: ``print`` on the first process). Processes: ``distributed``; resume, checkpoints: ``run_state``."""
+    (default: ``print`` on the first process). Processes: ``distributed``; resume, checkpoints: ``run_state``.
+    ``cfg.accumulation_steps``, ``cfg.dtype`` (``precision_for``) and ``cfg.compile`` apply to every
+    objective alike; a ``step_fn`` makes its own update, so it takes neither accumulation nor fp16's scaler."""
     cfg = _checked_config(cfg, stop_at)
     procs = setup_processes(cfg)  # rank, world size, device (and the process group under torchrun)
     log = log if log is not None else (print if procs.is_main else _silent)
@@ -602,17 +762,20 @@ def train(cfg: TrainConfig, model: Optional[MiniMindForCausalLM] = None, data: O
     resume = ResumeState.find(cfg)  # read and checked; nothing is written yet
     data = data if data is not None else _run_data(cfg, resume, procs)
     fingerprint = _check_train_data(data, resume)
+    cfg = _steps_from_epochs(cfg, data)  # epochs, when given, set max_steps
+    precision = _run_precision(cfg, procs, step_fn, log)  # autocast dtype, and a gradient scaler for fp16
+    scaler = precision.grad_scaler(procs.device)
     model = _model_for_run(model, cfg, data.tokenizer, procs.device)
     optimizer = make_optimizer(model, cfg)
-    start_step, history = resume.restore(model, optimizer, procs.device, log, stop_at) or (0, _new_history())
+    start_step, history = resume.restore(model, optimizer, procs.device, log, stop_at, scaler) or (0, _new_history())
     if cfg.out_dir and procs.is_main:  # every check passed: now the run folder may be written
         prepare_run_folder(cfg, data.tokenizer, resume)
-    raw_model, model = model, procs.wrap(model)
-    autocast = autocast_for(cfg, procs.device)
+    raw_model, model = model, procs.wrap(_compiled(model, cfg))
+    autocast = precision.autocast(procs.device)
     evaluate = evaluate or _lm_eval(cfg, data, objective, procs.device, autocast)
     end_step = cfg.max_steps if stop_at is None else min(stop_at, cfg.max_steps)
     checkpoints = CheckpointPolicy(cfg.out_dir, procs.is_main, raw_model, lambda step: training_state(
-        step, optimizer, history, cfg, procs.device, fingerprint), resume, start_step)
+        step, optimizer, history, cfg, procs.device, fingerprint, scaler), resume, start_step)
     guard = DivergenceGuard(checkpoints, _loss_ceiling(raw_model, objective, step_fn, procs))
     progress = _Progress(cfg, procs, log, start_step, end_step)
     _note_truncation(data, progress.log, procs.is_main)
@@ -620,10 +783,10 @@ def train(cfg: TrainConfig, model: Optional[MiniMindForCausalLM] = None, data: O
         _evaluate(evaluate, raw_model, 0, history, progress.log)
     for step in range(start_step, end_step):
         lr = _set_lr(optimizer, lr_schedule, cfg, step)
-        batch = _batch(data.train, cfg, step, procs)
-        with progress.timing(batch):  # the step's seconds and tokens: the run's throughput
+        batches = _micro_batches(data.train, cfg, step, procs)  # accumulation_steps of them
+        with progress.timing(batches):  # the step's seconds and tokens: the run's throughput
             with guard.watching(step):  # a non-finite loss or gradient: stop before the update
-                metrics = _update(model, optimizer, batch, objective, step_fn, cfg, autocast, procs, step)
+                metrics = _update(model, optimizer, batches, objective, step_fn, cfg, autocast, scaler, procs, step)
             if not float(metrics.get("skipped", 0.0)):
                 checkpoints.promote()  # this step's loss was computed on the pending checkpoint's weights
             logged = _record_step(history, step, lr, metrics, procs)  # synchronizes the device
@@ -635,6 +798,7 @@ def train(cfg: TrainConfig, model: Optional[MiniMindForCausalLM] = None, data: O
             checkpoints.save(step + 1, pending=True)  # kept once the next step's loss is finite
     progress.close()
     _check_skipped(history, start_step, end_step, checkpoints, progress.log, procs.is_main)
+    _note_scaler(history, start_step, end_step, progress.log, procs.is_main)
     path = checkpoints.save(end_step) if end_step > start_step else None
     return TrainResult(raw_model, data.tokenizer, history, end_step, progress.tokens_per_s, progress.seconds(), path, data)
 
@@ -653,6 +817,43 @@ def _checked_config(cfg: TrainConfig, stop_at: Optional[int]) -> TrainConfig:
         raise ValueError(f"out_dir={cfg.out_dir!r} is a file, not a folder: the run writes ckpt.pt, tokenizer.json and "
                          "train_config.json into out_dir. Give a folder (it is created if needed).")
     return cfg
+
+
+def _steps_from_epochs(cfg: TrainConfig, data: "RunData") -> TrainConfig:
+    """``cfg`` with ``max_steps`` derived from ``cfg.epochs`` (when set) and the training set's size:
+    ``ceil(epochs * len(train) / (batch_size * accumulation_steps))`` optimizer steps."""
+    if cfg.epochs is None:
+        return cfg
+    steps = max(1, math.ceil(cfg.epochs * len(data.train) / (cfg.batch_size * cfg.accumulation_steps)))
+    return cfg.replace(max_steps=steps)
+
+
+def _run_precision(cfg: TrainConfig, procs: Processes, step_fn: Optional[StepFn], log: Callable[[str], None]) -> Precision:
+    """``precision_for`` the run's device, checked against the options that cannot go with it: a
+    ``step_fn`` does its own optimizer step, so it cannot accumulate gradients or go through a
+    gradient scaler (``"auto"`` then trains in fp32 where it would have picked fp16)."""
+    precision = precision_for(cfg, procs.device)
+    if step_fn is None:
+        return precision
+    if cfg.accumulation_steps != 1:
+        raise ValueError(f"accumulation_steps={cfg.accumulation_steps} cannot be combined with step_fn, which makes its "
+                         "own optimizer step on each batch; pass an objective instead (train(cfg, objective=...)), or "
+                         "set accumulation_steps=1.")
+    if precision.scaler and cfg.dtype != "auto":
+        raise ValueError("dtype='float16' trains through a gradient scaler, which cannot wrap step_fn's own optimizer "
+                         "step; pass an objective instead, or choose dtype 'bfloat16' or 'float32'.")
+    if precision.scaler:
+        if procs.is_main:
+            log(f"note: dtype='auto' would pick {precision.reason}; step_fn makes its own optimizer step, which the "
+                "scaler cannot wrap, so this run trains in fp32.")
+        return Precision(None, False, "fp32: step_fn cannot go through a gradient scaler")
+    return precision
+
+
+def _compiled(model: torch.nn.Module, cfg: TrainConfig) -> torch.nn.Module:
+    """``torch.compile(model)`` when ``cfg.compile`` (the compiled module shares the model's
+    parameters; evaluation and checkpoints use the eager one), else ``model`` itself."""
+    return torch.compile(model) if cfg.compile else model
 
 
 def _silent(line: str) -> None:
@@ -751,14 +952,15 @@ class _Progress:
         self.train_seconds, self.tokens_seen, self.tokens_per_s, self.t0 = 0.0, 0, 0.0, time.perf_counter()
 
     @contextlib.contextmanager
-    def timing(self, batch: Any) -> Iterator[None]:
-        """Count the time the block takes as training time on ``batch`` (this process's slice of the
-        global batch)."""
+    def timing(self, batches: Sequence[Any]) -> Iterator[None]:
+        """Count the time the block takes as training time on ``batches`` (the step's micro-batches,
+        each this process's slice of a global batch)."""
         tic = time.perf_counter()
         yield
         self.train_seconds += time.perf_counter() - tic
-        first = batch[0] if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor) else None
-        self.tokens_seen += (first.numel() * self.world) if first is not None else self.cfg.batch_size * self.cfg.seq_len
+        for batch in batches:
+            first = batch[0] if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor) else None
+            self.tokens_seen += (first.numel() * self.world) if first is not None else self.cfg.batch_size * self.cfg.seq_len
         self.tokens_per_s = self.tokens_seen / max(self.train_seconds, 1e-9)
 
     def step_done(self, step: int, loss: float, lr: float) -> None:
@@ -814,18 +1016,26 @@ def _batch(dataset: Any, cfg: TrainConfig, step: int, procs: Processes) -> Any:
     return move_to(dataset.batch(idx), procs.device)
 
 
-def _update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Any, objective: Objective,
+def _micro_batches(dataset: Any, cfg: TrainConfig, step: int, procs: Processes) -> List[Any]:
+    """The ``accumulation_steps`` micro-batches of optimizer step ``step``: micro-batch
+    ``step * accumulation_steps + i`` of the run's batch order (``_batch``), so they are the samples
+    one step of ``accumulation_steps * batch_size`` would take, and a resumed run sees them again."""
+    k = cfg.accumulation_steps
+    return [_batch(dataset, cfg, step * k + i, procs) for i in range(k)]
+
+
+def _update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: List[Any], objective: Objective,
             step_fn: Optional[StepFn], cfg: TrainConfig, autocast: Optional[Callable[[], Any]],
-            procs: Processes, step: int) -> Dict[str, torch.Tensor]:
-    """One optimizer step on ``batch``: ``objective_step``, or the caller's ``step_fn`` (its loss
-    checked to be finite); the metrics as tensors."""
+            scaler: Optional["torch.amp.GradScaler"], procs: Processes, step: int) -> Dict[str, torch.Tensor]:
+    """One optimizer step on the step's micro-batches: ``accumulation_step``, or the caller's
+    ``step_fn`` on the one batch (its loss checked to be finite); the metrics as tensors."""
     if step_fn is None:
-        metrics = objective_step(model, optimizer, batch, objective, cfg.grad_clip, autocast)
+        metrics = accumulation_step(model, optimizer, batches, objective, cfg.grad_clip, autocast, scaler)
         if procs.world > 1 and float(metrics.get("skipped", 0.0)):
             raise RuntimeError("a distributed step had no supervised token on one process.")
         return metrics
     with (autocast() if autocast is not None else contextlib.nullcontext()):
-        got = step_fn(model, optimizer, batch, cfg.grad_clip)
+        got = step_fn(model, optimizer, batches[0], cfg.grad_clip)
     metrics = dict(got) if isinstance(got, dict) else {"loss": got}
     metrics = {k: torch.as_tensor(float(v)) for k, v in metrics.items()}
     metrics.setdefault("grad_norm", torch.tensor(float("nan")))
@@ -869,6 +1079,17 @@ def _check_skipped(history: Dict[str, List[float]], start_step: int, end_step: i
             "(every label -100), so they changed nothing.")
 
 
+def _note_scaler(history: Dict[str, List[float]], start_step: int, end_step: int, log: Callable[[str], None],
+                 is_main: bool) -> None:
+    """Say how many updates the fp16 gradient scaler skipped in this run (overflows, not a divergence)."""
+    skipped = history.get("scaler_skipped", [])[len(history["step"]) - (end_step - start_step):] if end_step > start_step else []
+    n = int(sum(v for v in skipped if v == v))
+    if n and is_main:
+        scales = history.get("loss_scale", [])
+        log(f"note: the fp16 gradient scaler skipped {n} of {end_step - start_step} updates (a gradient overflowed fp16; "
+            f"it then halves its scale, last {scales[-1]:g}): normal in the first steps, while it finds its scale.")
+
+
 # ---------------------------------------------------------------------- command line
 def _parse_value(text: str) -> Any:
     try:
@@ -889,21 +1110,26 @@ def config_from_args(argv: Optional[Sequence[str]] = None) -> Tuple[TrainConfig,
     if args.history and os.path.isdir(os.path.expanduser(args.history)):
         p.error(f"--history {args.history} is a folder; give a file name, e.g. {os.path.join(args.history, 'history.json')}")
     try:
-        d = TrainConfig().to_dict()
-        if args.config:
-            d = TrainConfig.from_json(args.config).to_dict()
-        for item in args.set:
-            key, sep, value = item.partition("=")
-            if not sep:
-                p.error(f"--set expects KEY=VALUE, got {item!r}")
-            if key.startswith("model."):
-                d["model"][key[len("model."):]] = _parse_value(value)
-            else:
-                d[key] = _parse_value(value)
-        return TrainConfig.from_dict(d), args
+        return config_with_overrides(args.config, args.set), args
     except (ValueError, FileNotFoundError) as err:
         p.error(str(err))  # exits with status 2 and the message, not a traceback
         raise  # unreachable: p.error exits
+
+
+def config_with_overrides(config: Optional[str], overrides: Sequence[str] = ()) -> TrainConfig:
+    """The command lines' config: ``config`` (a file or a shipped name; None: the defaults) with
+    ``KEY=VALUE`` overrides, values parsed as JSON (``model.KEY`` sets a model option). A bad value
+    is the ``ValueError`` of ``TrainConfig``'s checks."""
+    d = TrainConfig.from_json(config).to_dict() if config else TrainConfig().to_dict()
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+        if key.startswith("model."):
+            d["model"][key[len("model."):]] = _parse_value(value)
+        else:
+            d[key] = _parse_value(value)
+    return TrainConfig.from_dict(d)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

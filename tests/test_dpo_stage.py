@@ -9,6 +9,7 @@ import os
 import pytest
 
 from minimind_ref import dpo, stages
+from minimind_ref.train import TrainConfig
 
 
 def test_recorded_metrics_are_consistent():
@@ -58,6 +59,6 @@ def test_dpo_recipe_reproduces_the_shipped_stage():
     parent, tokenizer = stages.load_stage("sft")
     model, extra, _ = dpo.build_stage(parent, tokenizer, seed=0)
     recorded = stages.stage_metadata("dpo")
-    assert extra["train_config"] == recorded["train_config"] and extra["dpo_settings"] == recorded["dpo_settings"]
+    assert extra["train_config"] == TrainConfig.from_dict(recorded["train_config"]).to_dict() and extra["dpo_settings"] == recorded["dpo_settings"]
     assert abs(extra["metrics"]["heldout_reward_accuracy"] - recorded["metrics"]["heldout_reward_accuracy"]) <= 0.1
     assert extra["metrics"]["heldout_rejected_change"] == pytest.approx(recorded["metrics"]["heldout_rejected_change"], rel=0.3)

@@ -20,6 +20,10 @@ device tolerances:
   the 8 steps within 0.1 of it (about 2 % of ln 300, the initial loss: AdamW's normalised steps
   amplify the rounding of small gradients), and a 30-step run lowers the loss as much as the CPU
   test demands (tests/test_train.py).
+* **fp16 with a gradient scaler** (``dtype="float16"``, what ``"auto"`` picks on a T4): the 8 logged
+  losses within 0.1 of the fp32 CPU run, as for bf16.
+* **The planner** (``minimind_ref.plan``): its peak for MiniMind2-Small (batch 8 x 340, 2
+  accumulation steps, this GPU's precision) within 20 % of ``torch.cuda.max_memory_allocated``.
 * **The CUDA-graph decoder** (``minimind_ref.graph_decode``): on small models of both generations,
   dense and MoE, batch 1 and 3 with left padding and an end-of-sequence token, the graph path's
   greedy tokens equal ``generate``'s in fp32 (TF32 off, so both sum float32 products; they may
@@ -137,6 +141,43 @@ def test_bf16_autocast_training_on_cuda(tiny_data, cpu_run):
     assert all(math.isfinite(g) for g in h["grad_norm"])
     assert sum(h["loss"][-5:]) / 5 < h["loss"][0] - 1.5, h["loss"]
     assert h["eval_loss"][1] < h["eval_loss"][0]
+
+
+def test_fp16_with_a_gradient_scaler_on_cuda(tiny_data, cpu_run):
+    """``dtype="float16"`` (what ``"auto"`` picks on a T4): fp16 autocast through a GradScaler; the
+    8 logged losses within 0.1 of the fp32 CPU run (the bf16 test's bound: fp16 keeps more mantissa
+    than bf16, and the scaler keeps small gradients from underflowing), and no update skipped at
+    the scaler's first scale on this well-behaved run."""
+    gpu = train(tiny(device="cuda", dtype="float16"), data=tiny_data)
+    h = gpu.history
+    assert h["scaler_skipped"] == [0.0] * 8 and len(h["loss_scale"]) == 8
+    torch.testing.assert_close(torch.tensor(h["loss"]), torch.tensor(cpu_run.history["loss"]), rtol=0, atol=0.1)
+    assert next(gpu.model.parameters()).dtype == torch.float32
+
+
+def test_the_planners_peak_is_within_20_percent_of_cudas():
+    """``minimind_ref.plan`` against ``torch.cuda.max_memory_allocated``: MiniMind2-Small, batch 8 x 340,
+    2 accumulation steps, the precision ``dtype="auto"`` picks on this GPU, two optimizer steps; the
+    planner's peak (the bytes torch allocates) within 20 % of the measured growth."""
+    from minimind_ref.plan import local_gpu, plan_memory
+    from minimind_ref.train import accumulation_step, make_optimizer, precision_for
+
+    dev = torch.device("cuda")
+    cfg = TrainConfig.from_json("pretrain_minimind2_small").replace(batch_size=8, accumulation_steps=2, device="cuda")
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(dev)
+    before = torch.cuda.memory_allocated(dev)
+    model = build_model(cfg, cfg.vocab_size).to(dev).train()
+    optimizer = make_optimizer(model, cfg)
+    precision = precision_for(cfg, dev)
+    scaler = precision.grad_scaler(dev)
+    x = torch.randint(0, cfg.vocab_size, (cfg.batch_size, cfg.seq_len), device=dev)
+    for _ in range(2):
+        accumulation_step(model, optimizer, [(x, x)] * 2, max_grad_norm=1.0, autocast=precision.autocast(dev),
+                          scaler=scaler)
+    measured = torch.cuda.max_memory_allocated(dev) - before
+    estimate = plan_memory(cfg, "cuda", 1, local_gpu()).peak
+    assert 0.8 <= estimate / measured <= 1.2, (estimate, measured, torch.cuda.get_device_name(dev))
 
 
 # --- the CUDA-graph decoder -------------------------------------------------------------------

@@ -80,5 +80,5 @@ def test_grpo_recipe_reproduces_the_shipped_stage():
     parent, tokenizer = stages.load_stage("sft")
     model, extra, _ = grpo.build_stage(parent, tokenizer)
     recorded = stages.stage_metadata("grpo")
-    assert extra["train_config"] == recorded["train_config"] and extra["grpo_settings"] == recorded["grpo_settings"]
+    assert extra["train_config"] == TrainConfig.from_dict(recorded["train_config"]).to_dict() and extra["grpo_settings"] == recorded["grpo_settings"]
     assert abs(extra["metrics"]["heldout_accuracy_after"] - recorded["metrics"]["heldout_accuracy_after"]) <= 0.1

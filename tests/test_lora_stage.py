@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from minimind_ref import chat_data, lora, stages
+from minimind_ref.train import TrainConfig
 
 RECIPE_TOLERANCE = 0.15  # greedy whole-answer accuracies of a re-run vs the shipped file (CPU float rounding)
 FP16_TOL = dict(rtol=0.0, atol=2e-3)  # the stage's weights are stored in fp16: |w| < 2, so one rounding step < 1e-3
@@ -93,7 +94,7 @@ def test_lora_recipe_reproduces_the_shipped_stage():
     parent, tokenizer = stages.load_stage("sft")
     model, extra, _ = lora.build_stage(parent, tokenizer)
     recorded = stages.stage_metadata("lora")
-    assert extra["train_config"] == recorded["train_config"]
+    assert extra["train_config"] == TrainConfig.from_dict(recorded["train_config"]).to_dict()
     assert abs(extra["metrics"]["double_accuracy"] - recorded["metrics"]["double_accuracy"]) <= RECIPE_TOLERANCE
     got = stages.evaluate_chat(model, tokenizer)
     for k in ("sum_accuracy", "stop_rate", "identity_accuracy"):

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from minimind_ref import sft, stages
+from minimind_ref.train import TrainConfig
 
 RECIPE_TOLERANCE = 0.15  # greedy whole-answer accuracies of a re-run vs the shipped file (CPU float rounding)
 REEVALUATION_TOLERANCE = 0.03  # the same weights on another machine: a borderline greedy token may flip
@@ -48,7 +49,7 @@ def test_sft_recipe_reproduces_the_shipped_stage():
     model, extra, _ = sft.build_stage(parent, tokenizer, seed=0)
     got = stages.evaluate_chat(model, tokenizer)
     recorded = stages.stage_metadata("sft")
-    assert extra["train_config"] == recorded["train_config"]
+    assert extra["train_config"] == TrainConfig.from_dict(recorded["train_config"]).to_dict()
     for k in ("sum_accuracy", "stop_rate", "identity_accuracy", "refusal_accuracy"):
         assert abs(got[k] - recorded["evaluate_chat"][k]) <= RECIPE_TOLERANCE, (k, got[k], recorded["evaluate_chat"][k])
     assert abs(extra["metrics"]["final_val_loss"] - recorded["metrics"]["final_val_loss"]) < 0.05

@@ -227,7 +227,10 @@ def test_named_configs_are_shipped_in_the_package():
     ({"max_steps": 0}, "max_steps=0"),
     ({"min_lr": 1.0}, "between 0 and lr"),
     ({"betas": [0.9]}, "two numbers"),
-    ({"dtype": "fp16"}, "'auto', 'float32' or 'bfloat16'"),
+    ({"dtype": "fp16"}, "'auto', 'float32', 'bfloat16' or 'float16'"),
+    ({"accumulation_steps": 0}, "accumulation_steps=0"),
+    ({"epochs": 0}, "positive number of passes"),
+    ({"compile": "yes"}, "compile='yes'"),
     ({"batch_size": 2.5}, "whole number"),
 ])
 def test_invalid_training_settings_are_refused(changes, fragment):

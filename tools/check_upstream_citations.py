@@ -28,8 +28,10 @@ says which it gives (``101d7df, authored 2026-03-24 and committed 2026-03-25``, 
 2026-03-25`` alone); a bare date is then reported as ambiguous.
 
 **Where.** The book's pages (``book/*.md``), ``README.md`` and ``CONTRIBUTING.md``, every cell of the
-chapters (``notebooks/*.ipynb``: markdown, and the comments and strings of code), and the Python files
-of ``minimind_ref/``, ``tools/``, ``tests/`` and ``benchmarks/`` (docstrings and comments). The
+chapters (``notebooks/*.ipynb``: markdown, and the comments and strings of code), the Python files
+of ``minimind_ref/``, ``tools/``, ``tests/`` and ``benchmarks/`` (docstrings and comments), and the
+string values of the shipped training configs (``minimind_ref/configs/*.json``, read as JSON: a
+recipe's ``_upstream`` notes cite the line of each hyperparameter; the place is the key's path). The
 student editions and the Chinese catalogs are made from these (``tests/test_upstream_citations.py``
 checks that the catalogs carry every citation through unchanged).
 
@@ -65,7 +67,7 @@ PINNED = {"c090b69": "c090b69", "d65ef2c": "d65ef2c"}
 
 #: Files whose text is covered (globs relative to the repository root).
 SOURCES = ("book/*.md", "README.md", "CONTRIBUTING.md", "notebooks/*.ipynb",
-           "minimind_ref/**/*.py", "tools/*.py", "tests/*.py", "benchmarks/*.py")
+           "minimind_ref/**/*.py", "tools/*.py", "tests/*.py", "benchmarks/*.py", "minimind_ref/configs/*.json")
 #: Files that hold citation-shaped examples on purpose (this tool, its test).
 EXCLUDED = {"tools/check_upstream_citations.py", "tests/test_upstream_citations.py"}
 
@@ -253,9 +255,24 @@ def scan_file(path: Path, root: Path = ROOT) -> List[Occurrence]:
             name = f"cell {cell.get('id', index)}"
             found += find_in_text(source, rel, lambda _offset, name=name: name)
         return found
+    if path.suffix == ".json":
+        return [occ for key, value in _json_strings(json.loads(path.read_text(encoding="utf-8")))
+                for occ in find_in_text(value, rel, lambda _offset, key=key: f"key: {key}")]
     text = path.read_text(encoding="utf-8")
     where = _qualname_at(text) if path.suffix == ".py" else _heading_at(text)
     return find_in_text(text, rel, where)
+
+
+def _json_strings(value, key: str = "") -> Iterator[Tuple[str, str]]:
+    """Every string in a JSON value, with the path of keys that leads to it (``_upstream.lr``)."""
+    if isinstance(value, str):
+        yield key or "top", value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _json_strings(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _json_strings(v, f"{key}[{i}]")
 
 
 def scan(root: Path = ROOT) -> List[Occurrence]:
