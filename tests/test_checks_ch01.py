@@ -624,3 +624,11 @@ def test_norm_count_names_a_walk_that_skips_the_module_itself():
 def test_norm_parameters_messages_never_give_the_width(fn):
     text = str(pytest.raises(ExerciseError, ch01.check_norm_parameters, fn).value)
     assert "they have head_dim values" not in text and "how wide they are" not in text, text
+
+
+def test_ch01_names_the_probes_generic_ones():
+    text = str(pytest.raises(ExerciseError, ch01.check_norm_count,
+                             lambda model: sum("norm" in n for n, _ in model.named_modules())).value)
+    assert "this looks like modules counted by their names" in text, text
+    text = str(pytest.raises(ExerciseError, ch01.check_rms_norm, rms_no_keepdim).value)
+    assert "this looks like the mean of squares without its last dimension kept" in text, text

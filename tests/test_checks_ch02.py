@@ -504,3 +504,29 @@ def test_ch02_refuses_the_reference_imported_by_name_at_a_notebooks_top_level():
 def test_the_ramp_where_the_ends_meet_is_the_step_the_exercise_describes():
     assert rope.yarn_ramp(64, 1e6, 160_000_000, 32, 1).eq(0).all()
     assert rope.yarn_ramp(32, 1e4, 64, 64, 16).tolist() == [0.0] + [1.0] * 15
+
+
+def test_ch02_names_the_probes_generic_ones():
+    def chunk_dim0(x):
+        x1, x2 = x.chunk(2, dim=0)
+        return torch.cat([-x2, x1], dim=0)
+
+    def cat_dim0(x):
+        h = x.shape[-1] // 2
+        return torch.cat([-x[..., h:], x[..., :h]], dim=0)
+
+    def columns_permuted(weights, head_dim):
+        perm = torch.cat([torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)])
+        out = {k: v.clone() for k, v in weights.items()}
+        for key in ("q_proj.weight", "k_proj.weight"):
+            w = weights[key]
+            out[key] = w.reshape(w.shape[0], -1, head_dim)[:, :, perm].reshape(w.shape).clone()
+        return out
+
+    for check, fn, message in [
+        (ch02.check_rotate_half, chunk_dim0, "this looks like the halves taken along the first dimension"),
+        (ch02.check_rotate_half, cat_dim0, "this looks like the two halves joined along the first dimension"),
+        (ch02.check_to_half_split, columns_permuted, "this looks like the columns of q_proj and k_proj permuted"),
+    ]:
+        text = str(pytest.raises(AssertionError, check, fn).value)
+        assert message in text, text

@@ -711,7 +711,7 @@ GQA_PROBE = [
     (_gqa_edit("no o_proj", None), "this looks like o_proj left out"),
     (_gqa_edit("pad axis", None), "this looks like the padding mask laid along the queries instead of the keys"),
     (_gqa_edit("square", None), "raised RuntimeError"),
-    (_gqa_edit("square", None), "Print the shapes of your scores and of every mask"),
+    (_gqa_edit("square", None), "this looks like the causal mask built for the new tokens only"),
     (lambda attn, x, cos, sin, attention_mask=None, past_key_value=None:
      attn(x, (cos, sin), past_key_value, use_cache=True, attention_mask=attention_mask),
      "Exercise 3.5 asks you to build this without minimind_ref.Attention's own forward"),
@@ -772,3 +772,30 @@ class _OwnNorm(nn.Module):
 
     def forward(self, x):
         return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))
+
+
+def test_ch03_names_the_probes_generic_ones():
+    def sdpa_transpose_1_2(q, k, v, mask=None):
+        return softmax_ref(q @ k.transpose(1, 2) / math.sqrt(q.shape[-1]), dim=-1) @ v
+
+    def sdpa_mask_multiplied(q, k, v, mask=None):
+        w = softmax_ref(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+        return (w * (mask == 0) if mask is not None else w) @ v
+
+    class NormalizesValues(make_qk_attention()):
+        def forward(self, x, cos, sin, attention_mask=None, past_key_value=None):
+            from minimind_ref.checks.ch03 import _qk_variant
+            return _qk_variant(self, x, cos, sin, attention_mask, past_key_value, norm_v=True)
+
+    for check, fn, message in [
+        (ch03.check_scaled_dot_product_attention, sdpa_transpose_1_2, "this looks like the keys transposed on other axes"),
+        (ch03.check_scaled_dot_product_attention, sdpa_mask_multiplied,
+         "this looks like the mask applied to the weights after the softmax"),
+        (ch03.check_qk_norm_attention, NormalizesValues, "this looks like the values normalized too"),
+        (ch03.check_qk_logit_bound, lambda q, k: float((q * k).abs().sum() / math.sqrt(q.shape[0])),
+         "this looks like the products of the two gains summed coordinate by coordinate"),
+        (ch03.check_stable_softmax, lambda x, dim=-1: torch.exp(x - x.max(dim).values), "this looks like the constant "
+         "taken without keeping the reduced dimension"),
+    ]:
+        text = str(pytest.raises(AssertionError, check, fn).value)
+        assert message in text, text

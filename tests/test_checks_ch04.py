@@ -142,7 +142,7 @@ WRONG = [
     (ch04.check_swiglu_ffn, lambda x, g, u, d: F.silu(F.linear(x, g)) * F.linear(x, u), "this looks like the down projection left out"),
     (ch04.check_swiglu_ffn, lambda x, g, u, d: (F.silu(x @ g) * (x @ u)) @ d, "mat1 and mat2 shapes cannot be multiplied"),
     (ch04.check_swiglu_ffn, lambda x, g, u, d: (F.silu(x @ g) * (x @ u)) @ d, "(on x (2, 5, 32), w_gate and w_up (96, 32)"),
-    (ch04.check_swiglu_ffn, lambda x, g, u, d: (F.silu(x @ g) * (x @ u)) @ d, "print the shapes of what your code multiplies"),
+    (ch04.check_swiglu_ffn, lambda x, g, u, d: (F.silu(x @ g) * (x @ u)) @ d, "print the shapes of x and of w_gate"),
     (ch04.check_swiglu_ffn, _swiglu_in_place, "changed its input (argument 2) in place"),
     # intermediate size: rounding down, to nearest, not at all, a float, 4x, Llama's 256
     (ch04.check_intermediate_size, lambda h: 64 * math.floor(int(8 * h / 3) / 64), "this looks like rounding down"),
@@ -253,7 +253,7 @@ def _swiglu_draft_batched(x, g, u, d):  # the draft, made to run on batches by m
 
 PROBE = [
     (ch04.check_silu, _silu_exp_up, "this looks like the sigmoid written with e^x over 1 + e^x"),
-    (ch04.check_silu, _silu_two_branch, "not finite at x = -90 and x = 90"),
+    (ch04.check_silu, _silu_two_branch, "print each intermediate result of both branches at x = -90 and x = 90"),
     (ch04.check_silu, F.silu, "Exercise 4.1 asks you to build this without torch.nn.functional.silu"),
     (ch04.check_silu, lambda x: F.silu(x), "without torch.nn.functional.silu"),
     (ch04.check_silu, torch.nn.SiLU(), "without torch.nn.SiLU"),
@@ -302,3 +302,22 @@ def test_silu_grad_pass_message_does_not_print_the_formula(capsys):
     ch04.check_silu_grad(silu_grad)
     out = capsys.readouterr().out
     assert "(1 - s)" not in out and "1 + x" not in out, out
+
+
+def test_ch04_names_the_probes_generic_ones():
+    for check, fn, message in [
+        (ch04.check_silu, _silu_two_branch, "this looks like two formulas joined by torch.where"),
+        (ch04.check_silu_grad, lambda x: x * torch.sigmoid(x) * (1 - torch.sigmoid(x)),
+         "this looks like the product rule's first term left out"),
+        (ch04.check_silu_grad, lambda x: torch.sigmoid(x) * (1 - x * (1 - torch.sigmoid(x))),
+         "this looks like the sign of the product rule's second term flipped"),
+        (ch04.check_swiglu_ffn, lambda x, g, u, d: (F.silu(x @ g) * (x @ u)) @ d,
+         "this looks like the weights multiplied as if stored [in_features, out_features]"),
+        (ch04.check_swiglu_ffn, lambda x, g, u, d: (F.silu(x @ g.T) * (x @ u.T)) @ d,
+         "this looks like w_down multiplied as if stored [in_features, out_features]"),
+        (ch04.check_swiglu_ffn, _swiglu_draft, "this looks like the weights applied from the left"),
+        (ch04.check_intermediate_size, lambda h: 64 * math.ceil(8 * h / 3) // 64,
+         "this looks like eight thirds of the width rounded up to a whole number"),
+    ]:
+        text = str(pytest.raises(AssertionError, check, fn).value)
+        assert message in text, text

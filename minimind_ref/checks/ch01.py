@@ -150,7 +150,9 @@ def check_rms_norm(fn: Callable[..., Any]) -> str:
 
     cases = _cases_fp32()
     for label, x, w, eps in cases:
-        got = run(x, w, eps=eps, hint=_RMS_CRASH, case=label, check_inputs=True)
+        no_keepdim = {"the mean of squares without its last dimension kept":
+                      lambda x=x, w=w, eps=eps: w * x * torch.rsqrt(x.pow(2).mean(-1) + eps)}
+        got = run(x, w, eps=eps, hint=_RMS_CRASH, case=label, check_inputs=True, crash_mistakes=no_keepdim)
         check_close(got, reference_rms_norm(x, w, eps), name=name, case=label, hint=_RMS_HINT,
                     mistakes=_rms_mistakes(x, w, eps), mistake_hints=_RMS_HINTS)
     # default eps: the signature says eps=1e-5
@@ -409,6 +411,8 @@ def _count_mistakes(model: torch.nn.Module, first_answer: Any) -> Dict[str, Any]
         "a count of the model's top-level children": len(list(model.children())),
         "a count of every module": len(list(model.modules())),
         _COUNT_ROOT: count_rmsnorm_modules(model) - 1 if isinstance(model, RMSNorm) else None,
+        "modules counted by their names (a name says where a module sits, not what it is: a container's norms are "
+        "named 0, 1, ...)": sum("norm" in n.lower() for n, _ in model.named_modules()),
     }
 
 

@@ -57,6 +57,9 @@ def _rotate_mistakes(x: torch.Tensor) -> Dict[str, Callable[[], torch.Tensor]]:
         "neighbours paired (x[2i], x[2i+1]): the interleaved layout of the paper, not MiniMind's half-split one":
             lambda: _interleaved_rotate(x),
         "the input returned unchanged": lambda: x.clone(),
+        "the halves taken along the first dimension instead of the last (a pair is (x[i], x[i + d/2]) along the "
+        "last one)": lambda: torch.cat([-x.chunk(2, dim=0)[1], x.chunk(2, dim=0)[0]], dim=0),
+        "the two halves joined along the first dimension instead of the last": lambda: torch.cat((-x2, x1), dim=0),
     }
 
 
@@ -452,6 +455,8 @@ def _reorder(weights: Dict[str, torch.Tensor], d: int, *, perm: str = "per_head"
         if perm == "whole_matrix":
             rows = w.shape[0]
             out[f"{n}_proj.weight"] = w[torch.cat([torch.arange(0, rows, 2), torch.arange(1, rows, 2)])]
+        elif perm == "columns":
+            out[f"{n}_proj.weight"] = w.reshape(w.shape[0], -1, d)[:, :, order].reshape(w.shape)
         else:
             out[f"{n}_proj.weight"] = w.view(-1, d, w.shape[-1])[:, order].reshape(w.shape)
     for n in ("q", "k"):
@@ -475,6 +480,8 @@ _LAYOUT_MISTAKES = {
     "needs its own permutation)": dict(perm="whole_matrix"),
     "the inverse permutation (each head's rows moved the other way)":
         dict(perm="inverse"),
+    "the columns of q_proj and k_proj permuted instead of their rows (a projection's rows produce the query's and "
+    "key's dimensions)": dict(perm="columns"),
     "only q_proj converted (the keys are rotated too)": dict(names=("q",)),
     "only k_proj converted (the queries are rotated too)": dict(names=("k",)),
     "q_norm and k_norm left as they were (their gains multiply the same dimensions the rows of q_proj and "

@@ -126,8 +126,10 @@ def check_stable_softmax(fn: Callable[..., torch.Tensor]) -> str:
     # which computes in float32 inside, by a few of the dtype's roundings: the tolerance allows that, the dtype is exact
     tolerances = {torch.float16: 1e-2, torch.bfloat16: 5e-2}
     for label, x, dim in cases:
+        no_keepdim = {"the constant taken without keeping the reduced dimension":
+                      lambda x=x, dim=dim: torch.exp(x - x.max(dim).values)}
         with refused(name, fn, _softmax_shortcuts(), refuse_hint):
-            got = call(fn, x, dim=dim, name=name, case=label, hint=crash, check_inputs=True)
+            got = call(fn, x, dim=dim, name=name, case=label, hint=crash, check_inputs=True, crash_mistakes=no_keepdim)
         expected = torch.softmax(x, dim=dim)
         tol = tolerances.get(x.dtype)
         wrong_dtype = isinstance(got, torch.Tensor) and got.dtype != expected.dtype
@@ -137,6 +139,9 @@ def check_stable_softmax(fn: Callable[..., torch.Tensor]) -> str:
 
 
 # ----------------------------------------------------------------------------- 3.2 SDPA
+_SDPA_TRANSPOSED = "the keys transposed on other axes than their last two (a batch of heads has more than two axes)"
+
+
 _SDPA_QUERIES = "scores divided by the square root of the number of queries instead of head_dim"
 _SDPA_KEYS = "scores divided by the square root of the number of keys instead of head_dim"
 _SDPA_MASK_FIRST = "the mask added before the scaling (the scaling then divides the mask too)"
@@ -148,6 +153,8 @@ _SDPA_HINTS = {
                  "of queries and keys?"),
     _SDPA_MASK_FIRST: ("a mask is a bias on the scores: try one of small finite numbers against "
                        "F.scaled_dot_product_attention, adding it before and after the scaling."),
+    _SDPA_TRANSPOSED: ("print the shape of what your code multiplies q with, for this case: which two axes of the keys "
+                       "must trade places, whatever comes before them?"),
     _SDPA_DRAFT: ("two inputs show the draft's two remaining mistakes: fewer queries than the head is wide, and a mask "
                   "of small finite numbers; try each against F.scaled_dot_product_attention."),
     "the softmax over the query axis (dim=-2) instead of the key axis":
@@ -173,8 +180,15 @@ def _sdpa_mistakes(q, k, v, mask) -> Dict[str, Callable[[], torch.Tensor]]:
             lambda: torch.softmax(scores / math.sqrt(d) + add, -2) @ v,
         "the mask ignored": lambda: torch.softmax(scores / math.sqrt(d), -1) @ v,
         "the mask added after the softmax": lambda: (torch.softmax(scores / math.sqrt(d), -1) + add) @ v,
+        "the mask applied to the weights after the softmax (the hidden keys zeroed, the others not renormalized)":
+            lambda: (torch.softmax(scores / math.sqrt(d), -1) * (add == 0)) @ v,
         "the attention weights returned instead of the weighted sum of the values": lambda: torch.softmax(scores / math.sqrt(d) + add, -1),
     }
+
+
+def _sdpa_crashes(q, k, v) -> Dict[str, list]:
+    """The mistakes of Exercise 3.2 that crash on these inputs, to name a crash by the error it raises."""
+    return {_SDPA_TRANSPOSED: [lambda: q @ k.T, lambda: q @ k.transpose(1, 2), lambda: q @ k.transpose(0, 1)]}
 
 
 solution("3.2", "scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]); if mask is not None: scores = scores + mask; "
@@ -213,14 +227,16 @@ def check_scaled_dot_product_attention(fn: Callable[..., torch.Tensor]) -> str:
         expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         case = f"q {tuple(q.shape)}, k and v {tuple(k.shape)}, {label}"
         with refused(name, fn, shortcuts, refuse_hint):
-            got = call(fn, q, k, v, mask=mask, name=name, case=case, hint=crash, check_inputs=True)
+            got = call(fn, q, k, v, mask=mask, name=name, case=case, hint=crash, check_inputs=True,
+                       crash_mistakes=_sdpa_crashes(q, k, v), crash_hints=_SDPA_HINTS)
         check_close(got, expected, name=name, case=case, hint=hint,
                     mistakes=_sdpa_mistakes(q, k, v, mask), mistake_hints=_SDPA_HINTS)
     # the leading axes are "...": no batch axis at all (q [heads, s, d]) is an input too
     q, k, v = (torch.randn(3, n, 8, generator=g) for n in (4, 6, 6))
     case = "q (3, 4, 8), k and v (3, 6, 8): no batch axis, 4 queries over 6 keys"
     with refused(name, fn, shortcuts, refuse_hint):
-        got = call(fn, q, k, v, mask=None, name=name, case=case, hint=crash, check_inputs=True)
+        got = call(fn, q, k, v, mask=None, name=name, case=case, hint=crash, check_inputs=True,
+                   crash_mistakes=_sdpa_crashes(q, k, v), crash_hints=_SDPA_HINTS)
     check_close(got, F.scaled_dot_product_attention(q, k, v), name=name, case=case, hint=hint,
                 mistakes=_sdpa_mistakes(q, k, v, None), mistake_hints=_SDPA_HINTS)
     return ("matches torch.nn.functional.scaled_dot_product_attention: any leading axes, fewer queries than keys, "
@@ -379,7 +395,7 @@ def _gqa_variant(attn, x, cos, sin, mask, past, *, scale=True, tiled=False, pad_
     kr, vr = rep(k), rep(v)
     full = torch.full((s, t), float("-inf"))
     allowed = {"bottom-right": full.triu(t - s + 1), "top-left": full.triu(1), "diagonal hidden": full.triu(t - s),
-               "none": torch.zeros(s, t)}[causal]
+               "none": torch.zeros(s, t), "square": torch.full((s, s), float("-inf")).triu(1)}[causal]
     scores = q.transpose(1, 2) @ kr.transpose(1, 2).transpose(-2, -1)
     if scale:
         scores = scores / math.sqrt(attn.head_dim)
@@ -401,6 +417,7 @@ _GQA_NO_O = "o_proj left out (the merged heads go through o_proj, section 6)"
 _GQA_PAD_AXIS = "the padding mask laid along the queries instead of the keys"
 _GQA_PAD_INF = ("padding added as -inf (0 times -inf is NaN where the mask is 1, and a query that sees only padding "
                 "gets a row of -inf, whose softmax is NaN)")
+_GQA_SQUARE = "the causal mask built for the new tokens only, without columns for the cached keys"
 _GQA_MISTAKES = {
     "no scaling of the scores by the square root of head_dim": dict(scale=False),
     "the KV heads tiled (x.repeat) instead of repeated in a row (repeat_kv)": dict(tiled=True),
@@ -422,6 +439,8 @@ _GQA_MISTAKES = {
     _GQA_PAD_AXIS: dict(pad_axis="queries"),
 }
 _GQA_HINTS = {
+    _GQA_SQUARE: ("with a cache of p positions the scores have a column for every key, cached ones included: print "
+                  "the shapes of your scores and of your causal mask for this case (Exercise 3.3 takes two lengths)."),
     _GQA_MERGE: "print the shape after each step of your merge and compare with section 6's trace, step by step.",
     _GQA_NO_O: "section 6's trace ends with one more step after the merge: compare yours with it.",
     _GQA_PAD_AXIS: ("a pad position must not be read by anyone: is it a row or a column of the scores, and along "
@@ -476,7 +495,9 @@ def _compare_gqa(fn, attn, x, cos, sin, mask, past, label: str, hint: str) -> No
                        hint="x is [b, s, hidden]; cos, sin are [s, head_dim]; attention_mask is [b, past and new "
                             "positions] or None; past_key_value is (k, v), each [b, p, n_kv_heads, head_dim], or None. "
                             "Print the shapes of your scores and of every mask you add to them for this case. Create "
-                            "masks on x.device.")
+                            "masks on x.device.",
+                       crash_mistakes={_GQA_SQUARE: lambda: _gqa_variant(attn, x, cos, sin, mask, past, causal="square")},
+                       crash_hints=_GQA_HINTS)
     if not (isinstance(got, (tuple, list)) and len(got) == 2):
         fail(name, f"expected a tuple (output, (k, v)), got {type(got).__name__} (on {label})",
              "return out, (k, v) where k, v are the cache tensors [b, t, n_kv_heads, head_dim].")
@@ -588,7 +609,7 @@ def _norm_over(x: torch.Tensor, gain: torch.Tensor, eps: float, axis: str) -> to
 
 def _qk_variant(attn: Attention, x, cos, sin, mask, past, *, where: str = "before", axis: str = "head_dim",
                 norm_q: bool = True, norm_k: bool = True, swap: bool = False,
-                eps: Optional[float] = None) -> Tuple[torch.Tensor, Tuple]:
+                eps: Optional[float] = None, norm_v: bool = False) -> Tuple[torch.Tensor, Tuple]:
     """The QK-norm forward with one typical mistake switched in (the defaults are the right answer)."""
     b, s, _ = x.shape
     q = attn.q_proj(x).view(b, s, attn.n_heads, attn.head_dim)
@@ -607,6 +628,8 @@ def _qk_variant(attn: Attention, x, cos, sin, mask, past, *, where: str = "befor
     q, k = apply_rotary_pos_emb(q, k, cos, sin)
     if where == "after":
         q, k = normalize(q, k)
+    if norm_v:
+        v = _norm_over(v, gk, eps, "head_dim")
     if past is not None:
         k = torch.cat([past[0], k], dim=1)
         v = torch.cat([past[1], v], dim=1)
@@ -635,6 +658,7 @@ _QK_MISTAKES = {
         dict(axis="hidden"),
     _QK_EPS_DEFAULT: dict(eps=1e-5),
     _QK_EPS_TORCH: dict(eps=torch.finfo(torch.float32).eps),
+    "the values normalized too (QK-norm normalizes the queries and the keys only)": dict(norm_v=True),
 }
 _QK_EPS_HINT = "the exercise's bullet says which eps the two norms take: compare your norms' eps with it."
 
@@ -788,6 +812,9 @@ _B_HINTS = {
         ("RoPE rotates every pair of coordinates: after it, can a query's coordinate meet a key's coordinate at "
          "another index than its own?"),
     "the lengths (L2 norms) of the gain vectors used": _B_LENGTH,
+    "the products of the two gains summed coordinate by coordinate":
+        ("RoPE rotates every pair of coordinates: after it, can a query's coordinate meet a key's coordinate at "
+         "another index than its own?"),
     "the mean size of the gains used": _B_LENGTH,
     "the length of a normalized head vector taken as 1":
         "compute the length of RMSNorm's output (before the gain) for a vector of your choice of head_dim values.",
@@ -806,6 +833,7 @@ def _bound_mistakes(q: torch.Tensor, k: torch.Tensor) -> Dict[str, float]:
         "the length of a normalized head vector taken as 1, and attention's division applied on top": qm * km / math.sqrt(d),
         "the gains left out (they stretch the normalized vectors)": math.sqrt(d),
         "the two gains multiplied coordinate by coordinate": math.sqrt(d) * (q * k).abs().max().item(),
+        "the products of the two gains summed coordinate by coordinate": (q * k).abs().sum().item() / math.sqrt(d),
         "the lengths (L2 norms) of the gain vectors used": q.norm().item() * k.norm().item() / math.sqrt(d),
         "the mean size of the gains used": math.sqrt(d) * q.abs().mean().item() * k.abs().mean().item(),
         "the largest gains taken without their absolute values (a negative gain of large size counts too)":

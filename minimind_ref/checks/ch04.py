@@ -81,7 +81,11 @@ def _silu_mistakes(x: torch.Tensor) -> Dict[str, Callable[[], torch.Tensor]]:
 _SILU_EXP_UP = ("the sigmoid written with e^x over 1 + e^x: e^x overflows to inf for large positive x in float32, and "
                 "inf / inf is NaN")
 _SILU_DRAFT = "the draft's x / (1 + exp(-x)), whose gradient at x = -90 is NaN in float32"
+_SILU_WHERE = ("two formulas joined by torch.where, each safe on its own side: autograd differentiates both branches "
+               "everywhere, and the one torch.where does not pick overflows there")
 _SILU_HINTS = {
+    _SILU_WHERE: ("print each intermediate result of both branches at x = -90 and x = 90: which one overflows, and "
+                  "does torch.where keep its gradient out?"),
     _SILU_EXP_UP: "print each intermediate result of your formula at the largest input the case names: which one "
                   "overflows?",
     _SILU_DRAFT: ("print each intermediate result of the draft at x = -90: one overflows to inf, and autograd "
@@ -97,6 +101,11 @@ def _grad_at(fn_out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 def _exp_form_grad(x: torch.Tensor) -> torch.Tensor:
     xr = x.clone().requires_grad_(True)
     return _grad_at(xr / (1 + torch.exp(-xr)), xr)
+
+
+def _two_branch_grad(x: torch.Tensor) -> torch.Tensor:
+    xr = x.clone().requires_grad_(True)
+    return _grad_at(torch.where(xr >= 0, xr / (1 + torch.exp(-xr)), xr * torch.exp(xr) / (1 + torch.exp(xr))), xr)
 
 
 solution("4.1", "return x * torch.sigmoid(x)")
@@ -138,7 +147,8 @@ def check_silu(fn: Callable[[torch.Tensor], torch.Tensor]) -> str:
                     hint=(f"the values are right but the gradient is not finite at {where}: autograd differentiates "
                           "every intermediate result of your formula (in a branch torch.where does not pick, too): "
                           "print them there and find the one that overflows to inf."),
-                    mistakes={_SILU_DRAFT: lambda: _exp_form_grad(x)}, mistake_hints=_SILU_HINTS)
+                    mistakes={_SILU_DRAFT: lambda: _exp_form_grad(x), _SILU_WHERE: lambda: _two_branch_grad(x)},
+                    mistake_hints=_SILU_HINTS)
     return "shape and dtype kept, finite value and gradient at ±90"
 
 
@@ -152,6 +162,8 @@ def _silu_grad_mistakes(x: torch.Tensor) -> Dict[str, Callable[[], torch.Tensor]
         "the sigmoid's derivative taken as the sigmoid squared": lambda: s + x * s * s,
         "a factor of the sigmoid missing in the product rule's second term": lambda: s + x * (1 - s),
         "the product rule's first term taken as 1 instead of the sigmoid": lambda: 1 + x * s * (1 - s),
+        "the product rule's first term left out (only x times the sigmoid's derivative)": lambda: x * s * (1 - s),
+        "the sign of the product rule's second term flipped": lambda: s * (1 - x * (1 - s)),
         "the derivative written with exponentials: right on paper, but inf / inf = NaN at x = -90 in float32 "
         "(the exponential of 90 overflows); write it with the sigmoid":
             lambda: (1 + torch.exp(-x) + x * torch.exp(-x)) / (1 + torch.exp(-x)) ** 2,
@@ -203,7 +215,12 @@ def _swiglu_mistakes(x, w_gate, w_up, w_down) -> Dict[str, Callable[[], torch.Te
 
 _FFN_LEFT = ("the weights applied from the left, as to one column vector: with a batch of as many tokens as features "
              "it runs, and mixes the tokens")
+_FFN_IN_OUT = ("the weights multiplied as if stored [in_features, out_features] (nn.Linear stores [out_features, "
+               "in_features])")
+_FFN_DOWN = "w_down multiplied as if stored [in_features, out_features], the other two right"
 _FFN_HINTS = {
+    _FFN_IN_OUT: "print the shapes of x and of w_gate for this case: which axis of each must meet in the product?",
+    _FFN_DOWN: "print the shapes of the gated product and of w_down for this case: which axes must meet?",
     _FFN_LEFT: ("this case holds several tokens, one per row of x: which numbers does your product combine, and which "
                 "product gives every token its own row of m values?"),
     "gate and up swapped (SiLU on the up branch)": "section 3's formula names the branch that goes through SiLU.",
@@ -243,7 +260,11 @@ def check_swiglu_ffn(fn: Callable[..., torch.Tensor]) -> str:
         case = f"x {tuple(x.shape)}, w_gate and w_up {tuple(w_gate.shape)}, w_down {tuple(w_down.shape)}"
         with refused(name, fn, refuse, "write the FFN from its three weight matrices; minimind_ref.FeedForward is the "
                      "reference the check compares with."):
-            got = call(fn, x, w_gate, w_up, w_down, name=name, case=case, hint=crash, check_inputs=True)
+            got = call(fn, x, w_gate, w_up, w_down, name=name, case=case, hint=crash, check_inputs=True,
+                       crash_mistakes={_FFN_LEFT: lambda: w_down @ (F.silu(w_gate @ x) * (w_up @ x)),
+                                       _FFN_IN_OUT: lambda: (F.silu(x @ w_gate) * (x @ w_up)) @ w_down,
+                                       _FFN_DOWN: lambda: (F.silu(x @ w_gate.T) * (x @ w_up.T)) @ w_down},
+                       crash_hints=_FFN_HINTS)
         check_close(got, expected, name=name, case=case, hint=hint, mistake_hints=_FFN_HINTS,
                     mistakes=_swiglu_mistakes(x, w_gate, w_up, w_down))
     return "equals minimind_ref.FeedForward for one token and batches of 1-D, 2-D and 3-D leading shape"
@@ -261,6 +282,7 @@ def _size_mistakes(h: int) -> Dict[str, int]:
         "parity solved for three matrices of the 4x FFN's width (the 4x FFN has two)": 64 * math.ceil(4 * h / 64),
         "rounding up to a multiple of 256 (Llama's multiple_of) instead of 64": 256 * math.ceil(base / 256),
         "one multiple of 64 too many where the width already is a multiple of 64": 64 * (base // 64 + 1),
+        "eight thirds of the width rounded up to a whole number, not to a multiple of 64": math.ceil(8 * h / 3),
     }
 
 

@@ -544,13 +544,18 @@ def call(
     hint: Optional[str] = None,
     case: Optional[str] = None,
     check_inputs: bool = False,
+    crash_mistakes: Optional[Mapping[str, Callable[[], Any]]] = None,
+    crash_hints: Optional[Mapping[str, str]] = None,
     **kwargs: Any,
 ) -> Any:
     """Call the learner's function; stubs and crashes become check failures that say so.
 
     A crash is reported with the input that caused it (``case``) and the ``hint``.
     ``check_inputs=True``: tensors, lists and dicts passed in must come back unchanged (an
-    exercise that asks for a *new* tensor or list fails when the function edits its input)."""
+    exercise that asks for a *new* tensor or list fails when the function edits its input).
+    ``crash_mistakes``: mistake description -> a zero-argument function doing that mistake on the same input (or a
+    list of such functions, its ways of writing it); a crash that raises what one of them raises (the same exception type and message) is named as that mistake,
+    with its hint from ``crash_hints`` where there is one."""
     before = [_snapshot(a) for a in args] if check_inputs else []
     with exercise(name):
         try:
@@ -560,13 +565,31 @@ def call(
         except ExerciseError:
             raise
         except Exception as err:  # the learner's code raised: report it as part of the check
-            fail(name, f"your function raised {type(err).__name__}: {err}{_on(case)}", hint)
+            seen = _crash_like(err, crash_mistakes)
+            what = _t(f"your function raised {type(err).__name__}: {err}{_on(case)}")
+            _fail(name, (_t(f"this looks like {seen}: ") if seen else "") + what, _hint_for(seen, hint, crash_hints))
     for position, (snap, arg) in enumerate(zip(before, args)):
         if not _same(snap, arg):
             fail(name, f"your function changed its input (argument {position + 1}) in place{_on(case)}; the exercise "
                  "asks you to return a new result and leave the input as it was",
                  "build a new list or tensor, or work on a copy of the argument, instead of assigning into it.")
     return result
+
+
+def _crash_like(err: BaseException, crash_mistakes: Optional[Mapping[str, Callable[[], Any]]]) -> Optional[str]:
+    """The first mistake (``call``'s ``crash_mistakes``) that raises the same exception as the learner's code."""
+    import warnings
+
+    for description, thunks in (crash_mistakes or {}).items():
+        for thunk in (thunks if isinstance(thunks, (list, tuple)) else [thunks]):
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # PyTorch's deprecation warnings of the mistake, not the learner's
+                    thunk()
+            except Exception as other:  # the mistake crashes too: the same way?
+                if type(other) is type(err) and str(other) == str(err):
+                    return description
+    return None
 
 
 def passed(name: str, detail: str = "") -> None:
