@@ -316,6 +316,8 @@ def test_ch04_names_the_probes_generic_ones():
         (ch04.check_swiglu_ffn, lambda x, g, u, d: (F.silu(x @ g.T) * (x @ u.T)) @ d,
          "this looks like w_down multiplied as if stored [in_features, out_features]"),
         (ch04.check_swiglu_ffn, _swiglu_draft, "this looks like the weights applied from the left"),
+        (ch04.check_swiglu_ffn, lambda x, g, u, d: (d @ (F.silu(g @ x.T) * (u @ x.T))).T,
+         "this looks like x turned with .T to apply the weights from the left"),
         (ch04.check_intermediate_size, lambda h: 64 * math.ceil(8 * h / 3) // 64,
          "this looks like eight thirds of the width rounded up to a whole number"),
     ]:

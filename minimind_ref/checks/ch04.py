@@ -217,10 +217,14 @@ _FFN_LEFT = ("the weights applied from the left, as to one column vector: with a
              "it runs, and mixes the tokens")
 _FFN_IN_OUT = ("the weights multiplied as if stored [in_features, out_features] (nn.Linear stores [out_features, "
                "in_features])")
+_FFN_DOT_T = ("x turned with .T to apply the weights from the left: .T reverses every axis, which transposes a batch "
+              "of tokens only when it has two axes")
 _FFN_DOWN = "w_down multiplied as if stored [in_features, out_features], the other two right"
 _FFN_HINTS = {
     _FFN_IN_OUT: "print the shapes of x and of w_gate for this case: which axis of each must meet in the product?",
     _FFN_DOWN: "print the shapes of the gated product and of w_down for this case: which axes must meet?",
+    _FFN_DOT_T: ("this case has more than one leading axis: print the shape of x turned your way, then ask which "
+                 "product applies the weights to the last axis of x whatever comes before it."),
     _FFN_LEFT: ("this case holds several tokens, one per row of x: which numbers does your product combine, and which "
                 "product gives every token its own row of m values?"),
     "gate and up swapped (SiLU on the up branch)": "section 3's formula names the branch that goes through SiLU.",
@@ -262,6 +266,7 @@ def check_swiglu_ffn(fn: Callable[..., torch.Tensor]) -> str:
                      "reference the check compares with."):
             got = call(fn, x, w_gate, w_up, w_down, name=name, case=case, hint=crash, check_inputs=True,
                        crash_mistakes={_FFN_LEFT: lambda: w_down @ (F.silu(w_gate @ x) * (w_up @ x)),
+                                       _FFN_DOT_T: lambda: (w_down @ (F.silu(w_gate @ x.T) * (w_up @ x.T))).T,
                                        _FFN_IN_OUT: lambda: (F.silu(x @ w_gate) * (x @ w_up)) @ w_down,
                                        _FFN_DOWN: lambda: (F.silu(x @ w_gate.T) * (x @ w_up.T)) @ w_down},
                        crash_hints=_FFN_HINTS)
