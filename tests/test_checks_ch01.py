@@ -454,3 +454,181 @@ def test_norm_parameters_rejects(fn, message):
     text = str(err.value)
     assert message in text, text
     assert text.startswith("[Exercise 1.5") and "hint:" in text
+
+
+# --------------------------------------------------------------------------- issue 44, second probe: planted mistakes
+def rms_draft(x, w, eps=1e-5):  # the notebook's draft, unchanged
+    return w * x / (x.pow(2).mean().sqrt() + eps)
+
+
+def rms_whole_tensor_mean(x, w, eps=1e-5):  # the draft with eps fixed: one statistic for the whole tensor
+    return w * x * torch.rsqrt(x.pow(2).mean() + eps)
+
+
+def rms_upcast(x, w, eps=1e-5):  # MiniMind's recipe: float32 statistics, back to x's dtype (1.1 asks for x's dtype)
+    xf = x.float()
+    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).type_as(x)
+
+
+def rms_clamp_eps(x, w, eps=1e-5):
+    return w * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True).clamp_min(eps))
+
+
+def rms_eps_squared(x, w, eps=1e-5):
+    return w * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps ** 2)
+
+
+def rms_library(x, w, eps=1e-5):
+    return F.rms_norm(x, (x.shape[-1],), w, eps)
+
+
+def rms_torch_module(x, w, eps=1e-5):
+    norm = nn.RMSNorm(x.shape[-1], eps=eps)
+    with torch.no_grad():
+        norm.weight.copy_(w)
+    return norm(x).detach()
+
+
+def rms_wraps_reference(x, w, eps=1e-5):
+    return ch01.reference_rms_norm(x, w, eps)
+
+
+def rms_wraps_minimind(x, w, eps=1e-5):
+    norm = mm.RMSNorm(x.shape[-1], eps=eps)
+    with torch.no_grad():
+        norm.weight.copy_(w)
+    return norm(x).detach()
+
+
+def _bare_norm(h, eps=1e-5):  # section 1's helper of the notebook (PyTorch's RMS normalization, no gain)
+    return F.rms_norm(h, (h.shape[-1],), eps=eps)
+
+
+def rms_bare_norm_times_weight(x, w, eps=1e-5):
+    return _bare_norm(x, eps) * w
+
+
+RMS_PROBE_MISTAKES = [
+    (rms_draft, "this looks like one statistic for the whole tensor"),
+    (rms_whole_tensor_mean, "this looks like one statistic for the whole tensor"),
+    (rms_upcast, "a step computed in a wider dtype"),
+    (rms_clamp_eps, "this looks like eps used as a floor under the mean of squares"),
+    (rms_eps_squared, "this looks like eps squared before it is added"),
+    (rms_library, "Exercise 1.1 asks you to build this without torch.nn.functional.rms_norm"),
+    (rms_torch_module, "Exercise 1.1 asks you to build this without torch.nn.RMSNorm"),
+    (rms_wraps_reference, "without minimind_ref.checks.ch01.reference_rms_norm"),
+    (rms_wraps_minimind, "Exercise 1.1 asks you to build this without minimind_ref.RMSNorm"),
+    (rms_bare_norm_times_weight, "without torch.nn.functional.rms_norm"),
+]
+
+
+@pytest.mark.parametrize("fn, message", RMS_PROBE_MISTAKES, ids=lambda v: getattr(v, "__name__", str(v)[:30]))
+def test_rms_norm_names_the_probes_mistakes(fn, message):
+    text = str(pytest.raises(ExerciseError, ch01.check_rms_norm, fn).value)
+    assert message in text, text
+    assert text.startswith("[Exercise 1.1 rms_norm]") and "hint:" in text
+
+
+def test_rms_norm_refuses_the_library_imported_by_name_in_the_notebook():
+    """A name bound at a notebook's top level (``from torch.nn.functional import rms_norm``) is switched off too."""
+    namespace = {"torch": torch}
+    exec("from torch.nn.functional import rms_norm as library_norm\n"
+         "def rms_norm(x, w, eps=1e-5):\n    return library_norm(x, (x.shape[-1],), w, eps)\n", namespace)
+    text = str(pytest.raises(ExerciseError, ch01.check_rms_norm, namespace["rms_norm"]).value)
+    assert "without torch.nn.functional.rms_norm" in text, text
+    assert F.rms_norm(torch.ones(1, 2), (2,)).shape == (1, 2), "the library is back after the check"
+
+
+def test_rms_norm_draft_hint_points_at_the_input_not_the_fix():
+    text = str(pytest.raises(ExerciseError, ch01.check_rms_norm, rms_whole_tensor_mean).value)
+    assert "several vectors of different sizes" in text and "keepdim" not in text, text
+
+
+def ln_library(x, w, b, eps=1e-5):
+    return F.layer_norm(x, (x.shape[-1],), w, b, eps)
+
+
+def ln_torch_module(x, w, b, eps=1e-5):
+    norm = nn.LayerNorm(x.shape[-1], eps=eps)
+    with torch.no_grad():
+        norm.weight.copy_(w)
+        norm.bias.copy_(b)
+    return norm(x).detach()
+
+
+def ln_dim0(x, w, b, eps=1e-5):
+    mean = x.mean(0, keepdim=True)
+    var = (x - mean).pow(2).mean(0, keepdim=True)
+    return (x - mean) / torch.sqrt(var + eps) * w + b
+
+
+@pytest.mark.parametrize("fn, message", [
+    (ln_library, "Exercise 1.2 asks you to build this without torch.nn.functional.layer_norm"),
+    (ln_torch_module, "Exercise 1.2 asks you to build this without torch.nn.LayerNorm"),
+    (ln_dim0, "this looks like the statistics over the first dimension instead of the last"),
+    (ln_unbiased, "measure which one torch.nn.LayerNorm takes"),
+], ids=["F.layer_norm", "nn.LayerNorm", "dim 0", "unbiased hint"])
+def test_layer_norm_names_the_probes_mistakes(fn, message):
+    text = str(pytest.raises(ExerciseError, ch01.check_layer_norm, fn).value)
+    assert message in text, text
+
+
+@pytest.mark.parametrize("fn", [ln_unbiased, ln_no_bias, ln_weight_bias_swapped, ln_dim0, ln_eps_outside])
+def test_layer_norm_hints_never_say_which_variance(fn):
+    text = str(pytest.raises(ExerciseError, ch01.check_layer_norm, fn).value)
+    import re
+    assert not re.search(r"(?<!un)biased", text) and "divide by d" not in text, text
+
+
+def safe_eps_hard_coded(x, w, eps=1e-5):
+    return safe_ok(x, w, 1e-5)
+
+
+def safe_statistic_only_in_fp32(x, w, eps=1e-5):
+    ms = x.float().pow(2).mean(-1, keepdim=True)
+    return w * (x * torch.rsqrt(ms + eps).to(x.dtype))
+
+
+def safe_wraps_minimind(x, w, eps=1e-5):
+    norm = mm.RMSNorm(x.shape[-1], eps=eps).to(w.dtype)
+    with torch.no_grad():
+        norm.weight.copy_(w)
+    return norm(x).detach()
+
+
+@pytest.mark.parametrize("fn, message", [
+    (safe_eps_hard_coded, "this looks like the eps argument ignored (always 1e-5)"),
+    (safe_statistic_only_in_fp32, "this looks like the statistic computed in float32 but the division done in x's dtype"),
+    (safe_wraps_minimind, "Exercise 1.3 asks you to build this without minimind_ref.RMSNorm"),
+    (rms_library, "Exercise 1.3 asks you to build this without torch.nn.functional.rms_norm"),
+], ids=["eps hard-coded", "statistic only in fp32", "wraps RMSNorm", "F.rms_norm"])
+def test_fp16_safe_names_the_probes_mistakes(fn, message):
+    text = str(pytest.raises(ExerciseError, ch01.check_fp16_safe_rms_norm, fn).value)
+    assert message in text, text
+
+
+def test_fp16_safe_accepts_the_learners_own_rms_norm_as_a_step():
+    def safe_from_rms_norm(x, w, eps=1e-5):
+        return w * rms_ok(x.float(), torch.ones(x.shape[-1]), eps).type_as(x)
+    ch01.check_fp16_safe_rms_norm(safe_from_rms_norm)
+
+
+def test_norm_count_names_a_walk_that_skips_the_module_itself():
+    def skips_root(model):
+        return sum(isinstance(m, mm.RMSNorm) for m in list(model.modules())[1:])
+    text = str(pytest.raises(ExerciseError, ch01.check_norm_count, skips_root).value)
+    assert "this looks like the module itself left out" in text, text
+
+
+@pytest.mark.parametrize("fn", [m for m, _ in NORM_PARAM_MISTAKES[:7]])
+def test_norm_parameters_messages_never_give_the_width(fn):
+    text = str(pytest.raises(ExerciseError, ch01.check_norm_parameters, fn).value)
+    assert "they have head_dim values" not in text and "how wide they are" not in text, text
+
+
+def test_ch01_names_the_probes_generic_ones():
+    text = str(pytest.raises(ExerciseError, ch01.check_norm_count,
+                             lambda model: sum("norm" in n for n, _ in model.named_modules())).value)
+    assert "this looks like modules counted by their names" in text, text
+    text = str(pytest.raises(ExerciseError, ch01.check_rms_norm, rms_no_keepdim).value)
+    assert "this looks like the mean of squares without its last dimension kept" in text, text

@@ -17,6 +17,18 @@ def stub(*args, **kwargs):
     raise NotImplementedError("Exercise 2.x: implement me")
 
 
+# The learner's side of the checks: own copies of the reference functions (the checks switch minimind_ref's
+# off while the learner's function runs, so a wrong version built on them would only be refused).
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _apply_rotary(q, k, cos, sin, unsqueeze_dim=1):
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    return (q * cos + _rotate_half(q) * sin).to(q.dtype), (k * cos + _rotate_half(k) * sin).to(k.dtype)
+
+
 # --------------------------------------------------------------------------- wrong versions
 def rotate_half_wrong_sign(x):
     half = x.shape[-1] // 2
@@ -34,7 +46,7 @@ def rotate_half_interleaved(x):
 
 
 def rotate_half_in_place(x):
-    out = rope.rotate_half(x)
+    out = _rotate_half(x)
     x.zero_()
     return out
 
@@ -95,12 +107,12 @@ def precompute_float64(dim, end, base):
 def apply_ok_low_precision(q, k, cos, sin):
     # computes in q's dtype (bf16 tables): a legitimate variant, must pass.
     cos, sin = cos.unsqueeze(1).to(q.dtype), sin.unsqueeze(1).to(q.dtype)
-    return q * cos + rope.rotate_half(q) * sin, k * cos + rope.rotate_half(k) * sin
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 
 def apply_minus(q, k, cos, sin):
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return ((q * cos - rope.rotate_half(q) * sin).to(q.dtype), (k * cos - rope.rotate_half(k) * sin).to(k.dtype))
+    return ((q * cos - _rotate_half(q) * sin).to(q.dtype), (k * cos - _rotate_half(k) * sin).to(k.dtype))
 
 
 def apply_interleaved(q, k, cos, sin):
@@ -110,27 +122,27 @@ def apply_interleaved(q, k, cos, sin):
 
 
 def apply_q_only(q, k, cos, sin):
-    q2, _ = rope.apply_rotary_pos_emb(q, k, cos, sin)
+    q2, _ = _apply_rotary(q, k, cos, sin)
     return q2, k
 
 
 def apply_no_cast(q, k, cos, sin):
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return q * cos + rope.rotate_half(q) * sin, k * cos + rope.rotate_half(k) * sin
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 
 def apply_first_row_only(q, k, cos, sin):
     # every token rotated by the first row's angles (positions ignored within the chunk)
-    return rope.apply_rotary_pos_emb(q, k, cos[:1].expand_as(cos), sin[:1].expand_as(sin))
+    return _apply_rotary(q, k, cos[:1].expand_as(cos), sin[:1].expand_as(sin))
 
 
 def _unused_apply_unsqueeze_0(q, k, cos, sin):
     # broadcasting over the wrong axis: crashes (or silently misaligns) instead of covering the heads
-    return rope.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=0)
+    return _apply_rotary(q, k, cos, sin, unsqueeze_dim=0)
 
 
 def ramp_ok(dim, base, original_max, beta_fast, beta_slow):
-    return rope.yarn_ramp(dim, base, original_max, beta_fast, beta_slow)
+    return ch02._ramp_variant(dim, base, original_max, beta_fast, beta_slow)  # the defaults are the right answer
 
 
 def ramp_float32_index(dim, base, original_max, beta_fast, beta_slow):
@@ -149,9 +161,9 @@ def ramp_variant(**kwargs):
 
 # --------------------------------------------------------------------------- tests
 CHECKS = {
-    "rotate_half": (ch02.check_rotate_half, rope.rotate_half),
+    "rotate_half": (ch02.check_rotate_half, _rotate_half),
     "precompute": (ch02.check_precompute_freqs_cis, precompute_ok),
-    "apply": (ch02.check_apply_rotary_pos_emb, rope.apply_rotary_pos_emb),
+    "apply": (ch02.check_apply_rotary_pos_emb, _apply_rotary),
     "yarn_ramp": (ch02.check_yarn_ramp, ramp_ok),
 }
 
@@ -204,7 +216,7 @@ def rotate_half_halves_not_swapped(x):
 
 
 def rotate_half_float32(x):
-    return rope.rotate_half(x).float()
+    return _rotate_half(x).float()
 
 
 def precompute_positive_exponent(dim, end, base):
@@ -216,21 +228,21 @@ def precompute_one_row_too_many(dim, end, base):
 
 
 def apply_no_unsqueeze(q, k, cos, sin):
-    return (q * cos + rope.rotate_half(q) * sin).to(q.dtype), (k * cos + rope.rotate_half(k) * sin).to(k.dtype)
+    return (q * cos + _rotate_half(q) * sin).to(q.dtype), (k * cos + _rotate_half(k) * sin).to(k.dtype)
 
 
 def apply_swapped_tables(q, k, cos, sin):
-    return rope.apply_rotary_pos_emb(q, k, sin, cos)
+    return _apply_rotary(q, k, sin, cos)
 
 
 def apply_in_place(q, k, cos, sin):
-    q_rot, k_rot = rope.apply_rotary_pos_emb(q, k, cos, sin)
+    q_rot, k_rot = _apply_rotary(q, k, cos, sin)
     q.copy_(q_rot)
     return q, k_rot
 
 
 def apply_returns_one(q, k, cos, sin):
-    return rope.apply_rotary_pos_emb(q, k, cos, sin)[0]
+    return _apply_rotary(q, k, cos, sin)[0]
 
 
 def precompute_draft(dim, end, base):  # the chapter's draft, unchanged
@@ -246,14 +258,14 @@ def precompute_draft_layout_fixed(dim, end, base):  # the draft with its layout 
 
 
 def apply_heads_axis(q, k, cos, sin):  # the tables broadcast against the heads axis: runs when seq == heads
-    return ((q * cos[None] + rope.rotate_half(q) * sin[None]).to(q.dtype),
-            (k * cos[None] + rope.rotate_half(k) * sin[None]).to(k.dtype))
+    return ((q * cos[None] + _rotate_half(q) * sin[None]).to(q.dtype),
+            (k * cos[None] + _rotate_half(k) * sin[None]).to(k.dtype))
 
 
 def apply_heads_axis_guarded(q, k, cos, sin):  # the same mistake, where it runs at all
     if q.shape[1] == q.shape[2] == k.shape[2]:
         return apply_heads_axis(q, k, cos, sin)
-    return rope.apply_rotary_pos_emb(q, k, cos, sin)
+    return _apply_rotary(q, k, cos, sin)
 
 
 def ramp_float64(*args):
@@ -436,3 +448,85 @@ def test_to_half_split_mistakes_are_named(wrong, message):
     text = str(err.value)
     assert message in text, text
     assert text.startswith("[Exercise 2.5") and "hint:" in text
+
+
+# --------------------------------------------------------------------------- issue 44, second probe: planted mistakes
+def _probe_index(dim, base, original_max, turns):
+    return dim * math.log(original_max / (2 * math.pi * turns)) / (2 * math.log(base))
+
+
+def ramp_no_guard(dim, base, original_max, beta_fast, beta_slow):  # 0 / 0 where the two ends meet
+    low = max(math.floor(_probe_index(dim, base, original_max, beta_fast)), 0)
+    high = min(math.ceil(_probe_index(dim, base, original_max, beta_slow)), dim // 2 - 1)
+    return ((torch.arange(dim // 2).float() - low) / (high - low)).clamp(0, 1)
+
+
+def ramp_betas_swapped(dim, base, original_max, beta_fast, beta_slow):  # the probe's version of the swap
+    low = max(math.floor(_probe_index(dim, base, original_max, beta_slow)), 0)
+    high = min(math.ceil(_probe_index(dim, base, original_max, beta_fast)), dim // 2 - 1)
+    if high == low:
+        high += 0.001
+    return ((torch.arange(dim // 2).float() - low) / (high - low)).clamp(0, 1)
+
+
+@pytest.mark.parametrize("check_fn, wrong, message", [
+    (ch02.check_rotate_half, rope.rotate_half, "Exercise 2.1 asks you to build this without minimind_ref.rope.rotate_half"),
+    (ch02.check_rotate_half, lambda x: rope.rotate_half(x), "without minimind_ref.rope.rotate_half"),
+    (ch02.check_precompute_freqs_cis, lambda d, e, b: rope.precompute_freqs_cis(d, e, b),
+     "Exercise 2.2 asks you to build this without minimind_ref.rope.precompute_freqs_cis"),
+    (ch02.check_precompute_freqs_cis, lambda d, e, b: tables_from(rope.rope_frequencies(d, b), e),
+     "Exercise 2.2 asks you to build this without minimind_ref.rope.rope_frequencies"),
+    (ch02.check_apply_rotary_pos_emb, rope.apply_rotary_pos_emb,
+     "Exercise 2.3 asks you to build this without minimind_ref.rope.apply_rotary_pos_emb"),
+    (ch02.check_yarn_ramp, rope.yarn_ramp, "Exercise 2.4 asks you to build this without minimind_ref.rope.yarn_ramp"),
+    (ch02.check_yarn_ramp, ramp_no_guard, "this looks like the distance between the two ends used as the divisor where "
+     "the ends meet"),
+    (ch02.check_yarn_ramp, ramp_no_guard, "the exercise says what the ramp is where its two ends meet"),
+    (ch02.check_yarn_ramp, ramp_betas_swapped, "this looks like beta_fast and beta_slow swapped"),
+], ids=["rotate_half itself", "rotate_half wrapped", "precompute", "rope_frequencies", "apply", "yarn_ramp",
+        "ends meet", "ends meet hint", "betas swapped"])
+def test_ch02_names_the_probes_mistakes(check_fn, wrong, message):
+    text = str(pytest.raises(ExerciseError, check_fn, wrong).value)
+    assert message in text, text
+
+
+def test_ch02_refuses_the_reference_imported_by_name_at_a_notebooks_top_level():
+    namespace = {}
+    exec("from minimind_ref.rope import apply_rotary_pos_emb as apply_ref\n"
+         "def apply_rotary_pos_emb(q, k, cos, sin):\n    return apply_ref(q, k, cos, sin)\n", namespace)
+    text = str(pytest.raises(ExerciseError, ch02.check_apply_rotary_pos_emb, namespace["apply_rotary_pos_emb"]).value)
+    assert "without minimind_ref.rope.apply_rotary_pos_emb" in text, text
+    q = torch.randn(1, 2, 1, 4)
+    cos, sin = rope.precompute_freqs_cis(4, 2)
+    torch.testing.assert_close(namespace["apply_ref"](q, q, cos, sin)[0], _apply_rotary(q, q, cos, sin)[0])
+
+
+def test_the_ramp_where_the_ends_meet_is_the_step_the_exercise_describes():
+    assert rope.yarn_ramp(64, 1e6, 160_000_000, 32, 1).eq(0).all()
+    assert rope.yarn_ramp(32, 1e4, 64, 64, 16).tolist() == [0.0] + [1.0] * 15
+
+
+def test_ch02_names_the_probes_generic_ones():
+    def chunk_dim0(x):
+        x1, x2 = x.chunk(2, dim=0)
+        return torch.cat([-x2, x1], dim=0)
+
+    def cat_dim0(x):
+        h = x.shape[-1] // 2
+        return torch.cat([-x[..., h:], x[..., :h]], dim=0)
+
+    def columns_permuted(weights, head_dim):
+        perm = torch.cat([torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)])
+        out = {k: v.clone() for k, v in weights.items()}
+        for key in ("q_proj.weight", "k_proj.weight"):
+            w = weights[key]
+            out[key] = w.reshape(w.shape[0], -1, head_dim)[:, :, perm].reshape(w.shape).clone()
+        return out
+
+    for check, fn, message in [
+        (ch02.check_rotate_half, chunk_dim0, "this looks like the halves taken along the first dimension"),
+        (ch02.check_rotate_half, cat_dim0, "this looks like the two halves joined along the first dimension"),
+        (ch02.check_to_half_split, columns_permuted, "this looks like the columns of q_proj and k_proj permuted"),
+    ]:
+        text = str(pytest.raises(AssertionError, check, fn).value)
+        assert message in text, text

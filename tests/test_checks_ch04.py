@@ -55,12 +55,10 @@ def stub(*args, **kwargs):
 # ----------------------------------------------------------------------------- passes
 @pytest.mark.parametrize("check, fn", [
     (ch04.check_silu, silu),
-    (ch04.check_silu, F.silu),
     (ch04.check_silu_grad, silu_grad),
     (ch04.check_swiglu_ffn, swiglu_ffn),
     (ch04.check_swiglu_ffn, lambda x, g, u, d: (F.silu(x @ g.T) * (x @ u.T)) @ d.T),
     (ch04.check_intermediate_size, intermediate_size),
-    (ch04.check_intermediate_size, default_intermediate_size),
     (ch04.check_intermediate_size, lambda h: -(-(8 * h // 3) // 64) * 64),
     (ch04.check_minimind3_ffn, minimind3_ffn),
     (ch04.check_minimind3_ffn, lambda h, n: (int(-(-h * math.pi // 64)) * 64, 3 * h * n * int(-(-h * math.pi // 64)) * 64)),
@@ -117,7 +115,7 @@ WRONG = [
     (ch04.check_silu, lambda x: (x * torch.sigmoid(x)).float(), "dtype mismatch: expected torch.float64, got torch.float32"),
     (ch04.check_silu, _inplace_silu, "changed its input (argument 1) in place"),
     (ch04.check_silu, lambda x: (x * torch.sigmoid(x)).tolist(), "expected a torch.Tensor"),
-    (ch04.check_silu, _silu_exp_form, "this looks like x / (1 + exp(-x)), whose gradient at x = -100 is inf / inf = NaN"),
+    (ch04.check_silu, _silu_exp_form, "this looks like the draft's x / (1 + exp(-x)), whose gradient at x = -90 is NaN"),
     (ch04.check_silu, _silu_exp_form, "the gradient autograd computes through your silu"),
     (ch04.check_silu, _silu_detached, "does not depend on x through autograd"),
     # gradient: forgetting the product rule, the sigmoid's own derivative, the function itself
@@ -144,7 +142,7 @@ WRONG = [
     (ch04.check_swiglu_ffn, lambda x, g, u, d: F.silu(F.linear(x, g)) * F.linear(x, u), "this looks like the down projection left out"),
     (ch04.check_swiglu_ffn, lambda x, g, u, d: (F.silu(x @ g) * (x @ u)) @ d, "mat1 and mat2 shapes cannot be multiplied"),
     (ch04.check_swiglu_ffn, lambda x, g, u, d: (F.silu(x @ g) * (x @ u)) @ d, "(on x (2, 5, 32), w_gate and w_up (96, 32)"),
-    (ch04.check_swiglu_ffn, lambda x, g, u, d: (F.silu(x @ g) * (x @ u)) @ d, "which product gives [..., intermediate]"),
+    (ch04.check_swiglu_ffn, lambda x, g, u, d: (F.silu(x @ g) * (x @ u)) @ d, "print the shapes of x and of w_gate"),
     (ch04.check_swiglu_ffn, _swiglu_in_place, "changed its input (argument 2) in place"),
     # intermediate size: rounding down, to nearest, not at all, a float, 4x, Llama's 256
     (ch04.check_intermediate_size, lambda h: 64 * math.floor(int(8 * h / 3) / 64), "this looks like rounding down"),
@@ -156,8 +154,9 @@ WRONG = [
     (ch04.check_intermediate_size, lambda h: 64 * math.ceil(4 * h / 3 / 64), "this looks like parity with the two matrices"),
     (ch04.check_intermediate_size, lambda h: 64 * math.ceil(4 * h / 64), "this looks like parity solved for three matrices"),
     # issue 44: the package's rules do not pass the check (the exercise derives the width)
-    (ch04.check_intermediate_size, lambda h: mm.MiniMindConfig(hidden_size=h).intermediate_size, "raised WidthRuleHidden"),
-    (ch04.check_intermediate_size, lambda h: mm.config.default_intermediate_size(h), "asks you to derive the width"),
+    (ch04.check_intermediate_size, lambda h: mm.MiniMindConfig(hidden_size=h).intermediate_size,
+     "Exercise 4.4 asks you to build this without minimind_ref's width rules"),
+    (ch04.check_intermediate_size, lambda h: mm.config.default_intermediate_size(h), "derive the width, as the exercise asks"),
     (ch04.check_intermediate_size, lambda h: 64 * (int(8 * h / 3) // 64 + 1), "one multiple of 64 too many"),
     # minimind-3's width and FFN parameters (4.5): the width rule, then the count
     (ch04.check_minimind3_ffn, _pi_ffn(lambda h: math.floor(h * math.pi / 64) * 64), "this looks like rounding h times pi down"),
@@ -181,9 +180,10 @@ WRONG = [
     (ch04.check_minimind3_ffn, _pi_ffn(lambda h: math.ceil(h * 3.142 / 64) * 64), "this looks like pi approximated as 3.142"),
     (ch04.check_minimind3_ffn, _pi_ffn(lambda h: math.ceil(h * 3.1416 / 64) * 64), "this looks like pi approximated as 3.1416"),
     # issue 44: WIDTH_RULES["minimind-3"] (imported by the chapter's setup cell) passed without deriving anything
-    (ch04.check_minimind3_ffn, _pi_ffn(lambda h: mm.config.WIDTH_RULES["minimind-3"](h)), "raised WidthRuleHidden"),
+    (ch04.check_minimind3_ffn, _pi_ffn(lambda h: mm.config.WIDTH_RULES["minimind-3"](h)),
+     "Exercise 4.5 asks you to build this without minimind_ref's width rules"),
     (ch04.check_minimind3_ffn, _pi_ffn(lambda h: mm.MiniMindConfig(generation="minimind-3", hidden_size=h).intermediate_size),
-     "asks you to derive the width"),
+     "derive the width, as the exercise asks"),
     (ch04.check_minimind3_ffn, _pi_ffn(lambda h: math.ceil(h * 22 / 7 / 64) * 64), "this looks like pi approximated as 22/7"),
     (ch04.check_minimind3_ffn, _pi_ffn(lambda h: math.ceil(h * math.pi / 64) * 64.0), "expected an int (intermediate_size), got float"),
     (ch04.check_minimind3_ffn, _pi_ffn(_PI, lambda h, m, n: 2 * h * m * n), "this looks like two matrices per layer"),
@@ -229,3 +229,97 @@ def test_width_rules_come_back_after_a_check():
     assert config.WIDTH_RULES == rules
     assert config.default_intermediate_size(512) == 1408 and config.minimind3_intermediate_size(768) == 2432
     assert mm.MiniMindConfig(generation="minimind-3", hidden_size=768).intermediate_size == 2432
+
+
+
+# ----------------------------------------------------------------------------- issue 44, second probe: planted mistakes
+def _silu_exp_up(x):  # NaN value at +100 (e^100 overflows)
+    return x * torch.exp(x) / (1 + torch.exp(x))
+
+
+def _silu_two_branch(x):  # the "stable" two-branch form: the branch torch.where does not pick still overflows
+    return torch.where(x >= 0, x / (1 + torch.exp(-x)), x * torch.exp(x) / (1 + torch.exp(x)))
+
+
+def _swiglu_draft(x, g, u, d):  # the notebook's draft: section 3's formula as for one column vector
+    return d @ (F.silu(g @ x) * (u @ x))
+
+
+def _swiglu_draft_batched(x, g, u, d):  # the draft, made to run on batches by moving the token axis: still wrong
+    if x.dim() == 1:
+        return _swiglu_draft(x, g, u, d)
+    return _swiglu_draft(x.reshape(-1, x.shape[-1]).T, g, u, d).T.reshape(*x.shape[:-1], d.shape[0])
+
+
+PROBE = [
+    (ch04.check_silu, _silu_exp_up, "this looks like the sigmoid written with e^x over 1 + e^x"),
+    (ch04.check_silu, _silu_two_branch, "print each intermediate result of both branches at x = -90 and x = 90"),
+    (ch04.check_silu, F.silu, "Exercise 4.1 asks you to build this without torch.nn.functional.silu"),
+    (ch04.check_silu, lambda x: F.silu(x), "without torch.nn.functional.silu"),
+    (ch04.check_silu, torch.nn.SiLU(), "without torch.nn.SiLU"),
+    (ch04.check_silu_grad, lambda x: torch.autograd.grad(F.silu(x.detach().requires_grad_()).sum(), x)[0],
+     "Exercise 4.2 asks you to build this without autograd"),
+    (ch04.check_silu_grad, _dsilu_backward := (lambda x: (lambda xr: (F.silu(xr).sum().backward(), xr.grad)[1])(
+        x.detach().clone().requires_grad_())), "without autograd"),
+    (ch04.check_swiglu_ffn, _swiglu_draft, "raised RuntimeError"),
+    (ch04.check_swiglu_ffn, lambda x, g, u, d: _swiglu_draft(x.T, g, u, d).T if x.dim() == 2 else _swiglu_draft(x, g, u, d),
+     "raised RuntimeError"),
+    (ch04.check_swiglu_ffn, lambda x, g, u, d: mm.FeedForward(mm.MiniMindConfig(
+        hidden_size=g.shape[1], intermediate_size=g.shape[0], num_attention_heads=4, num_key_value_heads=2,
+        num_hidden_layers=1, vocab_size=8))(x), "Exercise 4.3 asks you to build this without minimind_ref.FeedForward"),
+]
+
+
+@pytest.mark.parametrize("check, fn, message", PROBE, ids=[f"{c.__name__}-{m[:40]}" for c, _, m in PROBE])
+def test_ch04_names_the_probes_mistakes(check, fn, message):
+    text = str(pytest.raises(AssertionError, check, fn).value)
+    assert message in text, text
+
+
+def test_swiglu_names_weights_applied_from_the_left_where_they_run():
+    def left_where_square(x, g, u, d):  # w @ x where the shapes allow it, the right answer elsewhere
+        if x.dim() == 2 and x.shape[0] == x.shape[1]:
+            return _swiglu_draft(x, g, u, d)
+        return swiglu_ffn(x, g, u, d)
+    text = str(pytest.raises(AssertionError, ch04.check_swiglu_ffn, left_where_square).value)
+    assert "this looks like the weights applied from the left, as to one column vector" in text, text
+
+
+def test_width_rules_imported_by_name_at_a_notebooks_top_level_are_switched_off():
+    """The probe's bypass: cell 31 of the chapter imports default_intermediate_size by name."""
+    namespace = {}
+    exec("from minimind_ref.config import default_intermediate_size, minimind3_intermediate_size\n"
+         "def intermediate_size(h):\n    return default_intermediate_size(h)\n"
+         "def minimind3_ffn(h, n):\n    m = minimind3_intermediate_size(h)\n    return m, 3 * h * m * n\n", namespace)
+    for check, fn in [(ch04.check_intermediate_size, namespace["intermediate_size"]),
+                      (ch04.check_minimind3_ffn, namespace["minimind3_ffn"])]:
+        text = str(pytest.raises(AssertionError, check, fn).value)
+        assert "without minimind_ref's width rules" in text, text
+    assert namespace["default_intermediate_size"](512) == 1408, "the rule is back after the check"
+
+
+def test_silu_grad_pass_message_does_not_print_the_formula(capsys):
+    ch04.check_silu_grad(silu_grad)
+    out = capsys.readouterr().out
+    assert "(1 - s)" not in out and "1 + x" not in out, out
+
+
+def test_ch04_names_the_probes_generic_ones():
+    for check, fn, message in [
+        (ch04.check_silu, _silu_two_branch, "this looks like two formulas joined by torch.where"),
+        (ch04.check_silu_grad, lambda x: x * torch.sigmoid(x) * (1 - torch.sigmoid(x)),
+         "this looks like the product rule's first term left out"),
+        (ch04.check_silu_grad, lambda x: torch.sigmoid(x) * (1 - x * (1 - torch.sigmoid(x))),
+         "this looks like the sign of the product rule's second term flipped"),
+        (ch04.check_swiglu_ffn, lambda x, g, u, d: (F.silu(x @ g) * (x @ u)) @ d,
+         "this looks like the weights multiplied as if stored [in_features, out_features]"),
+        (ch04.check_swiglu_ffn, lambda x, g, u, d: (F.silu(x @ g.T) * (x @ u.T)) @ d,
+         "this looks like w_down multiplied as if stored [in_features, out_features]"),
+        (ch04.check_swiglu_ffn, _swiglu_draft, "this looks like the weights applied from the left"),
+        (ch04.check_swiglu_ffn, lambda x, g, u, d: (d @ (F.silu(g @ x.T) * (u @ x.T))).T,
+         "this looks like x turned with .T to apply the weights from the left"),
+        (ch04.check_intermediate_size, lambda h: 64 * math.ceil(8 * h / 3) // 64,
+         "this looks like eight thirds of the width rounded up to a whole number"),
+    ]:
+        text = str(pytest.raises(AssertionError, check, fn).value)
+        assert message in text, text

@@ -374,3 +374,86 @@ def test_check_close_says_nan_in_the_exercises_words(exercise_0_97):
         check_close(torch.tensor([1.0, 3.0]), torch.tensor([1.0, 2.0]), name=exercise_0_97, nan=nan)
     assert "NaN" not in str(err.value)
     check_close(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0]), name=exercise_0_97, nan=nan)
+
+
+# ------------------------------------------------------------------ shortcuts switched off (core.refused)
+def test_refused_switches_a_library_call_off_everywhere_and_puts_it_back():
+    import sys
+
+    import torch.nn.functional as F
+
+    from minimind_ref.checks import core
+
+    namespace = {"torch": torch, "F": F}
+    exec("from torch import softmax as imported_softmax\n"
+         "def by_module(x): return torch.softmax(x, -1)\n"
+         "def by_method(x): return x.softmax(-1)\n"
+         "def by_functional(x): return F.softmax(x, -1)\n"
+         "def by_name(x): return imported_softmax(x, -1)\n", namespace)
+    shortcuts = [core.Shortcut("torch.softmax", (torch, "softmax"), (torch.Tensor, "softmax"), (F, "softmax"))]
+    for fn in ["by_module", "by_method", "by_functional", "by_name"]:
+        with pytest.raises(ExerciseError) as err:
+            with core.refused("Exercise 0.5 softmax", namespace[fn], shortcuts, "build it from exponentials"):
+                call(namespace[fn], torch.zeros(3), name="Exercise 0.5 softmax")
+        text = str(err.value)
+        assert text.startswith("[Exercise 0.5 softmax] Exercise 0.5 asks you to build this without torch.softmax"), text
+        assert "hint: build it from exponentials" in text, text
+    with pytest.raises(ExerciseError, match="without torch.softmax"):  # the library function itself, passed as fn
+        with core.refused("Exercise 0.5 softmax", torch.softmax, shortcuts):
+            torch.softmax(torch.zeros(2), -1)
+    x = torch.zeros(2)
+    assert torch.equal(torch.softmax(x, -1), x.softmax(-1)) and torch.equal(namespace["by_name"](x), F.softmax(x, -1))
+    assert "softmax" not in vars(torch.Tensor), "a method set on the class only for the block is removed again"
+    assert namespace["imported_softmax"] is torch.softmax
+    assert sys.modules["torch"].softmax is torch.softmax
+
+
+def test_refused_reaches_a_python_function_bound_under_any_name():
+    from minimind_ref import config
+    from minimind_ref.checks import core
+
+    rules = {"8/3": config.default_intermediate_size}  # a name bound in a dict before the block, as WIDTH_RULES is
+    shortcut = core.Shortcut("the width rule", (config, "default_intermediate_size"))
+    with pytest.raises(ExerciseError, match="without the width rule"):
+        with core.refused("Exercise 0.6 width", rules["8/3"], [shortcut]):
+            pass
+    with pytest.raises(ExerciseError, match="without the width rule"):
+        with core.refused("Exercise 0.6 width", lambda h: rules["8/3"](h), [shortcut]):
+            rules["8/3"](512)
+    assert rules["8/3"](512) == 1408 and config.default_intermediate_size(512) == 1408
+
+
+def test_refused_refuses_a_subclass_calling_the_refused_method():
+    from minimind_ref import RMSNorm
+    from minimind_ref.checks import core
+
+    class Wrapped(RMSNorm):
+        def forward(self, x):
+            return super().forward(x)
+
+    layer = Wrapped(4)
+    with pytest.raises(ExerciseError, match="without minimind_ref.RMSNorm"):
+        with core.refused("Exercise 0.7 norm", layer, [core.Shortcut("minimind_ref.RMSNorm", (RMSNorm, "forward"))]):
+            layer(torch.ones(2, 4))
+    assert torch.allclose(layer(torch.ones(2, 4)), torch.ones(2, 4), atol=1e-4)
+
+
+def test_shortcut_needs_places():
+    from minimind_ref.checks import core
+
+    with pytest.raises(ValueError, match="give one or more"):
+        core.Shortcut("nothing")
+
+
+def test_a_named_mistake_gets_its_own_hint():
+    expected = torch.zeros(3)
+    with pytest.raises(ExerciseError) as err:
+        check_close(torch.ones(3), expected, name="Exercise 0.8", hint="the general hint",
+                    mistakes={"ones instead of zeros": torch.ones(3)},
+                    mistake_hints={"ones instead of zeros": "the hint about ones"})
+    assert "this looks like ones instead of zeros" in str(err.value) and "hint: the hint about ones" in str(err.value)
+    with pytest.raises(ExerciseError) as err:
+        check_close(torch.full((3,), 2.0), expected, name="Exercise 0.8", hint="the general hint",
+                    mistakes={"ones instead of zeros": torch.ones(3)},
+                    mistake_hints={"ones instead of zeros": "the hint about ones"})
+    assert "hint: the general hint" in str(err.value)

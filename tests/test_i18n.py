@@ -489,13 +489,24 @@ def _weights_unchanged(weights, head_dim):
 
 
 def _qk_attention_without_cache():
-    from minimind_ref.attention import Attention
+    import torch
 
-    class DropsTheCache(Attention):
-        """Right on a prefill; a cache's keys and values are left out."""
+    from minimind_ref.attention import Attention
+    from minimind_ref.checks import ch03
+
+    class DropsTheCache(torch.nn.Module):
+        """Right on a prefill; a cache's keys and values are left out (a layer of its own: the check switches
+        minimind_ref.Attention's forward off while the learner's layer runs)."""
+
+        def __init__(self, config):
+            super().__init__()
+            ref = Attention(config)
+            self.q_proj, self.k_proj, self.v_proj, self.o_proj = ref.q_proj, ref.k_proj, ref.v_proj, ref.o_proj
+            self.q_norm, self.k_norm = ref.q_norm, ref.k_norm
+            self.n_heads, self.n_kv_heads, self.n_rep, self.head_dim = ref.n_heads, ref.n_kv_heads, ref.n_rep, ref.head_dim
 
         def forward(self, x, cos, sin, attention_mask=None, past_key_value=None):
-            return super().forward(x, (cos, sin), None, use_cache=True, attention_mask=attention_mask)
+            return ch03._qk_variant(self, x, cos, sin, attention_mask, None)
 
     return DropsTheCache
 

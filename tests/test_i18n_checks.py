@@ -243,10 +243,11 @@ def test_the_pass_line(capsys):
     assert capsys.readouterr().out == ("✓ Exercise 1.1 rms_norm passed: 3 cases match minimind_ref.RMSNorm (fp32 and bf16)\n"
                                        "✓ Exercise 1.4 count_rmsnorm passed\n")
     i18n.set_language("zh")
-    ch01.check_rms_norm(ch01.reference_rms_norm)
+    ch01.check_rms_norm(lambda x, w, eps=1e-5: w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)))
     passed("Exercise 1.4 count_rmsnorm")
     out = capsys.readouterr().out.splitlines()
-    assert re.fullmatch(r"✓ 练习 1\.1 rms_norm 通过：\d+ 个用例与 minimind_ref\.RMSNorm 一致（fp32 和 bf16）", out[0]), out
+    assert re.fullmatch(r"✓ 练习 1\.1 rms_norm 通过：\d+ 个用例与第 2 节的 RMSNorm 一致（fp32、bf16，以及在 fp16 中计算的 fp16）",
+                        out[0]), out
     assert out[1] == "✓ 练习 1.4 count_rmsnorm 通过"
 
 
@@ -294,7 +295,7 @@ CHAPTERS: Dict[str, Tuple[Callable, Callable, str, str]] = {
     "02": (ch02.check_rotate_half, _rotate_wrong_sign, "this looks like a rotation the other way",
            "转向反了"),
     "03": (ch03.check_scaled_dot_product_attention, _sdpa_unscaled, "this looks like no scaling",
-           "k 和 v (2, 3, 5, 16)，无掩码，head_dim 16"),
+           "k 和 v (2, 3, 7, 16)，无掩码，head_dim 16，5 个查询对 7 个键"),
     "04": (ch04.check_silu, torch.sigmoid, "this looks like the sigmoid alone", "只有 sigmoid（没有乘以 x）"),
     "05": (ch05.check_loss_at_initialization, lambda vocab_size, hidden_size: math.log(vocab_size),
            "this looks like the logits taken as all equal", "把初始化时的 logits 当成全都相等"),

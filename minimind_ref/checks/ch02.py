@@ -26,7 +26,7 @@ import torch
 from .. import rope
 from ..attention import Attention
 from ..config import YARN_ROPE_SCALING
-from .core import call, check, check_close, expect_pair, fail, seeded, solution
+from .core import Shortcut, call, check, check_close, expect_pair, fail, refused, seeded, solution
 
 __all__ = [
     "check_rotate_half",
@@ -57,6 +57,9 @@ def _rotate_mistakes(x: torch.Tensor) -> Dict[str, Callable[[], torch.Tensor]]:
         "neighbours paired (x[2i], x[2i+1]): the interleaved layout of the paper, not MiniMind's half-split one":
             lambda: _interleaved_rotate(x),
         "the input returned unchanged": lambda: x.clone(),
+        "the halves taken along the first dimension instead of the last (a pair is (x[i], x[i + d/2]) along the "
+        "last one)": lambda: torch.cat([-x.chunk(2, dim=0)[1], x.chunk(2, dim=0)[0]], dim=0),
+        "the two halves joined along the first dimension instead of the last": lambda: torch.cat((-x2, x1), dim=0),
     }
 
 
@@ -74,15 +77,20 @@ def check_rotate_half(fn: Callable[[torch.Tensor], torch.Tensor]) -> str:
             "from which member of the pair, and with which sign? rotate_half(x) puts those terms where x has the "
             "members.")
     shapes = [(2,), (8,), (3, 6), (2, 5, 4, 64), (1, 3, 2, 96)]
+    shortcuts = [Shortcut("minimind_ref.rope.rotate_half", (rope, "rotate_half"))]
+    refuse_hint = "derive it from section 3's matrix, as the exercise asks; minimind_ref's is the reference."
     for n, shape in enumerate(shapes):
         x = torch.randn(shape, generator=seeded(100 + n))
         case = f"x of shape {shape}"
-        got = call(fn, x, name=name, case=case, check_inputs=True,
-                   hint="cut the last dimension into its two halves by slicing, and join the pieces along that dimension.")
+        with refused(name, fn, shortcuts, refuse_hint):
+            got = call(fn, x, name=name, case=case, check_inputs=True,
+                       hint="cut the last dimension into its two halves by slicing, and join the pieces along that "
+                            "dimension.")
         check_close(got, rope.rotate_half(x), name=name, case=case, hint=hint,
                     mistakes=_rotate_mistakes(x))
     x = torch.randn(2, 3, 16, generator=seeded(7)).to(torch.bfloat16)
-    got = call(fn, x, name=name, case="a bfloat16 x", check_inputs=True)
+    with refused(name, fn, shortcuts, refuse_hint):
+        got = call(fn, x, name=name, case="a bfloat16 x", check_inputs=True)
     check_close(got, rope.rotate_half(x), name=name, case="a bfloat16 x", mistakes=_rotate_mistakes(x),
                 hint="keep the input's dtype (torch.cat of slices does that).")
     return f"{len(shapes) + 1} shapes/dtypes match minimind_ref.rope.rotate_half"
@@ -163,10 +171,16 @@ def check_precompute_freqs_cis(fn: Callable[..., Any]) -> str:
     hint = ("run rope_properties on your function: each property that fails points at one part of the tables (the "
             "exponent of each pair against section 4's formula, which positions the rows stand for, and which "
             "columns of a row must hold the same angle for a half-split pair).")
+    shortcuts = [Shortcut("minimind_ref.rope.precompute_freqs_cis", (rope, "precompute_freqs_cis")),
+                 Shortcut("minimind_ref.rope.rope_frequencies", (rope, "rope_frequencies")),
+                 Shortcut("minimind_ref.rope.scaled_frequencies", (rope, "scaled_frequencies"))]
+    refuse_hint = ("fix the draft's own lines: the frequencies are one of the things to get right, so compute them "
+                   "with section 4's formula; minimind_ref's tables are the reference.")
     for dim, end, base in _TABLE_CASES:
         case = f"precompute_freqs_cis(dim={dim}, end={end}, rope_base={base:g})"
-        got = call(fn, dim, end, base, name=name, case=case,
-                   hint="the arguments are plain Python numbers: dim and end are ints, rope_base a float.")
+        with refused(name, fn, shortcuts, refuse_hint):
+            got = call(fn, dim, end, base, name=name, case=case,
+                       hint="the arguments are plain Python numbers: dim and end are ints, rope_base a float.")
         cos, sin = expect_pair(got, name, "cos, sin")
         ref_cos, ref_sin = rope.precompute_freqs_cis(dim, end, base)
         # Equivalent formulas for rope_base ** (-2i/dim) differ in the last fp32 bits of a frequency,
@@ -235,7 +249,9 @@ def check_apply_rotary_pos_emb(fn: Callable[..., Any]) -> str:
         cos, sin = rope.precompute_freqs_cis(d, start + s, 1e6)
         cos, sin = cos[start:start + s], sin[start:start + s]
         case = f"q {tuple(q.shape)}, k {tuple(k.shape)}, cos/sin {tuple(cos.shape)} (positions {start}..{start + s - 1}), {dtype}"
-        got = call(fn, q, k, cos, sin, name=name, case=case, hint=crash_hint, check_inputs=True)
+        with refused(name, fn, [Shortcut("minimind_ref.rope.apply_rotary_pos_emb", (rope, "apply_rotary_pos_emb"))],
+                     "write it with your rotate_half, as section 5 rotates one vector; minimind_ref's is the reference."):
+            got = call(fn, q, k, cos, sin, name=name, case=case, hint=crash_hint, check_inputs=True)
         got_q, got_k = expect_pair(got, name, "q_embed, k_embed")
         ref_q, ref_k = rope.apply_rotary_pos_emb(q, k, cos, sin)
         for which, (got_t, ref_t, label) in enumerate(((got_q, ref_q, "q"), (got_k, ref_k, "k"))):
@@ -265,6 +281,8 @@ _RAMP_CASES = [
     (32, 1e4, 64, 32, 1),         # the fast end falls below pair 0: low is clamped to 0
     (16, 1e4, 180_000, 32, 1),    # the slow end falls past the last pair: high is clamped to dim // 2 - 1
     (48, 1e6, 8192, 64, 4),
+    (64, 1e6, 160_000_000, 32, 1),  # both ends past the last pair: they meet at pair 31, the ramp is 0 everywhere
+    (32, 1e4, 64, 64, 16),          # both ends before pair 0: they meet at pair 0, the ramp is 0 there and 1 after
 ]
 
 
@@ -278,8 +296,10 @@ def _ramp_index(dim: int, base: float, original_max: float, turns: float, *, two
 
 def _ramp_variant(dim: int, base: float, original_max: float, beta_fast: float, beta_slow: float, *,
                   two_pi: bool = True, exponent: float = 2.0, rounding: str = "outward", clamp_ends: bool = True,
-                  clamp_ramp: bool = True, reverse: bool = False, swap_betas: bool = False) -> torch.Tensor:
-    """YaRN's ramp with one typical mistake switched in (the defaults are the right answer)."""
+                  clamp_ramp: bool = True, reverse: bool = False, swap_betas: bool = False,
+                  guard: bool = True) -> torch.Tensor:
+    """YaRN's ramp with one typical mistake switched in (the defaults are the right answer; ``guard=False``
+    divides by the distance of the two ends as it is, also where they meet or cross)."""
     if swap_betas:
         beta_fast, beta_slow = beta_slow, beta_fast
     lo_i = _ramp_index(dim, base, original_max, beta_fast, two_pi=two_pi, exponent=exponent)
@@ -288,12 +308,22 @@ def _ramp_variant(dim: int, base: float, original_max: float, beta_fast: float, 
               "nearest": (round(lo_i), round(hi_i)), "none": (lo_i, hi_i)}[rounding]
     if clamp_ends:
         lo, hi = max(lo, 0), min(hi, dim // 2 - 1)
-    ramp = (torch.arange(dim // 2).float() - lo) / max(hi - lo, 0.001)
+    ramp = (torch.arange(dim // 2).float() - lo) / (max(hi - lo, 0.001) if guard else float(hi - lo))
     if clamp_ramp:
         ramp = torch.clamp(ramp, 0, 1)
     return 1 - ramp if reverse else ramp
 
 
+_RAMP_SWAPPED = "beta_fast and beta_slow swapped (beta_fast, the larger number of turns, sets the low end)"
+_RAMP_UNGUARDED = ("the distance between the two ends used as the divisor where the ends meet (it is 0 there, and 0 / 0 "
+                   "is NaN)")
+_RAMP_HINTS = {
+    _RAMP_UNGUARDED: ("the exercise says what the ramp is where its two ends meet or cross: make your division defined "
+                      "there, and check that case's values against that description."),
+    _RAMP_SWAPPED: "which end does a pair that turns many times belong to: the fast one or the slow one?",
+    _RAMP_SWAPPED + ", the ends then crossed": "which end does a pair that turns many times belong to: the fast one or "
+                                               "the slow one?",
+}
 _RAMP_MISTAKES = {
     "the turns of a pair counted in radians (a turn is 2 pi radians)": dict(two_pi=False),
     "the pair index solved from base ** (-i/dim) instead of section 4's frequencies (pair i has the exponent -2i/dim)":
@@ -305,7 +335,9 @@ _RAMP_MISTAKES = {
         dict(clamp_ends=False),
     "the ramp not clamped to [0, 1] outside its two ends": dict(clamp_ramp=False),
     "the ramp reversed (1 for the fast pairs, 0 for the slow ones)": dict(reverse=True),
-    "beta_fast and beta_slow swapped (beta_fast, the larger number of turns, sets the low end)": dict(swap_betas=True),
+    _RAMP_SWAPPED: dict(swap_betas=True, guard=False),
+    _RAMP_SWAPPED + ", the ends then crossed": dict(swap_betas=True),
+    _RAMP_UNGUARDED: dict(guard=False),
 }
 
 
@@ -334,8 +366,13 @@ def check_yarn_ramp(fn: Callable[..., Any]) -> str:
     """``fn(dim, rope_base, original_max, beta_fast, beta_slow)`` must return YaRN's ramp, ``[dim // 2]``
     float32 values in [0, 1], equal to ``minimind_ref.rope.yarn_ramp``: 0 up to the pair index that makes
     ``beta_fast`` turns in ``original_max`` positions (rounded down), 1 from the one that makes ``beta_slow``
-    turns (rounded up), linear in between, the ends clamped to the pairs that exist."""
+    turns (rounded up), linear in between, the ends clamped to the pairs that exist; where the two ends meet (both
+    past the last pair, or both before the first), a step: 0 up to the pair where they meet, 1 after it."""
     name = "Exercise 2.4 yarn_ramp"
+    shortcuts = [Shortcut("minimind_ref.rope.yarn_ramp", (rope, "yarn_ramp")),
+                 Shortcut("minimind_ref.rope.scaled_frequencies", (rope, "scaled_frequencies")),
+                 Shortcut("minimind_ref.rope.precompute_freqs_cis", (rope, "precompute_freqs_cis"))]
+    refuse_hint = "derive the two ends from section 4's frequencies, as the exercise asks; minimind_ref's is the reference."
     hint = ("section 4 gives pair i's frequency and its period: from them, how many turns pair i makes in "
             "original_max positions; set that equal to a number of turns and solve for i. Then the two ends are "
             "whole indices, rounded as section 9 says and kept within the pairs that exist.")
@@ -343,13 +380,15 @@ def check_yarn_ramp(fn: Callable[..., Any]) -> str:
         dim, base, original_max, beta_fast, beta_slow = case
         label = (f"yarn_ramp(dim={dim}, rope_base={base:g}, original_max={original_max}, beta_fast={beta_fast:g}, "
                  f"beta_slow={beta_slow:g})")
-        got = call(fn, dim, base, original_max, beta_fast, beta_slow, name=name, case=label,
-                   hint="the arguments are plain Python numbers; return a tensor of dim // 2 values.")
+        with refused(name, fn, shortcuts, refuse_hint):
+            got = call(fn, dim, base, original_max, beta_fast, beta_slow, name=name, case=label,
+                       hint="the arguments are plain Python numbers; return a tensor of dim // 2 values.")
         expected = rope.yarn_ramp(dim, base, original_max, beta_fast, beta_slow)
         wrong_dtype = isinstance(got, torch.Tensor) and got.dtype != expected.dtype
-        check_close(got, expected, name=name, case=label, mistakes=_ramp_mistakes(case),
+        check_close(got, expected, name=name, case=label, mistakes=_ramp_mistakes(case), mistake_hints=_RAMP_HINTS,
                     hint="the ramp is float32, like the frequencies it scales." if wrong_dtype else hint)
-    return f"{len(_RAMP_CASES)} settings (MiniMind's, other widths, bases and betas, ends clamped) match minimind_ref"
+    return (f"{len(_RAMP_CASES)} settings (MiniMind's, other widths, bases and betas, ends clamped, ends that meet) "
+            "match minimind_ref")
 
 
 # --------------------------------------------------------------------------- 2.5 an interleaved checkpoint
@@ -416,6 +455,8 @@ def _reorder(weights: Dict[str, torch.Tensor], d: int, *, perm: str = "per_head"
         if perm == "whole_matrix":
             rows = w.shape[0]
             out[f"{n}_proj.weight"] = w[torch.cat([torch.arange(0, rows, 2), torch.arange(1, rows, 2)])]
+        elif perm == "columns":
+            out[f"{n}_proj.weight"] = w.reshape(w.shape[0], -1, d)[:, :, order].reshape(w.shape)
         else:
             out[f"{n}_proj.weight"] = w.view(-1, d, w.shape[-1])[:, order].reshape(w.shape)
     for n in ("q", "k"):
@@ -439,6 +480,8 @@ _LAYOUT_MISTAKES = {
     "needs its own permutation)": dict(perm="whole_matrix"),
     "the inverse permutation (each head's rows moved the other way)":
         dict(perm="inverse"),
+    "the columns of q_proj and k_proj permuted instead of their rows (a projection's rows produce the query's and "
+    "key's dimensions)": dict(perm="columns"),
     "only q_proj converted (the keys are rotated too)": dict(names=("q",)),
     "only k_proj converted (the queries are rotated too)": dict(names=("k",)),
     "q_norm and k_norm left as they were (their gains multiply the same dimensions the rows of q_proj and "

@@ -17,6 +17,7 @@ Each check compares the learner's function with PyTorch (``F.scaled_dot_product_
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
@@ -26,7 +27,8 @@ from ..attention import Attention
 from ..attention import repeat_kv as _ref_repeat_kv
 from ..config import MiniMindConfig
 from ..rope import apply_rotary_pos_emb, precompute_freqs_cis
-from .core import Outcome, as_number, call, check, check_close, check_numbers, fail, seeded, solution
+from .core import (Outcome, Shortcut, as_number, call, check, check_close, check_numbers, fail, refused, seeded,
+                   solution)
 
 __all__ = [
     "check_stable_softmax",
@@ -40,16 +42,36 @@ __all__ = [
 
 
 # ----------------------------------------------------------------------------- 3.1 softmax
+_SM_WHOLE = "the maximum of the whole tensor subtracted instead of each row's (rows far below it underflow to 0 / 0)"
+_SM_LAST = "the constant taken along the last dimension whatever dim is (along dim it then differs from row to row)"
+_SM_MIN = "each row's minimum subtracted (the largest exponent can then still overflow)"
+_SM_MEAN = "each row's mean subtracted (the largest exponent can then still overflow)"
+_SM_NONE = "the exponentials taken without subtracting a constant (they overflow to inf, and inf / inf is NaN)"
+_SM_HINTS = {
+    _SM_WHOLE: ("one row's logits may all lie far below another row's: what do its exponentials become, and what is "
+                "its denominator then? The constant is chosen per row."),
+    _SM_LAST: "the case asks for a softmax along dim=0: along which dimension must each constant be taken?",
+    _SM_MIN: ("run yours on the check's row [-1000, 0, 100, 1000]: which exponent is then the largest, and does it "
+              "fit in float32 (section 2 printed the limit)?"),
+    _SM_MEAN: ("run yours on a row whose logits are spread over thousands: which exponent is then the largest, and does "
+               "it fit in float32 (section 2 printed the limit)?"),
+    _SM_NONE: "section 2 shows why a constant can be taken out of the logits: the check's rows of ±1000 need one.",
+}
+_SM_DTYPE = ("the result keeps x's dtype (the attention that follows runs in it): if a step computes in another dtype, "
+             "come back to x's at the end.")
+
+
 def _softmax_mistakes(x: torch.Tensor, dim: int) -> Dict[str, Callable[[], torch.Tensor]]:
     def normalise(e: torch.Tensor, d: int) -> torch.Tensor:
         return e / e.sum(d, keepdim=True)
 
     other = 0 if (dim % x.dim()) != 0 else x.dim() - 1
     return {
-        "the exponentials taken without subtracting the maximum (they overflow to inf, and inf / inf is NaN)":
-            lambda: normalise(torch.exp(x), dim),
-        "the maximum of the whole tensor subtracted instead of each row's (rows far below it underflow to 0 / 0)":
-            lambda: normalise(torch.exp(x - x.max()), dim),
+        _SM_NONE: lambda: normalise(torch.exp(x), dim),
+        _SM_WHOLE: lambda: normalise(torch.exp(x - x.max()), dim),
+        _SM_LAST: lambda: normalise(torch.exp(x - x.max(-1, keepdim=True).values), dim),
+        _SM_MIN: lambda: normalise(torch.exp(x - x.min(dim, keepdim=True).values), dim),
+        _SM_MEAN: lambda: normalise(torch.exp(x - x.mean(dim, keepdim=True)), dim),
         f"a softmax over dimension {other} instead of dim={dim}":
             lambda: normalise(torch.exp(x - x.max(other, keepdim=True).values), other),
         "normalised by the sum over the whole tensor instead of along dim":
@@ -59,40 +81,87 @@ def _softmax_mistakes(x: torch.Tensor, dim: int) -> Dict[str, Callable[[], torch
     }
 
 
+def _softmax_shortcuts() -> list:
+    import torch.nn.functional as F_
+
+    return [Shortcut("torch.softmax", (torch, "softmax"), (torch.Tensor, "softmax"), (F_, "softmax"),
+                     (torch.special, "softmax"), (torch.nn.Softmax, "forward")),
+            Shortcut("torch.log_softmax", (torch, "log_softmax"), (torch.Tensor, "log_softmax"), (F_, "log_softmax"),
+                     (torch.special, "log_softmax"), (torch.nn.LogSoftmax, "forward"))]
+
+
 solution("3.1", "e = torch.exp(x - x.max(dim=dim, keepdim=True).values); return e / e.sum(dim=dim, keepdim=True)")
 
 
 @check("Exercise 3.1 stable_softmax", shown=True,
        why="one entry of a softmax of random logits, whose entries the message does not show")
 def check_stable_softmax(fn: Callable[..., torch.Tensor]) -> str:
-    """``fn(x, dim=-1)`` must equal ``torch.softmax(x, dim)``, also for logits in the thousands,
-    and leave ``x`` unchanged."""
+    """``fn(x, dim=-1)`` must equal ``torch.softmax(x, dim)``, also for logits in the thousands, in x's dtype
+    (float32, float16, bfloat16), and leave ``x`` unchanged; torch's softmax and log_softmax are switched off while
+    ``fn`` runs."""
     name = "Exercise 3.1 stable_softmax"
-    hint = ("section 2 shows why any constant can be taken out of the logits without changing the result; choose one "
-            "that leaves no exponent above 0 and one exponent at exactly 0, take it along dim, row by row, and keep "
-            "the -inf entries' weight at 0.")
+    hint = ("section 2 shows why a constant can be taken out of the logits without changing the result; the check's "
+            "rows of ±1000 show what the constant must prevent: an exponent that overflows, and a denominator that "
+            "underflows to 0. Compare your constant with the case the check names.")
     crash = ("dim may be any axis (0, -1, ...): reduce along it and keep the reduced dimension (the reductions have an "
              "argument for it), so the result broadcasts against x.")
+    refuse_hint = "build it from exponentials and a sum, as section 2 writes the softmax."
     g = seeded(301)
     big = torch.tensor([[1000.0, 1001.0, 1002.0], [-1000.0, -1001.0, -1002.0], [88.0, 89.0, 90.0]])
     masked = torch.randn(3, 5, generator=g)
     masked[0, 3:] = float("-inf")
     masked[2, :4] = float("-inf")
+    spread = torch.tensor([[-1000.0, 0.0, 100.0, 1000.0], [5.0, -2.0, 1.0, 0.5]])
     cases = [
         ("random logits [4, 7], dim=-1", torch.randn(4, 7, generator=g) * 3, -1),
         ("random logits [5, 3], dim=0", torch.randn(5, 3, generator=g) * 3, 0),
         ("a batch of rows [2, 3, 6], dim=-1", torch.randn(2, 3, 6, generator=g), -1),
         ("logits [[1000, 1001, 1002], [-1000, -1001, -1002], [88, 89, 90]], dim=-1", big, -1),
+        ("logits spread over thousands [[-1000, 0, 100, 1000], [5, -2, 1, 0.5]], dim=-1", spread, -1),
         ("rows with -inf entries (as a mask makes them), dim=-1", masked, -1),
+        ("float16 logits [3, 8], dim=-1", (torch.randn(3, 8, generator=g) * 2).half(), -1),
+        ("bfloat16 logits [2, 3, 5], dim=1", (torch.randn(2, 3, 5, generator=g) * 2).bfloat16(), 1),
     ]
+    # a softmax computed in float16 or bfloat16 itself (x - c rounded, then its exponential) differs from torch's,
+    # which computes in float32 inside, by a few of the dtype's roundings: the tolerance allows that, the dtype is exact
+    tolerances = {torch.float16: 1e-2, torch.bfloat16: 5e-2}
     for label, x, dim in cases:
-        got = call(fn, x, dim=dim, name=name, case=label, hint=crash, check_inputs=True)
-        check_close(got, torch.softmax(x, dim=dim), name=name, case=label, hint=hint,
-                    mistakes=_softmax_mistakes(x, dim))
-    return "matches torch.softmax, no overflow at logits of 1000"
+        no_keepdim = {"the constant taken without keeping the reduced dimension":
+                      lambda x=x, dim=dim: torch.exp(x - x.max(dim).values)}
+        with refused(name, fn, _softmax_shortcuts(), refuse_hint):
+            got = call(fn, x, dim=dim, name=name, case=label, hint=crash, check_inputs=True, crash_mistakes=no_keepdim)
+        expected = torch.softmax(x, dim=dim)
+        tol = tolerances.get(x.dtype)
+        wrong_dtype = isinstance(got, torch.Tensor) and got.dtype != expected.dtype
+        check_close(got, expected, name=name, case=label, hint=_SM_DTYPE if wrong_dtype else hint, rtol=tol, atol=tol,
+                    mistakes=_softmax_mistakes(x, dim), mistake_hints=_SM_HINTS)
+    return "matches torch.softmax along any dim, in x's dtype, no overflow at logits in the thousands"
 
 
 # ----------------------------------------------------------------------------- 3.2 SDPA
+_SDPA_TRANSPOSED = "the keys transposed on other axes than their last two (a batch of heads has more than two axes)"
+
+
+_SDPA_QUERIES = "scores divided by the square root of the number of queries instead of head_dim"
+_SDPA_KEYS = "scores divided by the square root of the number of keys instead of head_dim"
+_SDPA_MASK_FIRST = "the mask added before the scaling (the scaling then divides the mask too)"
+_SDPA_DRAFT = "the draft's scaling and mask both still there"
+_SDPA_HINTS = {
+    _SDPA_QUERIES: ("section 3 found what the scores are divided by: which number of the draft stands for it, and is it "
+                    "the same number when the queries are not as many as the head is wide?"),
+    _SDPA_KEYS: ("section 3 found what the scores are divided by: which size of q, k or v is it, whatever the number "
+                 "of queries and keys?"),
+    _SDPA_MASK_FIRST: ("a mask is a bias on the scores: try one of small finite numbers against "
+                       "F.scaled_dot_product_attention, adding it before and after the scaling."),
+    _SDPA_TRANSPOSED: ("print the shape of what your code multiplies q with, for this case: which two axes of the keys "
+                       "must trade places, whatever comes before them?"),
+    _SDPA_DRAFT: ("two inputs show the draft's two remaining mistakes: fewer queries than the head is wide, and a mask "
+                  "of small finite numbers; try each against F.scaled_dot_product_attention."),
+    "the softmax over the query axis (dim=-2) instead of the key axis":
+        "each query's weights are a distribution over the keys: along which axis of the scores do the keys lie?",
+}
+
+
 def _sdpa_mistakes(q, k, v, mask) -> Dict[str, Callable[[], torch.Tensor]]:
     d = q.shape[-1]
     scores = q @ k.transpose(-2, -1)
@@ -103,13 +172,23 @@ def _sdpa_mistakes(q, k, v, mask) -> Dict[str, Callable[[], torch.Tensor]]:
         "scores divided by head_dim instead of by its square root": lambda: torch.softmax(scores / d + add, -1) @ v,
         "scores multiplied by the square root of head_dim instead of divided by it":
             lambda: torch.softmax(scores * math.sqrt(d) + add, -1) @ v,
+        _SDPA_QUERIES: lambda: torch.softmax(scores / math.sqrt(q.shape[-2]) + add, -1) @ v,
+        _SDPA_KEYS: lambda: torch.softmax(scores / math.sqrt(k.shape[-2]) + add, -1) @ v,
+        _SDPA_MASK_FIRST: lambda: torch.softmax((scores + add) / math.sqrt(d), -1) @ v,
+        _SDPA_DRAFT: lambda: torch.softmax((scores + add) / math.sqrt(q.shape[-2]), -1) @ v,
         "the softmax over the query axis (dim=-2) instead of the key axis":
             lambda: torch.softmax(scores / math.sqrt(d) + add, -2) @ v,
         "the mask ignored": lambda: torch.softmax(scores / math.sqrt(d), -1) @ v,
         "the mask added after the softmax": lambda: (torch.softmax(scores / math.sqrt(d), -1) + add) @ v,
-        "the mask added before the scaling (the mask is added to the scaled scores)": lambda: torch.softmax((scores + add) / math.sqrt(d), -1) @ v,
+        "the mask applied to the weights after the softmax (the hidden keys zeroed, the others not renormalized)":
+            lambda: (torch.softmax(scores / math.sqrt(d), -1) * (add == 0)) @ v,
         "the attention weights returned instead of the weighted sum of the values": lambda: torch.softmax(scores / math.sqrt(d) + add, -1),
     }
+
+
+def _sdpa_crashes(q, k, v) -> Dict[str, list]:
+    """The mistakes of Exercise 3.2 that crash on these inputs, to name a crash by the error it raises."""
+    return {_SDPA_TRANSPOSED: [lambda: q @ k.T, lambda: q @ k.transpose(1, 2), lambda: q @ k.transpose(0, 1)]}
 
 
 solution("3.2", "scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]); if mask is not None: scores = scores + mask; "
@@ -120,18 +199,26 @@ solution("3.2", "scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]); if m
        why="one entry of attention over random tensors, whose entries the message does not show")
 def check_scaled_dot_product_attention(fn: Callable[..., torch.Tensor]) -> str:
     """``fn(q, k, v, mask=None)`` must equal ``F.scaled_dot_product_attention(q, k, v, attn_mask=mask)``
-    for an additive float mask (0 = visible, -inf = hidden)."""
+    for an additive float mask (0 = visible, -inf = hidden, other values a bias on the scores), with any leading
+    axes and fewer queries than keys; PyTorch's fused attention is switched off while ``fn`` runs."""
     name = "Exercise 3.2 scaled_dot_product_attention"
-    hint = ("compare with the formula of section 1 and the scaling of section 3: which scores, scaled by what, where "
-            "the mask enters, along which axis the softmax runs, and what it weights.")
-    crash = ("q is [..., s, d] and k, v are [..., t, d]: the scores of s queries against t keys are [..., s, t]; there "
-             "may be fewer queries than keys, and mask may be None.")
+    hint = ("compare with the formula of section 1 and the scaling of section 3 on the case the check names: which "
+            "scores, scaled by what, where the mask enters, along which axis the softmax runs, and what it weights.")
+    crash = ("q is [..., s, d] and k, v are [..., t, d]: the scores of s queries against t keys are [..., s, t]; print "
+             "the shapes of what your code multiplies for this case (there may be fewer queries than keys, several "
+             "leading axes, and mask may be None).")
+    refuse_hint = "build it from section 1's formula with your stable_softmax; PyTorch's kernel is the reference."
+    shortcuts = [Shortcut("torch.nn.functional.scaled_dot_product_attention",
+                          (F, "scaled_dot_product_attention"))]
     g = seeded(302)
     causal5 = torch.full((5, 5), float("-inf")).triu(1)
+    distance = (torch.arange(4)[:, None] - torch.arange(6)[None, :]).abs().float()
     cases = [
-        ("no mask, head_dim 16", (2, 3, 5, 5, 16), None),
+        ("no mask, head_dim 16, 5 queries over 7 keys", (2, 3, 5, 7, 16), None),
         ("no mask, head_dim 64, 4 queries over 9 keys", (1, 2, 4, 9, 64), None),
         ("an additive causal mask [5, 5] (0 and -inf)", (2, 2, 5, 5, 8), causal5),
+        ("a bias mask [4, 6] of small finite numbers (-0.5 times the distance of query and key)", (2, 2, 4, 6, 8),
+         -0.5 * distance),
     ]
     for label, (b, h, s, t, d), mask in cases:
         q = torch.randn(b, h, s, d, generator=g)
@@ -139,16 +226,21 @@ def check_scaled_dot_product_attention(fn: Callable[..., torch.Tensor]) -> str:
         v = torch.randn(b, h, t, d, generator=g)
         expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         case = f"q {tuple(q.shape)}, k and v {tuple(k.shape)}, {label}"
-        got = call(fn, q, k, v, mask=mask, name=name, case=case, hint=crash, check_inputs=True)
+        with refused(name, fn, shortcuts, refuse_hint):
+            got = call(fn, q, k, v, mask=mask, name=name, case=case, hint=crash, check_inputs=True,
+                       crash_mistakes=_sdpa_crashes(q, k, v), crash_hints=_SDPA_HINTS)
         check_close(got, expected, name=name, case=case, hint=hint,
-                    mistakes=_sdpa_mistakes(q, k, v, mask))
+                    mistakes=_sdpa_mistakes(q, k, v, mask), mistake_hints=_SDPA_HINTS)
     # the leading axes are "...": no batch axis at all (q [heads, s, d]) is an input too
     q, k, v = (torch.randn(3, n, 8, generator=g) for n in (4, 6, 6))
     case = "q (3, 4, 8), k and v (3, 6, 8): no batch axis, 4 queries over 6 keys"
-    got = call(fn, q, k, v, mask=None, name=name, case=case, hint=crash, check_inputs=True)
+    with refused(name, fn, shortcuts, refuse_hint):
+        got = call(fn, q, k, v, mask=None, name=name, case=case, hint=crash, check_inputs=True,
+                   crash_mistakes=_sdpa_crashes(q, k, v), crash_hints=_SDPA_HINTS)
     check_close(got, F.scaled_dot_product_attention(q, k, v), name=name, case=case, hint=hint,
-                mistakes=_sdpa_mistakes(q, k, v, None))
-    return "matches torch.nn.functional.scaled_dot_product_attention, with and without a batch axis"
+                mistakes=_sdpa_mistakes(q, k, v, None), mistake_hints=_SDPA_HINTS)
+    return ("matches torch.nn.functional.scaled_dot_product_attention: any leading axes, fewer queries than keys, "
+            "causal and bias masks")
 
 
 # ----------------------------------------------------------------------------- 3.3 causal mask
@@ -156,14 +248,31 @@ def _expected_causal(q_len: int, kv_len: int) -> torch.Tensor:
     return torch.full((q_len, kv_len), float("-inf")).triu(kv_len - q_len + 1)
 
 
+_CM_TOP_LEFT = "the triangle aligned top-left, ignoring the cached keys in front of the queries"
+_CM_DIAGONAL = "the diagonal hidden too (each query must see its own key)"
+_CM_SHIFTED = "the triangle shifted by the number of cached keys, but towards the wrong side"
+_CM_HINTS = {
+    _CM_TOP_LEFT: ("the case has cached keys in front of the new queries (kv_len minus q_len of them): at which "
+                   "absolute position does the first new query sit, and which positions may it read?"),
+    _CM_DIAGONAL: "which key may a token always read, whatever else is hidden?",
+    _CM_SHIFTED: ("the case has cached keys in front of the new queries (kv_len minus q_len of them): at which absolute "
+                  "position does the first new query sit? Draw this case by hand and compare it with yours row by row."),
+    "the visible and hidden parts swapped (the lower triangle masked)":
+        "a token reads the past, never the future: which side of the diagonal is the future?",
+    "the future visible and the past hidden (the triangle the wrong way round)":
+        "a token reads the past, never the future: which side of the diagonal is the future?",
+}
+
+
 def _causal_mistakes(q_len: int, kv_len: int) -> Dict[str, Callable[[], torch.Tensor]]:
     full = torch.full((q_len, kv_len), float("-inf"))
     return {
-        "the diagonal hidden too (each query must see its own key)":
-            lambda: full.triu(kv_len - q_len),
-        "the triangle aligned top-left, ignoring the cached keys in front of the queries":
-            lambda: full.triu(1),
+        _CM_DIAGONAL: lambda: full.triu(kv_len - q_len),
+        _CM_TOP_LEFT: lambda: full.triu(1),
+        _CM_SHIFTED: lambda: full.triu(q_len - kv_len + 1),
         "the visible and hidden parts swapped (the lower triangle masked)": lambda: full.tril(kv_len - q_len),
+        "the future visible and the past hidden (the triangle the wrong way round)":
+            lambda: full.tril(kv_len - q_len - 1),
         "a 1/0 mask (1 = visible) instead of an additive 0/-inf one":
             lambda: torch.ones(q_len, kv_len).tril(kv_len - q_len),
     }
@@ -179,8 +288,8 @@ def check_causal_mask(fn: Callable[..., torch.Tensor]) -> str:
     """``fn(q_len, kv_len=None)`` -> float32 ``[q_len, kv_len]``: 0 where key ``j`` is visible to
     query ``i`` (``j <= i + kv_len - q_len``), ``-inf`` elsewhere."""
     name = "Exercise 3.3 causal_mask"
-    hint = ("with a cache the q_len queries are the last q_len of the kv_len positions (the cached keys come "
-            "first); a query sees every key up to its own position, its own included.")
+    hint = ("draw the case the check names by hand (the exercise's second hint does it for causal_mask(2, 5)) and "
+            "compare it with yours row by row: where does each new query sit, and which keys may it read?")
     for q_len, kv_len in [(5, None), (1, None), (2, None), (3, 7), (1, 9)]:
         t = q_len if kv_len is None else kv_len
         label = f"causal_mask({q_len})" if kv_len is None else f"causal_mask({q_len}, {kv_len})"
@@ -189,11 +298,19 @@ def check_causal_mask(fn: Callable[..., torch.Tensor]) -> str:
                    hint="kv_len is optional: causal_mask(q_len) alone means as many keys as queries (give kv_len a "
                         "default of None).")
         expected = _expected_causal(q_len, t)
-        wrong_dtype = isinstance(got, torch.Tensor) and got.dtype != expected.dtype
-        check_close(got, expected, name=name, case=label, mistakes=_causal_mistakes(q_len, t),
-                    hint=("the mask is added to float scores, so it is a float32 tensor of 0 and float('-inf') "
-                          "(a bool mask cannot be added).") if wrong_dtype else hint)
         hidden = torch.isinf(expected)
+        if isinstance(got, torch.Tensor) and tuple(got.shape) == tuple(expected.shape) and got.is_floating_point() \
+                and bool((got[~hidden] == 0).all()) and bool(hidden.any()):
+            finite = got[hidden][got[hidden] != float("-inf")]
+            if finite.numel() and bool((finite < -1e3).all()):
+                fail(name, f"this looks like a large finite negative number for the hidden keys instead of -inf: got "
+                     f"values like {float(finite[0]):g} (on {label})",
+                     "a finite number leaves a hidden key a weight that is tiny but not exactly 0, and a row of them "
+                     "rounds differently: section 4 says which value removes a key exactly.")
+        wrong_dtype = isinstance(got, torch.Tensor) and got.dtype != expected.dtype
+        check_close(got, expected, name=name, case=label, mistakes=_causal_mistakes(q_len, t), mistake_hints=_CM_HINTS,
+                    hint=("the mask is added to float32 scores: which dtype must it have, and which two values (a "
+                          "bool mask cannot be added)?") if wrong_dtype else hint)
         finite = got[hidden][got[hidden] != float("-inf")]
         if finite.numel():  # check_close lets a large negative pass as "close" to -inf only via the inf check
             fail(name, f"hidden positions must hold -inf (exp(-inf) = 0 exactly), got values like {float(finite[0]):g} "
@@ -214,8 +331,8 @@ def _repeat_mistakes(x: torch.Tensor, n_rep: int) -> Dict[str, Callable[[], torc
     }
 
 
-solution("3.4", "torch.repeat_interleave(x, n_rep, dim=2), or x[:, :, :, None, :].expand(b, t, n_kv, n_rep, d)"
-                ".reshape(b, t, n_kv * n_rep, d)")
+solution("3.4", "x itself where nothing repeats (n_rep of 1); else torch.repeat_interleave(x, n_rep, dim=2), or "
+                "x[:, :, :, None, :].expand(b, t, n_kv, n_rep, d).reshape(b, t, n_kv * n_rep, d)")
 
 
 @check("Exercise 3.4 repeat_kv", shown=True,
@@ -227,17 +344,30 @@ def check_repeat_kv(fn: Callable[..., torch.Tensor]) -> str:
     hint = ("compare with the KV head PyTorch's kernel gives each query head with enable_gqa=True: give every KV head "
             "values that say which head it is, and read which one each query head returns.")
     g = seeded(304)
+    shortcuts = [Shortcut("minimind_ref.repeat_kv", (sys.modules[_ref_repeat_kv.__module__], "repeat_kv"))]
     for b, t, n_kv, d, n_rep in [(2, 5, 2, 4, 4), (1, 3, 4, 8, 2), (2, 3, 2, 6, 1), (1, 4, 1, 4, 8), (1, 2, 3, 2, 3)]:
         x = torch.randn(b, t, n_kv, d, generator=g)
         case = f"x {tuple(x.shape)}, n_rep={n_rep}"
-        got = call(fn, x, n_rep, name=name, case=case, check_inputs=True,
-                   hint="x is [batch, t, n_kv_heads, head_dim] (the cache layout); the heads are dim 2.")
+        with refused(name, fn, shortcuts, "find the order by experiment, as the exercise asks; minimind_ref's "
+                     "repeat_kv is the reference."):
+            got = call(fn, x, n_rep, name=name, case=case, check_inputs=True,
+                       hint="x is [batch, t, n_kv_heads, head_dim] (the cache layout); the heads are dim 2.")
         check_close(got, _ref_repeat_kv(x, n_rep), name=name, case=case, hint=hint,
                     mistakes=_repeat_mistakes(x, n_rep))
-    return "head j of the output is KV head j // n_rep"
+        if n_rep == 1 and got is not x:
+            fail(name, f"with n_rep == 1 your function returns a new tensor; the contract asks for x itself there (on "
+                 f"{case}): a copy of every cached key and value that changes nothing",
+                 "nothing is repeated when n_rep is 1: what is the cheapest result then?")
+    return "head j of the output is KV head j // n_rep; x itself when n_rep == 1"
 
 
 # ----------------------------------------------------------------------------- 3.5 GQA forward
+def _repeat(z: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """repeat_kv for the mistakes' variants (a copy of its own: a learner's wrong version built on them runs while the
+    check switches minimind_ref's repeat_kv off)."""
+    return torch.repeat_interleave(z, n_rep, dim=2)
+
+
 def _small_attention(n_kv_heads: int, seed: int) -> Attention:
     cfg = MiniMindConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=n_kv_heads,
                          num_hidden_layers=1, vocab_size=32, max_position_embeddings=64)
@@ -248,7 +378,8 @@ def _small_attention(n_kv_heads: int, seed: int) -> Attention:
 
 
 def _gqa_variant(attn, x, cos, sin, mask, past, *, scale=True, tiled=False, pad_value=-1e9, causal="bottom-right",
-                 rope_q=True, rope_k=True, use_past=True, cache_repeated=False) -> Tuple[torch.Tensor, Tuple]:
+                 rope_q=True, rope_k=True, use_past=True, cache_repeated=False, merge="transpose", o_proj=True,
+                 pad_axis="keys") -> Tuple[torch.Tensor, Tuple]:
     """The exercise's forward with one typical mistake switched in (the defaults are the right answer)."""
     b, s, _ = x.shape
     q = attn.q_proj(x).view(b, s, attn.n_heads, attn.head_dim)
@@ -260,44 +391,69 @@ def _gqa_variant(attn, x, cos, sin, mask, past, *, scale=True, tiled=False, pad_
         k = torch.cat([past[0], k], dim=1)
         v = torch.cat([past[1], v], dim=1)
     t = k.shape[1]
-    rep = (lambda z: z.repeat(1, 1, attn.n_rep, 1)) if tiled else (lambda z: _ref_repeat_kv(z, attn.n_rep))
+    rep = (lambda z: z.repeat(1, 1, attn.n_rep, 1)) if tiled else (lambda z: _repeat(z, attn.n_rep))
     kr, vr = rep(k), rep(v)
     full = torch.full((s, t), float("-inf"))
     allowed = {"bottom-right": full.triu(t - s + 1), "top-left": full.triu(1), "diagonal hidden": full.triu(t - s),
-               "none": torch.zeros(s, t)}[causal]
+               "none": torch.zeros(s, t), "square": torch.full((s, s), float("-inf")).triu(1)}[causal]
     scores = q.transpose(1, 2) @ kr.transpose(1, 2).transpose(-2, -1)
     if scale:
         scores = scores / math.sqrt(attn.head_dim)
     scores = scores + allowed
     if mask is not None and pad_value is not None:
-        m = mask[:, None, None, :]
-        if m.shape[-1] != t:  # the cache ignored: the mask is longer than the keys
+        m = mask[:, None, None, :] if pad_axis == "keys" else mask[:, None, :, None]
+        if pad_axis == "keys" and m.shape[-1] != t:  # the cache ignored: the mask is longer than the keys
             m = m[..., -t:]
         scores = scores + (1.0 - m) * pad_value
     out = torch.softmax(scores, dim=-1) @ vr.transpose(1, 2)
-    out = attn.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+    out = out.transpose(1, 2).reshape(b, s, -1) if merge == "transpose" else out.reshape(b, s, -1)
+    out = attn.o_proj(out) if o_proj else out
     return out, ((kr, vr) if cache_repeated else (k, v))
 
 
+_GQA_TOP_LEFT = "the causal triangle aligned top-left (with a cache, the new queries sit after the cached positions)"
+_GQA_MERGE = "the heads merged without undoing the split's transpose (section 6 merges in two steps)"
+_GQA_NO_O = "o_proj left out (the merged heads go through o_proj, section 6)"
+_GQA_PAD_AXIS = "the padding mask laid along the queries instead of the keys"
+_GQA_PAD_INF = ("padding added as -inf (0 times -inf is NaN where the mask is 1, and a query that sees only padding "
+                "gets a row of -inf, whose softmax is NaN)")
+_GQA_SQUARE = "the causal mask built for the new tokens only, without columns for the cached keys"
 _GQA_MISTAKES = {
     "no scaling of the scores by the square root of head_dim": dict(scale=False),
     "the KV heads tiled (x.repeat) instead of repeated in a row (repeat_kv)": dict(tiled=True),
-    "padding added as -inf (0 times -inf is NaN where the mask is 1, and a query that sees only padding gets a row "
-    "of -inf, whose softmax is NaN)":
-        dict(pad_value=float("-inf")),
+    _GQA_PAD_INF: dict(pad_value=float("-inf")),
     "the padding mask ignored": dict(pad_value=None),
     "a padding constant larger in magnitude than section 5's (-1e10, float32's lowest number, ...): where a padding "
     "query's scores pass 32 in magnitude, the rounding next to the constant (section 5) changes its weights":
         dict(pad_value=-1e10),
     "a padding constant smaller in magnitude than section 5's (-1e8, ...): the rounding next to the constant "
     "(section 5) changes a padding query's weights": dict(pad_value=-1e8),
-    "the causal triangle aligned top-left (with a cache, the new queries sit after the cached positions)":
-        dict(causal="top-left"),
+    _GQA_TOP_LEFT: dict(causal="top-left"),
     "the diagonal hidden (a query must see its own key)": dict(causal="diagonal hidden"),
     "no causal mask": dict(causal="none"),
     "RoPE applied to q only (the keys need it too)": dict(rope_k=False),
     "RoPE applied to k only (the queries need it too)": dict(rope_q=False),
     "the cache ignored (past keys and values not put in front of the new ones)": dict(use_past=False),
+    _GQA_MERGE: dict(merge="reshape"),
+    _GQA_NO_O: dict(o_proj=False),
+    _GQA_PAD_AXIS: dict(pad_axis="queries"),
+}
+_GQA_HINTS = {
+    _GQA_SQUARE: ("with a cache of p positions the scores have a column for every key, cached ones included: print "
+                  "the shapes of your scores and of your causal mask for this case (Exercise 3.3 takes two lengths)."),
+    _GQA_MERGE: "print the shape after each step of your merge and compare with section 6's trace, step by step.",
+    _GQA_NO_O: "section 6's trace ends with one more step after the merge: compare yours with it.",
+    _GQA_PAD_AXIS: ("a pad position must not be read by anyone: is it a row or a column of the scores, and along "
+                    "which axis does your mask vary?"),
+    _GQA_PAD_INF: ("a query that sees only padding: what does its row of scores become with your constant, and its "
+                   "softmax? Section 5 measured it."),
+    "the padding mask ignored": "the case has padding: section 5 shows how MiniMind puts it into the scores.",
+    _GQA_TOP_LEFT: ("with a cache of p positions, at which absolute positions do the new queries sit (Exercise 3.3)? "
+                    "Print your mask's shape and rows for this case."),
+    "the KV heads tiled (x.repeat) instead of repeated in a row (repeat_kv)":
+        "section 7 decided which KV head each query head reads: use your repeat_kv of Exercise 3.4.",
+    "the cache ignored (past keys and values not put in front of the new ones)":
+        "the case has a cache of p positions: where do its keys and values go in this call?",
 }
 
 
@@ -310,35 +466,57 @@ def _gqa_output_mistakes(attn, x, cos, sin, mask, past) -> Dict[str, Callable[[]
     return {description: thunk(kwargs) for description, kwargs in _GQA_MISTAKES.items()}
 
 
+def _gqa_shortcuts() -> list:
+    return [Shortcut("minimind_ref.Attention's own forward", (Attention, "forward"), (Attention, "_sdpa"),
+                     (Attention, "_explicit")),
+            Shortcut("minimind_ref.repeat_kv", (sys.modules[_ref_repeat_kv.__module__], "repeat_kv")),
+            Shortcut("torch.nn.functional.scaled_dot_product_attention", (F, "scaled_dot_product_attention"))]
+
+
+_KV_BEFORE_ROPE = "keys cached before RoPE"
+_KV_REPEATED = "the repeated keys/values cached (after repeat_kv: n_heads instead of n_kv_heads)"
+_KV_NEW_ONLY = "only the new positions cached (the past entries must come first)"
+_KV_HINTS = {
+    _KV_BEFORE_ROPE: ("the next call rotates only its own new keys, by their positions: what must already have been "
+                      "done to the keys it finds in the cache?"),
+    _KV_REPEATED: "section 7 measured how many heads the real cache keeps: compare the shape of yours.",
+    _KV_NEW_ONLY: "the next call needs every earlier position's keys and values, not only this call's.",
+}
+
+
 def _compare_gqa(fn, attn, x, cos, sin, mask, past, label: str, hint: str) -> None:
     name = "Exercise 3.5 gqa_attention"
     with torch.no_grad():
         expected, present = attn(x, (cos, sin), past_key_value=past, use_cache=True, attention_mask=mask)
-        got = call(fn, attn, x, cos, sin, mask, past, name=name, case=label,
-                   check_inputs=True,
-                   hint="x is [b, s, hidden]; cos, sin are [s, head_dim]; attention_mask is [b, past and new positions] or None; "
-                        "past_key_value is (k, v), each [b, p, n_kv_heads, head_dim], or None. Create masks on x.device.")
+        with refused(name, fn, _gqa_shortcuts(),
+                     "build the forward from the projections and your own pieces of sections 4 to 7; attn's own "
+                     "forward is the reference the check compares with."):
+            got = call(fn, attn, x, cos, sin, mask, past, name=name, case=label, check_inputs=True,
+                       hint="x is [b, s, hidden]; cos, sin are [s, head_dim]; attention_mask is [b, past and new "
+                            "positions] or None; past_key_value is (k, v), each [b, p, n_kv_heads, head_dim], or None. "
+                            "Print the shapes of your scores and of every mask you add to them for this case. Create "
+                            "masks on x.device.",
+                       crash_mistakes={_GQA_SQUARE: lambda: _gqa_variant(attn, x, cos, sin, mask, past, causal="square")},
+                       crash_hints=_GQA_HINTS)
     if not (isinstance(got, (tuple, list)) and len(got) == 2):
         fail(name, f"expected a tuple (output, (k, v)), got {type(got).__name__} (on {label})",
              "return out, (k, v) where k, v are the cache tensors [b, t, n_kv_heads, head_dim].")
     out, kv = got
     check_close(out, expected, name=name, case=f"{label}, the output", hint=hint,
-                mistakes=_gqa_output_mistakes(attn, x, cos, sin, mask, past))
+                mistakes=_gqa_output_mistakes(attn, x, cos, sin, mask, past), mistake_hints=_GQA_HINTS)
     if not (isinstance(kv, (tuple, list)) and len(kv) == 2):
         fail(name, f"the second return value must be the pair (k, v), got {type(kv).__name__} (on {label})",
              "return out, (k, v).")
-    kv_hint = ("the cache holds keys *after* RoPE and values, *before* repeat_kv ([b, t, n_kv_heads, head_dim], "
-               "the n_kv_heads of the layer), with the p past positions first.")
+    kv_hint = ("the cache is what the next call reads back as its past: compare each axis of yours (batch, positions, "
+               "heads, head_dim) and what has been done to the keys with what that call expects to find.")
     with torch.no_grad():
         repeated = _gqa_variant(attn, x, cos, sin, mask, past, cache_repeated=True)[1]
         no_rope = _gqa_variant(attn, x, cos, sin, mask, past, rope_k=False)[1]
         no_past = _gqa_variant(attn, x, cos, sin, mask, past, use_past=False)[1]
     for i, what in enumerate(("k", "v")):
         check_close(kv[i], present[i], name=name, case=f"{label}, the cached {what}", hint=kv_hint,
-                    mistakes={"the repeated keys/values cached (after repeat_kv: n_heads instead of n_kv_heads)":
-                              repeated[i],
-                              "keys cached before RoPE": no_rope[i],
-                              "only the new positions cached (the past entries must come first)": no_past[i]})
+                    mistakes={_KV_REPEATED: repeated[i], _KV_BEFORE_ROPE: no_rope[i], _KV_NEW_ONLY: no_past[i]},
+                    mistake_hints=_KV_HINTS)
 
 
 solution("3.5", "project with attn.q_proj/k_proj/v_proj and view as [b, s, heads, head_dim]; apply_rotary_pos_emb(q, k, "
@@ -354,14 +532,13 @@ def check_gqa_attention(fn: Callable[..., tuple]) -> str:
     ``attn(x, (cos, sin), past_key_value, use_cache=True, attention_mask=attention_mask)`` for MHA, GQA
     and MQA layers, full prefill (the reference's SDPA path), padding and a KV cache (its explicit path)."""
     g = seeded(305)
-    base_hint = ("every query head reads the KV head of its group, the scores are scaled as in Exercise 3.2, and a "
-                 "query sees the keys up to its own position (RoPE applied to q and k).")
-    pad_hint = ("padding enters the scores additively, as section 5's finite negative constant where the mask is 0, "
-                "broadcast over heads and queries; with -inf instead, a query that sees only padding gets a row of -inf "
-                "and the softmax returns NaN, and another finite constant rounds a large score differently.")
-    cache_hint = ("with a cache of p positions, the s new queries come after them: the keys are the p cached ones "
-                  "followed by the new ones, and a new query may see every cached key and the new keys up to its own "
-                  "position (the causal mask covers the last s key columns, aligned bottom-right).")
+    base_hint = ("follow section 6's trace step by step on this case (print every shape), and compare each step with "
+                 "the piece of sections 4 to 7 it uses: RoPE on what, the KV heads each query head reads, the scaling, "
+                 "the masks, the merge.")
+    pad_hint = ("compare how padding enters your scores with section 5's cell, on this batch padded on the left: "
+                "which constant, where the mask is 0, along which axis.")
+    cache_hint = ("with a cache of p positions, the s new queries come after them (Exercise 3.3): print which keys "
+                  "each new query of this case may read in your mask, and compare with where it sits.")
     b, p, s = 2, 5, 6
     cos_all, sin_all = precompute_freqs_cis(16, 32)
     for n_kv, kind in [(2, "GQA 4 query heads / 2 KV heads"), (1, "MQA"), (4, "MHA")]:
@@ -431,7 +608,8 @@ def _norm_over(x: torch.Tensor, gain: torch.Tensor, eps: float, axis: str) -> to
 
 
 def _qk_variant(attn: Attention, x, cos, sin, mask, past, *, where: str = "before", axis: str = "head_dim",
-                norm_q: bool = True, norm_k: bool = True, swap: bool = False) -> Tuple[torch.Tensor, Tuple]:
+                norm_q: bool = True, norm_k: bool = True, swap: bool = False,
+                eps: Optional[float] = None, norm_v: bool = False) -> Tuple[torch.Tensor, Tuple]:
     """The QK-norm forward with one typical mistake switched in (the defaults are the right answer)."""
     b, s, _ = x.shape
     q = attn.q_proj(x).view(b, s, attn.n_heads, attn.head_dim)
@@ -440,7 +618,7 @@ def _qk_variant(attn: Attention, x, cos, sin, mask, past, *, where: str = "befor
     gq, gk = attn.q_norm.weight, attn.k_norm.weight
     if swap:
         gq, gk = gk, gq
-    eps = attn.q_norm.eps
+    eps = attn.q_norm.eps if eps is None else eps
 
     def normalize(q, k):
         return (_norm_over(q, gq, eps, axis) if norm_q else q), (_norm_over(k, gk, eps, axis) if norm_k else k)
@@ -450,18 +628,24 @@ def _qk_variant(attn: Attention, x, cos, sin, mask, past, *, where: str = "befor
     q, k = apply_rotary_pos_emb(q, k, cos, sin)
     if where == "after":
         q, k = normalize(q, k)
+    if norm_v:
+        v = _norm_over(v, gk, eps, "head_dim")
     if past is not None:
         k = torch.cat([past[0], k], dim=1)
         v = torch.cat([past[1], v], dim=1)
     t = k.shape[1]
-    scores = q.transpose(1, 2) @ _ref_repeat_kv(k, attn.n_rep).transpose(1, 2).transpose(-2, -1)
+    scores = q.transpose(1, 2) @ _repeat(k, attn.n_rep).transpose(1, 2).transpose(-2, -1)
     scores = scores / math.sqrt(attn.head_dim) + torch.full((s, t), float("-inf")).triu(t - s + 1)
     if mask is not None:
         scores = scores + (1.0 - mask[:, None, None, :]) * -1e9
-    out = torch.softmax(scores, dim=-1) @ _ref_repeat_kv(v, attn.n_rep).transpose(1, 2)
+    out = torch.softmax(scores, dim=-1) @ _repeat(v, attn.n_rep).transpose(1, 2)
     return attn.o_proj(out.transpose(1, 2).reshape(b, s, -1)), (k, v)
 
 
+_QK_EPS_DEFAULT = ("the norms' eps left at RMSNorm's default, 1e-5, instead of the configuration's rms_norm_eps "
+                   "(minimind-3's is smaller)")
+_QK_EPS_TORCH = ("torch.nn.RMSNorm's default eps (None: the machine epsilon of the input's dtype) instead of the "
+                 "configuration's rms_norm_eps")
 _QK_MISTAKES = {
     "the norms applied after RoPE: their gains then multiply rotated coordinates, and a score depends on the two "
     "positions themselves, not only on their offset": dict(where="after"),
@@ -472,7 +656,11 @@ _QK_MISTAKES = {
     "the RMS taken over the heads axis (dim 2) instead of over each head's head_dim values": dict(axis="heads"),
     "the RMS taken over all heads of a token together (the whole projection) instead of over each head":
         dict(axis="hidden"),
+    _QK_EPS_DEFAULT: dict(eps=1e-5),
+    _QK_EPS_TORCH: dict(eps=torch.finfo(torch.float32).eps),
+    "the values normalized too (QK-norm normalizes the queries and the keys only)": dict(norm_v=True),
 }
+_QK_EPS_HINT = "the exercise's bullet says which eps the two norms take: compare your norms' eps with it."
 
 
 def _qk_output_mistakes(attn, x, cos, sin, mask, past, which: int) -> Dict[str, Callable[[], torch.Tensor]]:
@@ -512,6 +700,14 @@ def _qk_structure(layer: Any, ref: Attention, cfg: MiniMindConfig, name: str) ->
         else:
             what = f"{module}.weight has shape {list(shape)}, which is not the width of what QK-norm normalizes"
         fail(name, f"{what} (on head_dim={d})", hint)
+    for module in ("q_norm", "k_norm"):
+        if not hasattr(getattr(layer, module), "eps"):
+            continue  # a norm of the learner's own: the case with tiny activations tells its eps
+        eps = getattr(layer, module).eps
+        if eps is None or not isinstance(eps, (int, float)) or not math.isclose(eps, cfg.rms_norm_eps, rel_tol=1e-6):
+            label = (_QK_EPS_TORCH if eps is None else _QK_EPS_DEFAULT if isinstance(eps, (int, float)) and
+                     math.isclose(eps, 1e-5) else f"{module}.eps = {eps!r}, not the configuration's rms_norm_eps")
+            fail(name, f"this looks like {label} (on head_dim={d})", _QK_EPS_HINT)
     extra = sorted(set(got) - set(ref.state_dict()))
     if any(k.startswith(("q_norm.", "k_norm.")) and k.endswith("bias") for k in extra):
         fail(name, f"this looks like LayerNorm instead of RMSNorm: the norms have a bias ({', '.join(extra)})", hint)
@@ -559,23 +755,31 @@ def check_qk_norm_attention(cls: Callable[..., Any]) -> str:
             with torch.no_grad():
                 _, past = ref(torch.randn(b, p, 64, generator=g), (cos_all[:p], sin_all[:p]), use_cache=True)
             scenarios += [("cache of 5 + 1 new token", torch.randn(b, 1, 64, generator=g), None, past),
-                          ("cache of 5 + 3 new tokens", torch.randn(b, 3, 64, generator=g), None, past)]
+                          ("cache of 5 + 3 new tokens", torch.randn(b, 3, 64, generator=g), None, past),
+                          ("tiny activations (queries and keys of RMS about 1e-3, where eps matters)",
+                           torch.randn(b, 6, 64, generator=g) * 2e-3, None, None)]
         for label, x, mask, past in scenarios:
             start = 0 if past is None else past[0].shape[1]
             cos, sin = cos_all[start:start + x.shape[1]], sin_all[start:start + x.shape[1]]
             case = f"head_dim={d}, {label}"
             with torch.no_grad():
                 expected, present = ref(x, (cos, sin), past, use_cache=True, attention_mask=mask)
-                got = call(layer, x, cos, sin, mask, past, name=name, case=case, hint=crash, check_inputs=True)
+                with refused(name, layer, [Shortcut("minimind_ref.Attention's own forward", (Attention, "forward"),
+                                                    (Attention, "_sdpa"), (Attention, "_explicit"))],
+                             "write the forward yourself (the part after the norms is given in the stub); "
+                             "minimind_ref.Attention is the reference the check compares with."):
+                    got = call(layer, x, cos, sin, mask, past, name=name, case=case, hint=crash, check_inputs=True)
             if not (isinstance(got, (tuple, list)) and len(got) == 2 and isinstance(got[1], (tuple, list))
                     and len(got[1]) == 2):
                 fail(name, f"expected (output, (k, v)), got {type(got).__name__} (on {case})", "return out, (k, v).")
             out, (k, v) = got
+            eps_hints = {_QK_EPS_DEFAULT: _QK_EPS_HINT, _QK_EPS_TORCH: _QK_EPS_HINT}
             check_close(out, expected, name=name, case=f"{case}, the output", hint=hint,
-                        mistakes=_qk_output_mistakes(ref, x, cos, sin, mask, past, 0))
+                        mistakes=_qk_output_mistakes(ref, x, cos, sin, mask, past, 0), mistake_hints=eps_hints)
             check_close(k, present[0], name=name, case=f"{case}, the cached keys",
-                        hint="the cache holds the keys exactly as attention uses them.",
-                        mistakes=_qk_output_mistakes(ref, x, cos, sin, mask, past, 1))
+                        hint=("the cache holds the keys exactly as attention uses them: compare each step your keys "
+                              "go through (the norm and its eps, RoPE) with the output's."),
+                        mistakes=_qk_output_mistakes(ref, x, cos, sin, mask, past, 1), mistake_hints=eps_hints)
             check_close(v, present[1], name=name, case=f"{case}, the cached values",
                         hint="the values are not normalized: only queries and keys are.")
     return "q_norm and k_norm over head_dim, before RoPE; prefill, padding and KV cache equal minimind_ref.Attention"
@@ -601,21 +805,37 @@ def _bound_gains(seed: int) -> list:
     return cases
 
 
+_B_LENGTH = ("try a normalized head vector with all its length on one coordinate: how long can it be after the gain, "
+             "and which gain decides it?")
+_B_HINTS = {
+    "the two gains multiplied coordinate by coordinate":
+        ("RoPE rotates every pair of coordinates: after it, can a query's coordinate meet a key's coordinate at "
+         "another index than its own?"),
+    "the lengths (L2 norms) of the gain vectors used": _B_LENGTH,
+    "the products of the two gains summed coordinate by coordinate":
+        ("RoPE rotates every pair of coordinates: after it, can a query's coordinate meet a key's coordinate at "
+         "another index than its own?"),
+    "the mean size of the gains used": _B_LENGTH,
+    "the length of a normalized head vector taken as 1":
+        "compute the length of RMSNorm's output (before the gain) for a vector of your choice of head_dim values.",
+    "the length of a normalized head vector taken as 1, and attention's division applied on top":
+        "compute the length of RMSNorm's output (before the gain) for a vector of your choice of head_dim values.",
+    "attention's division of the logits forgotten": "a logit is the score attention puts into the softmax: section 3.",
+}
+
+
 def _bound_mistakes(q: torch.Tensor, k: torch.Tensor) -> Dict[str, float]:
     d = q.shape[0]
     qm, km = q.abs().max().item(), k.abs().max().item()
     return {
-        "attention's division of the logits forgotten (one factor of head_dim too many)": qm * km * d,
-        "the length of a normalized head vector taken as 1 (it is not: count what the normalization leaves)": qm * km,
+        "attention's division of the logits forgotten": qm * km * d,
+        "the length of a normalized head vector taken as 1": qm * km,
         "the length of a normalized head vector taken as 1, and attention's division applied on top": qm * km / math.sqrt(d),
         "the gains left out (they stretch the normalized vectors)": math.sqrt(d),
-        "the two gains multiplied coordinate by coordinate (that holds only where q and k meet at the same coordinate; "
-        "RoPE rotates each pair, so q's largest coordinate can meet k's largest at another one)":
-            math.sqrt(d) * (q * k).abs().max().item(),
-        "the lengths of the gain vectors used (a normalized vector can put all its length on one coordinate: what "
-        "counts is the largest gain)": q.norm().item() * k.norm().item() / math.sqrt(d),
-        "the mean size of the gains used (the largest ones count)":
-            math.sqrt(d) * q.abs().mean().item() * k.abs().mean().item(),
+        "the two gains multiplied coordinate by coordinate": math.sqrt(d) * (q * k).abs().max().item(),
+        "the products of the two gains summed coordinate by coordinate": (q * k).abs().sum().item() / math.sqrt(d),
+        "the lengths (L2 norms) of the gain vectors used": q.norm().item() * k.norm().item() / math.sqrt(d),
+        "the mean size of the gains used": math.sqrt(d) * q.abs().mean().item() * k.abs().mean().item(),
         "the largest gains taken without their absolute values (a negative gain of large size counts too)":
             math.sqrt(d) * q.max().item() * k.max().item(),
     }
@@ -641,10 +861,17 @@ def check_qk_logit_bound(fn: Callable[..., Any]) -> str:
             "scale it as attention does.")
     outcomes = []
     for label, q, k in _bound_gains(307):
-        got = call(fn, q.clone(), k.clone(), name=name, case=label, check_inputs=True,
-                   hint="q_gain and k_gain are 1-D tensors of head_dim values (q_norm.weight and k_norm.weight).")
+        with refused(name, fn, [Shortcut("minimind_ref.attention.qk_logit_bound",
+                                         (sys.modules[reference.__module__], "qk_logit_bound"))],
+                     "derive the bound, as the exercise asks; minimind_ref's is the reference."):
+            got = call(fn, q.clone(), k.clone(), name=name, case=label, check_inputs=True,
+                       hint="q_gain and k_gain are 1-D tensors of head_dim values (q_norm.weight and k_norm.weight).")
+        if isinstance(got, torch.Tensor):
+            fail(name, f"expected a Python float, got a tensor (on {label}): the exercise returns the bound as a "
+                 "float, a number the cells after it compare and print", "a one-element tensor converts to a Python "
+                 "float (tensor.item() does it).")
         got = as_number(got, name, label, integer=False, what="the bound")
         outcomes.append(Outcome(label, got, reference(q, k), _bound_mistakes(q, k)))
-    check_numbers(name, outcomes, hint, rel_tol=1e-5)
+    check_numbers(name, outcomes, hint, rel_tol=1e-5, mistake_hints=_B_HINTS)
     values = [o.got for o in outcomes]
     return f"the bound is sqrt(head_dim) times the largest gains; every gain 1 at head_dim 96 gives {values[-1]:.2f}"

@@ -14,60 +14,56 @@ Each check compares the learner's function with PyTorch (``F.silu``, autograd) a
 
 from __future__ import annotations
 
-import contextlib
 import math
-import operator
-from typing import Callable, Dict, Iterator, List
+from typing import Callable, Dict, List
 
 import torch
 import torch.nn.functional as F
 
 from ..config import MiniMindConfig, default_intermediate_size
 from ..ffn import FeedForward
-from .core import Outcome, as_number, call, check, check_close, check_numbers, fail, seeded, solution
+from .core import Outcome, Shortcut, as_number, call, check, check_close, check_numbers, fail, refused, seeded, solution
 
 __all__ = ["check_silu", "check_silu_grad", "check_swiglu_ffn", "check_intermediate_size", "check_minimind3_ffn"]
 
 
 def _inputs(seed: int):
     g = seeded(seed)
-    edge = torch.tensor([0.0, 1.0, -1.0, -1.2785, 3.0, -3.0, 20.0, -20.0, 100.0, -100.0])
+    edge = torch.tensor([0.0, 1.0, -1.0, -1.2785, 3.0, -3.0, 20.0, -20.0, 90.0, -90.0])
     return [
         ("random values [5, 7]", torch.randn(5, 7, generator=g) * 3),
         ("a batch of vectors [2, 3, 16]", torch.randn(2, 3, 16, generator=g)),
-        ("the float32 values 0, ±1, ±3, ±20, ±100 and -1.2785 (near the minimum)", edge),
+        ("the float32 values 0, ±1, ±3, ±20, ±90 and -1.2785 (near the minimum)", edge),
         ("float64 input", torch.randn(6, generator=g, dtype=torch.float64) * 4),
     ]
 
 
-# ----------------------------------------------------------------------------- the package's width rules, hidden
-class WidthRuleHidden(RuntimeError):
-    """Raised when a learner's function reads the width rule from ``minimind_ref`` inside a check of 4.4 or 4.5."""
-
-
-@contextlib.contextmanager
-def _width_rules_hidden(exercise: str) -> Iterator[None]:
-    """While the learner's function runs, ``minimind_ref``'s width rules raise ``WidthRuleHidden``: the
-    exercise asks for the rule to be derived, and ``MiniMindConfig(...).intermediate_size``,
-    ``config.WIDTH_RULES`` or ``config.default_intermediate_size`` would hand it over. (A function imported
-    by name before the check runs is not reached; the chapter imports none before its exercise.)"""
+# ----------------------------------------------------------------------------- the package's width rules, switched off
+def _width_rules_refused(name: str, fn: Callable[..., object]):
+    """While the learner's function runs, ``minimind_ref``'s width rules refuse (``core.refused``): the exercise
+    asks for the rule to be derived, and ``MiniMindConfig(...).intermediate_size``, ``config.WIDTH_RULES`` or
+    ``config.default_intermediate_size`` would hand it over, also when imported by name before the check runs."""
     from .. import config
 
-    def hidden(*args, **kwargs):
-        raise WidthRuleHidden(f"minimind_ref's width rules are switched off while the check runs your function: "
-                              f"{exercise} asks you to derive the width, not to read it from minimind_ref "
-                              f"(MiniMindConfig, WIDTH_RULES or its functions)")
+    return refused(name, fn, [Shortcut("minimind_ref's width rules", (config, "default_intermediate_size"),
+                                       (config, "minimind3_intermediate_size"))],
+                   "derive the width, as the exercise asks: MiniMindConfig's intermediate_size, WIDTH_RULES and their "
+                   "functions are the reference the check compares with.")
 
-    rules = dict(config.WIDTH_RULES)
-    functions = (config.default_intermediate_size, config.minimind3_intermediate_size)
-    try:
-        for key in rules:
-            config.WIDTH_RULES[key] = hidden
-        config.default_intermediate_size = config.minimind3_intermediate_size = hidden
-        yield
-    finally:
-        config.WIDTH_RULES.update(rules)
-        config.default_intermediate_size, config.minimind3_intermediate_size = functions
+
+_SILU_SHORTCUTS = [Shortcut("torch.nn.functional.silu", (F, "silu")), Shortcut("torch.nn.SiLU", (torch.nn.SiLU, "forward"))]
+
+
+def _autograd_shortcuts() -> list:
+    places = [(torch.autograd, "grad"), (torch.autograd, "backward"), (torch.Tensor, "backward")]
+    func = getattr(torch, "func", None)
+    if func is not None:
+        places += [(func, n) for n in ("grad", "grad_and_value", "vjp", "jvp", "jacrev", "jacfwd", "hessian")
+                   if hasattr(func, n)]
+    functional = getattr(torch.autograd, "functional", None)
+    if functional is not None:
+        places += [(functional, n) for n in ("jacobian", "vjp", "jvp", "vhp", "hvp", "hessian") if hasattr(functional, n)]
+    return [Shortcut("autograd", *places)]
 
 
 # ----------------------------------------------------------------------------- 4.1 SiLU
@@ -78,7 +74,23 @@ def _silu_mistakes(x: torch.Tensor) -> Dict[str, Callable[[], torch.Tensor]]:
         "GELU (x * Phi(x), a different gate)": lambda: F.gelu(x),
         "the sign inside the sigmoid flipped": lambda: x * torch.sigmoid(-x),
         "x times one minus the sigmoid": lambda: x * (1 - torch.sigmoid(x)),
+        _SILU_EXP_UP: lambda: x * torch.exp(x) / (1 + torch.exp(x)),
     }
+
+
+_SILU_EXP_UP = ("the sigmoid written with e^x over 1 + e^x: e^x overflows to inf for large positive x in float32, and "
+                "inf / inf is NaN")
+_SILU_DRAFT = "the draft's x / (1 + exp(-x)), whose gradient at x = -90 is NaN in float32"
+_SILU_WHERE = ("two formulas joined by torch.where, each safe on its own side: autograd differentiates both branches "
+               "everywhere, and the one torch.where does not pick overflows there")
+_SILU_HINTS = {
+    _SILU_WHERE: ("print each intermediate result of both branches at x = -90 and x = 90: which one overflows, and "
+                  "does torch.where keep its gradient out?"),
+    _SILU_EXP_UP: "print each intermediate result of your formula at the largest input the case names: which one "
+                  "overflows?",
+    _SILU_DRAFT: ("print each intermediate result of the draft at x = -90: one overflows to inf, and autograd "
+                  "multiplies it by a zero on the way back."),
+}
 
 
 def _grad_at(fn_out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -91,6 +103,11 @@ def _exp_form_grad(x: torch.Tensor) -> torch.Tensor:
     return _grad_at(xr / (1 + torch.exp(-xr)), xr)
 
 
+def _two_branch_grad(x: torch.Tensor) -> torch.Tensor:
+    xr = x.clone().requires_grad_(True)
+    return _grad_at(torch.where(xr >= 0, xr / (1 + torch.exp(-xr)), xr * torch.exp(xr) / (1 + torch.exp(xr))), xr)
+
+
 solution("4.1", "return x * torch.sigmoid(x)")
 
 
@@ -100,33 +117,39 @@ solution("4.1", "return x * torch.sigmoid(x)")
 def check_silu(fn: Callable[[torch.Tensor], torch.Tensor]) -> str:
     """``fn(x)`` must equal ``F.silu(x)`` = x * sigmoid(x), elementwise, keeping shape and dtype,
     without changing ``x``; and autograd must differentiate it as it does ``F.silu`` (finite
-    gradients at ±100 in float32)."""
+    gradients at ±90 in float32, where e^90 overflows). ``F.silu`` and ``nn.SiLU`` are switched off while ``fn`` runs."""
     name = "Exercise 4.1 silu"
     hint = ("compare with SiLU's definition in section 2's table and its shape in the figure: its value at 0, for "
             "large positive x (close to x) and for very negative x (close to 0, slightly negative).")
+    refuse_hint = "write SiLU with tensor operations; F.silu is the reference the check compares with."
     for label, x in _inputs(401):
-        got = call(fn, x, name=name, case=label, check_inputs=True,
-                   hint="x can have any shape; torch functions such as torch.sigmoid and torch.exp work elementwise.")
-        check_close(got, F.silu(x), name=name, case=label, hint=hint, mistakes=_silu_mistakes(x))
+        with refused(name, fn, _SILU_SHORTCUTS, refuse_hint):
+            got = call(fn, x, name=name, case=label, check_inputs=True,
+                       hint="x can have any shape; torch functions such as torch.sigmoid and torch.exp work elementwise.")
+        check_close(got, F.silu(x), name=name, case=label, hint=hint, mistakes=_silu_mistakes(x),
+                    mistake_hints=_SILU_HINTS)
     # The gradient through the learner's function: a formula can be right in value and still give
-    # autograd an inf / inf (x / (1 + exp(-x)) at x = -100 in float32: exp(100) overflows).
+    # autograd an inf / inf (x / (1 + exp(-x)) at x = -90 in float32: exp(90) overflows).
     for label, x in _inputs(401)[2:3]:
         xr = x.clone().requires_grad_(True)
         expected = _grad_at(F.silu(xr), xr)
         xg = x.clone().requires_grad_(True)
-        out = call(fn, xg, name=name, case=f"{label}, with requires_grad")
+        with refused(name, fn, _SILU_SHORTCUTS, refuse_hint):
+            out = call(fn, xg, name=name, case=f"{label}, with requires_grad")
         if not isinstance(out, torch.Tensor) or not out.requires_grad:
             fail(name, f"the result does not depend on x through autograd (on {label}, with requires_grad): "
                  "a model could not learn through it", "compute with torch operations on x (no .detach(), .item() "
                  "or numpy), so that the gradient flows.")
         got_grad = _grad_at(out, xg)
+        bad = [float(v) for v, gr in zip(x.tolist(), got_grad.tolist()) if not math.isfinite(gr)]
+        where = " and ".join(f"x = {v:g}" for v in sorted(set(bad))) or "some inputs"
         check_close(got_grad, expected, name=name, case=f"the gradient autograd computes through your silu, {label}",
-                    hint=("the value is right but its gradient is not: an intermediate result of your formula "
-                          "overflows to inf at x = -100 in float32, and autograd then computes inf / inf = NaN; write "
-                          "it so that no intermediate result can overflow."),
-                    mistakes={"x / (1 + exp(-x)), whose gradient at x = -100 is inf / inf = NaN in float32":
-                              lambda: _exp_form_grad(x)})
-    return "x * sigmoid(x), shape and dtype kept, finite value and gradient at ±100"
+                    hint=(f"the values are right but the gradient is not finite at {where}: autograd differentiates "
+                          "every intermediate result of your formula (in a branch torch.where does not pick, too): "
+                          "print them there and find the one that overflows to inf."),
+                    mistakes={_SILU_DRAFT: lambda: _exp_form_grad(x), _SILU_WHERE: lambda: _two_branch_grad(x)},
+                    mistake_hints=_SILU_HINTS)
+    return "shape and dtype kept, finite value and gradient at ±90"
 
 
 # ----------------------------------------------------------------------------- 4.2 SiLU gradient
@@ -139,8 +162,10 @@ def _silu_grad_mistakes(x: torch.Tensor) -> Dict[str, Callable[[], torch.Tensor]
         "the sigmoid's derivative taken as the sigmoid squared": lambda: s + x * s * s,
         "a factor of the sigmoid missing in the product rule's second term": lambda: s + x * (1 - s),
         "the product rule's first term taken as 1 instead of the sigmoid": lambda: 1 + x * s * (1 - s),
-        "the derivative written with exponentials: right on paper, but inf / inf = NaN at x = -100 in float32 "
-        "(the exponential of 100 overflows); write it with the sigmoid":
+        "the product rule's first term left out (only x times the sigmoid's derivative)": lambda: x * s * (1 - s),
+        "the sign of the product rule's second term flipped": lambda: s * (1 - x * (1 - s)),
+        "the derivative written with exponentials: right on paper, but inf / inf = NaN at x = -90 in float32 "
+        "(the exponential of 90 overflows); write it with the sigmoid":
             lambda: (1 + torch.exp(-x) + x * torch.exp(-x)) / (1 + torch.exp(-x)) ** 2,
     }
 
@@ -151,17 +176,20 @@ solution("4.2", "s = torch.sigmoid(x); return s * (1 + x * (1 - s))   # = s + x 
 @check("Exercise 4.2 silu_grad", shown=False,
        why="the edge case names its inputs: the derivative's value at a named input is the formula evaluated there")
 def check_silu_grad(fn: Callable[[torch.Tensor], torch.Tensor]) -> str:
-    """``fn(x)`` must equal d silu / dx, as autograd computes it, and leave ``x`` unchanged."""
+    """``fn(x)`` must equal d silu / dx, as autograd computes it, and leave ``x`` unchanged; autograd is switched off
+    while ``fn`` runs."""
     name = "Exercise 4.2 silu_grad"
     hint = ("SiLU is a product of x and the sigmoid of x: differentiate it with the product rule, and write the "
             "sigmoid's own derivative in terms of the sigmoid. The result is 0.5 at x = 0 and close to 1 for large x.")
     for label, x in _inputs(402):
         xr = x.clone().requires_grad_(True)
         expected = _grad_at(F.silu(xr), xr)
-        got = call(fn, x, name=name, case=label, check_inputs=True,
-                   hint="compute the derivative with tensor operations on x (no autograd needed).")
+        with refused(name, fn, _autograd_shortcuts(), "derive the derivative on paper, as the exercise asks, and write "
+                     "the formula with tensor operations; autograd is the reference the check compares with."):
+            got = call(fn, x, name=name, case=label, check_inputs=True,
+                       hint="compute the derivative with tensor operations on x (no autograd needed).")
         check_close(got, expected, name=name, case=label, hint=hint, mistakes=_silu_grad_mistakes(x))
-    return "s * (1 + x * (1 - s)) equals autograd's gradient"
+    return "equals autograd's gradient, finite at ±90"
 
 
 # ----------------------------------------------------------------------------- 4.3 SwiGLU forward
@@ -181,7 +209,26 @@ def _swiglu_mistakes(x, w_gate, w_up, w_down) -> Dict[str, Callable[[], torch.Te
             lambda: lin(F.silu(lin(x, w_up)), w_down),
         "the two branches added instead of multiplied": lambda: lin(F.silu(lin(x, w_gate)) + lin(x, w_up), w_down),
         "the down projection left out": lambda: F.silu(lin(x, w_gate)) * lin(x, w_up),
+        _FFN_LEFT: lambda: w_down @ (F.silu(w_gate @ x) * (w_up @ x)),
     }
+
+
+_FFN_LEFT = ("the weights applied from the left, as to one column vector: with a batch of as many tokens as features "
+             "it runs, and mixes the tokens")
+_FFN_IN_OUT = ("the weights multiplied as if stored [in_features, out_features] (nn.Linear stores [out_features, "
+               "in_features])")
+_FFN_DOT_T = ("x turned with .T to apply the weights from the left: .T reverses every axis, which transposes a batch "
+              "of tokens only when it has two axes")
+_FFN_DOWN = "w_down multiplied as if stored [in_features, out_features], the other two right"
+_FFN_HINTS = {
+    _FFN_IN_OUT: "print the shapes of x and of w_gate for this case: which axis of each must meet in the product?",
+    _FFN_DOWN: "print the shapes of the gated product and of w_down for this case: which axes must meet?",
+    _FFN_DOT_T: ("this case has more than one leading axis: print the shape of x turned your way, then ask which "
+                 "product applies the weights to the last axis of x whatever comes before it."),
+    _FFN_LEFT: ("this case holds several tokens, one per row of x: which numbers does your product combine, and which "
+                "product gives every token its own row of m values?"),
+    "gate and up swapped (SiLU on the up branch)": "section 3's formula names the branch that goes through SiLU.",
+}
 
 
 solution("4.3", "return (F.silu(x @ w_gate.T) * (x @ w_up.T)) @ w_down.T   # or F.linear(x, w) for x @ w.T")
@@ -199,8 +246,10 @@ def check_swiglu_ffn(fn: Callable[..., torch.Tensor]) -> str:
     hint = ("compare with section 3's formula: which branch goes through SiLU, how the two branches combine, and the "
             "projection back to hidden.")
     crash = ("the weights are in nn.Linear's layout [out_features, in_features]: w_gate and w_up are [intermediate, "
-             "hidden] and x is [..., hidden]; print the shapes and ask which product gives [..., intermediate].")
-    for hidden, inter, shape in [(32, 96, (2, 5)), (48, 128, (7,)), (16, 64, ())]:
+             "hidden] and x is [..., hidden], one token per row; print the shapes of what your code multiplies for "
+             "this case.")
+    refuse = [Shortcut("minimind_ref.FeedForward", (FeedForward, "forward"))]
+    for hidden, inter, shape in [(32, 96, (2, 5)), (48, 128, (7,)), (16, 64, ()), (16, 48, (16,))]:
         cfg = MiniMindConfig(hidden_size=hidden, intermediate_size=inter, num_attention_heads=4,
                              num_key_value_heads=2, num_hidden_layers=1, vocab_size=32)
         ref = FeedForward(cfg)
@@ -213,10 +262,17 @@ def check_swiglu_ffn(fn: Callable[..., torch.Tensor]) -> str:
         w_gate, w_up, w_down = (ref.gate_proj.weight.detach().clone(), ref.up_proj.weight.detach().clone(),
                                 ref.down_proj.weight.detach().clone())
         case = f"x {tuple(x.shape)}, w_gate and w_up {tuple(w_gate.shape)}, w_down {tuple(w_down.shape)}"
-        got = call(fn, x, w_gate, w_up, w_down, name=name, case=case, hint=crash, check_inputs=True)
-        check_close(got, expected, name=name, case=case, hint=hint,
+        with refused(name, fn, refuse, "write the FFN from its three weight matrices; minimind_ref.FeedForward is the "
+                     "reference the check compares with."):
+            got = call(fn, x, w_gate, w_up, w_down, name=name, case=case, hint=crash, check_inputs=True,
+                       crash_mistakes={_FFN_LEFT: lambda: w_down @ (F.silu(w_gate @ x) * (w_up @ x)),
+                                       _FFN_DOT_T: lambda: (w_down @ (F.silu(w_gate @ x.T) * (w_up @ x.T))).T,
+                                       _FFN_IN_OUT: lambda: (F.silu(x @ w_gate) * (x @ w_up)) @ w_down,
+                                       _FFN_DOWN: lambda: (F.silu(x @ w_gate.T) * (x @ w_up.T)) @ w_down},
+                       crash_hints=_FFN_HINTS)
+        check_close(got, expected, name=name, case=case, hint=hint, mistake_hints=_FFN_HINTS,
                     mistakes=_swiglu_mistakes(x, w_gate, w_up, w_down))
-    return "equals minimind_ref.FeedForward for 1-D, 2-D and 3-D inputs"
+    return "equals minimind_ref.FeedForward for one token and batches of 1-D, 2-D and 3-D leading shape"
 
 
 # ----------------------------------------------------------------------------- 4.4 intermediate size
@@ -231,6 +287,7 @@ def _size_mistakes(h: int) -> Dict[str, int]:
         "parity solved for three matrices of the 4x FFN's width (the 4x FFN has two)": 64 * math.ceil(4 * h / 64),
         "rounding up to a multiple of 256 (Llama's multiple_of) instead of 64": 256 * math.ceil(base / 256),
         "one multiple of 64 too many where the width already is a multiple of 64": 64 * (base // 64 + 1),
+        "eight thirds of the width rounded up to a whole number, not to a multiple of 64": math.ceil(8 * h / 3),
     }
 
 
@@ -251,7 +308,7 @@ def check_intermediate_size(fn: Callable[[int], int]) -> str:
     for h in sizes:
         case = f"hidden_size={h}"
         expected = default_intermediate_size(h)
-        with _width_rules_hidden("Exercise 4.4"):
+        with _width_rules_refused(name, fn):
             got = call(fn, h, name=name, case=case, hint="hidden_size is a Python int; derive the width from it.")
         got = as_number(got, name, case, integer=True, what="a width")
         outcomes.append(Outcome(case, got, expected, _size_mistakes(h)))
@@ -352,7 +409,7 @@ def check_minimind3_ffn(fn: Callable[[int, int], tuple]) -> str:
     widths, counts = [], []
     for h, layers in models + sweep:
         case = f"hidden_size={h}, num_hidden_layers={layers}"
-        with _width_rules_hidden("Exercise 4.5"):
+        with _width_rules_refused(name, fn):
             got = call(fn, h, layers, name=name, case=case, hint="both arguments are Python ints; return a pair of "
                        "ints, derived from them.")
         if not isinstance(got, (tuple, list)) or len(got) != 2:

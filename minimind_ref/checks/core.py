@@ -228,6 +228,7 @@ def check_close(
     mistakes: Optional[Mapping[str, Any]] = None,
     case: Optional[str] = None,
     nan: Optional[Tuple[str, str]] = None,
+    mistake_hints: Optional[Mapping[str, str]] = None,
 ) -> None:
     """Assert ``got`` equals ``expected`` within tolerance, with a learner-friendly message.
 
@@ -240,7 +241,8 @@ def check_close(
     last line says how to see a solution. ``case`` says which input failed ("batch 2, padded on the left").
     ``nan``: ``(message, hint)`` in the exercise's own words for a result of the right shape that holds
     NaN (an empty mask divided by its zero count, a group without spread), said before the dtype and
-    the values are compared.
+    the values are compared. ``mistake_hints``: mistake description -> the hint to give instead of
+    ``hint`` when that mistake is the one named (a hint about that mistake, never its fix).
     """
     if not isinstance(got, torch.Tensor):
         fail(name, f"expected a torch.Tensor, got {type(got).__name__}: {got!r:.80}{_on(case)}", hint)
@@ -250,7 +252,7 @@ def check_close(
     if tuple(got.shape) != tuple(expected.shape):
         seen = diagnose(got, mistakes, rtol, atol, expected)
         what = _t(f"shape mismatch: expected {tuple(expected.shape)}, got {tuple(got.shape)}{_on(case)}")
-        _fail(name, (_t(f"this looks like {seen}: ") if seen else "") + what, hint)
+        _fail(name, (_t(f"this looks like {seen}: ") if seen else "") + what, _hint_for(seen, hint, mistake_hints))
     if nan is not None and bool(torch.isnan(got).any()):
         fail(name, *nan)
     if check_dtype and got.dtype != expected.dtype:
@@ -268,6 +270,7 @@ def check_close(
         return
     seen = diagnose(got, mistakes, rtol, atol, expected)
     prefix = _t(f"this looks like {seen}. ") if seen else ""
+    hint = _hint_for(seen, hint, mistake_hints)
     scalar = g.dim() == 0
     show = shows_expected(name)
     _expect(*(e.flatten()[:4096].tolist()))
@@ -320,6 +323,13 @@ def check_close(
     _fail(name, prefix + what, hint)
 
 
+def _hint_for(seen: Optional[str], hint: Optional[str], mistake_hints: Optional[Mapping[str, str]]) -> Optional[str]:
+    """The hint about the mistake named (``mistake_hints[seen]``) where there is one, else the general ``hint``."""
+    if seen is not None and mistake_hints and seen in mistake_hints:
+        return mistake_hints[seen]
+    return hint
+
+
 def _same_value(a: Any, b: Any, rel_tol: float, abs_tol: float) -> bool:
     """Numbers compared with a tolerance (0 and 0: exactly); anything else with ``==``."""
     if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) and not isinstance(b, bool):
@@ -357,6 +367,7 @@ def check_equal(
     hint: Optional[str] = None,
     mistakes: Optional[Mapping[str, Any]] = None,
     case: Optional[str] = None,
+    mistake_hints: Optional[Mapping[str, str]] = None,
 ) -> None:
     """Exact equality for non-tensor answers (counts, shapes, ints).
 
@@ -382,7 +393,7 @@ def check_equal(
             if candidate == got and candidate != expected:
                 seen = description
                 break
-        _fail_value(name, got, expected, seen, case, hint)
+        _fail_value(name, got, expected, seen, case, _hint_for(seen, hint, mistake_hints))
 
 
 def _fail_value(name: str, got: Any, expected: Any, seen: Optional[str], case: Optional[str],
@@ -431,14 +442,15 @@ def as_number(got: Any, name: str, case: Optional[str], integer: bool, what: str
 
 
 def check_numbers(name: str, outcomes: Sequence[Outcome], hint: Optional[str] = None, rel_tol: float = 0.0,
-                  abs_tol: float = 0.0, unit: str = "") -> None:
+                  abs_tol: float = 0.0, unit: str = "", mistake_hints: Optional[Mapping[str, str]] = None) -> None:
     """Compare a numeric exercise over all its cases at once, and name the mistake that explains them all.
 
     Every ``Outcome`` holds the learner's (already coerced, ``as_number``) and the reference's value.
     The failure reports the first case that differs. A mistake is named only when it reproduces the
     learner's result on every case (where the mistake does not apply, the learner's result must then be
     right): one wrong case is often explained by several mistakes, all of them together by one. Where the
-    exercise hides the reference's values (``expected_values``), the failure says which way the number is off."""
+    exercise hides the reference's values (``expected_values``), the failure says which way the number is off.
+    ``mistake_hints``: mistake description -> the hint given instead of ``hint`` when that mistake is named."""
     wrong = [o for o in outcomes if not _same_value(o.got, o.expected, rel_tol, abs_tol)]
     if not wrong:
         return
@@ -463,6 +475,7 @@ def check_numbers(name: str, outcomes: Sequence[Outcome], hint: Optional[str] = 
     seen = None
     if len(names) == 1:
         seen = names[0]
+        hint = _hint_for(seen, hint, mistake_hints)
     elif len(names) > 1:
         seen = _t(f"{names[0]}, or {names[1]}")
     _fail_value(name, first.got, first.expected, seen, first.case, hint, unit)
@@ -531,13 +544,18 @@ def call(
     hint: Optional[str] = None,
     case: Optional[str] = None,
     check_inputs: bool = False,
+    crash_mistakes: Optional[Mapping[str, Callable[[], Any]]] = None,
+    crash_hints: Optional[Mapping[str, str]] = None,
     **kwargs: Any,
 ) -> Any:
     """Call the learner's function; stubs and crashes become check failures that say so.
 
     A crash is reported with the input that caused it (``case``) and the ``hint``.
     ``check_inputs=True``: tensors, lists and dicts passed in must come back unchanged (an
-    exercise that asks for a *new* tensor or list fails when the function edits its input)."""
+    exercise that asks for a *new* tensor or list fails when the function edits its input).
+    ``crash_mistakes``: mistake description -> a zero-argument function doing that mistake on the same input (or a
+    list of such functions, its ways of writing it); a crash that raises what one of them raises (the same exception type and message) is named as that mistake,
+    with its hint from ``crash_hints`` where there is one."""
     before = [_snapshot(a) for a in args] if check_inputs else []
     with exercise(name):
         try:
@@ -547,13 +565,31 @@ def call(
         except ExerciseError:
             raise
         except Exception as err:  # the learner's code raised: report it as part of the check
-            fail(name, f"your function raised {type(err).__name__}: {err}{_on(case)}", hint)
+            seen = _crash_like(err, crash_mistakes)
+            what = _t(f"your function raised {type(err).__name__}: {err}{_on(case)}")
+            _fail(name, (_t(f"this looks like {seen}: ") if seen else "") + what, _hint_for(seen, hint, crash_hints))
     for position, (snap, arg) in enumerate(zip(before, args)):
         if not _same(snap, arg):
             fail(name, f"your function changed its input (argument {position + 1}) in place{_on(case)}; the exercise "
                  "asks you to return a new result and leave the input as it was",
                  "build a new list or tensor, or work on a copy of the argument, instead of assigning into it.")
     return result
+
+
+def _crash_like(err: BaseException, crash_mistakes: Optional[Mapping[str, Callable[[], Any]]]) -> Optional[str]:
+    """The first mistake (``call``'s ``crash_mistakes``) that raises the same exception as the learner's code."""
+    import warnings
+
+    for description, thunks in (crash_mistakes or {}).items():
+        for thunk in (thunks if isinstance(thunks, (list, tuple)) else [thunks]):
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # PyTorch's deprecation warnings of the mistake, not the learner's
+                    thunk()
+            except Exception as other:  # the mistake crashes too: the same way?
+                if type(other) is type(err) and str(other) == str(err):
+                    return description
+    return None
 
 
 def passed(name: str, detail: str = "") -> None:
@@ -584,3 +620,150 @@ def check(name: str, shown: Optional[bool] = None,
         return inner
 
     return wrap
+
+
+# --------------------------------------------------------------------------------------------
+# Shortcuts an exercise asks the learner to do without (the library call it is about)
+# --------------------------------------------------------------------------------------------
+
+class Shortcut:
+    """One call an exercise asks the learner not to use while building the thing it is about: how a
+    failure names it (``label``, e.g. ``"torch.softmax"``) and where it lives (``(owner, attribute)``
+    pairs: a module and a function name, or a class and a method name). ``refused`` switches every
+    place off while the learner's function runs."""
+
+    def __init__(self, label: str, *places: Tuple[Any, str]) -> None:
+        if not places or any(not (isinstance(p, tuple) and len(p) == 2 and isinstance(p[1], str)) for p in places):
+            raise ValueError(f"Shortcut {label!r}: give one or more (owner, attribute name) pairs.")
+        self.label, self.places = label, tuple(places)
+
+    def originals(self) -> list:
+        """The objects the places hold now (the ones a learner's code may have bound to other names)."""
+        return [getattr(owner, attr) for owner, attr in self.places if hasattr(owner, attr)]
+
+
+_REFUSALS: Dict[int, Tuple[str, str, Optional[str]]] = {}
+_REFUSAL_COUNTER = [0]
+
+
+def _refusal(key: int) -> NoReturn:
+    """What a switched-off shortcut does when called: fail the check that switched it off."""
+    name, label, hint = _REFUSALS[key]
+    number = exercise_number(name) or "?"
+    fail(name, f"Exercise {number} asks you to build this without {label}, and your code calls it (the check "
+         f"switches {label} off while your function runs)", hint)
+
+
+def _raiser(key: int) -> Callable[..., Any]:
+    def refused_call(*args: Any, **kwargs: Any) -> NoReturn:
+        _refusal(key)
+    return refused_call
+
+
+_KEY_MARK = -4242424242  # the constant of _refused_template that _raiser_code replaces with a refusal's key
+
+
+def _refused_template(*args: Any, **kwargs: Any) -> NoReturn:
+    """The code every switched-off Python function runs instead of its own (``_raiser_code``): it imports this
+    module by name, so it works from inside any module's globals."""
+    __import__("minimind_ref.checks.core", fromlist=("_refusal",))._refusal(-4242424242)
+
+
+def _raiser_code(key: int) -> Any:
+    """A code object that fails the check ``key`` from inside any module, put in place of a Python function's own
+    code: every name bound to that function, wherever, then refuses."""
+    code = _refused_template.__code__
+    consts = tuple(key if c == _KEY_MARK else __name__ if c == "minimind_ref.checks.core" else c
+                   for c in code.co_consts)
+    return code.replace(co_consts=consts)
+
+
+def _namespaces(fn: Any) -> list:
+    """The dicts a learner's callable reads names from: the globals of its function (or of a class's methods,
+    or of a module instance's forward), which in a notebook are the notebook's namespace."""
+    seen, out = set(), []
+    todo = [fn]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, functools.partial):
+            todo.append(obj.func)
+        elif hasattr(obj, "__func__"):
+            todo.append(obj.__func__)
+        elif isinstance(obj, type):
+            todo.extend(v for v in vars(obj).values() if callable(v) or isinstance(v, (staticmethod, classmethod)))
+        elif isinstance(obj, (staticmethod, classmethod)):
+            todo.append(obj.__func__)
+        elif hasattr(obj, "__globals__") and isinstance(obj.__globals__, dict):
+            if all(obj.__globals__ is not d for d in out):
+                out.append(obj.__globals__)
+        elif not isinstance(obj, type) and hasattr(type(obj), "forward"):
+            todo.append(type(obj))
+    return out
+
+
+@contextlib.contextmanager
+def refused(name: str, fn: Any, shortcuts: Sequence[Shortcut], hint: Optional[str] = None) -> Iterator[None]:
+    """While the block runs, every ``Shortcut`` fails the check ``name`` when called: "Exercise N.M asks you to
+    build this without <label>, and your code calls it", then ``hint``. Wrap only the learner's call in it
+    (the reference is computed outside).
+
+    The places are switched off as attributes (``torch.softmax``, ``F.silu``, ``Attention.forward``, so a
+    subclass's ``super().forward`` is refused too); a Python function without a closure also gets a code that
+    refuses, so a name bound to it anywhere (``from minimind_ref.config import default_intermediate_size``
+    at a notebook's top level, a dict of rules) refuses; and the learner's own namespaces (``fn``'s globals,
+    a notebook's namespace) have any other name bound to a shortcut (a builtin such as ``torch.softmax``
+    imported by name) switched off too. ``fn`` itself being a shortcut (``silu = F.silu``) fails at once.
+    Everything is put back when the block ends, also after a failure."""
+    keyed = []
+    for shortcut in shortcuts:
+        _REFUSAL_COUNTER[0] += 1
+        key = _REFUSAL_COUNTER[0]
+        _REFUSALS[key] = (name, shortcut.label, hint)
+        keyed.append((key, shortcut))
+    originals = {id(obj): key for key, s in keyed for obj in s.originals()}
+    target = fn.func if isinstance(fn, functools.partial) else getattr(fn, "__func__", fn)
+    if id(target) in originals:
+        key = originals[id(target)]
+        try:
+            _refusal(key)
+        finally:
+            _REFUSALS.pop(key, None)
+    attributes: list = []   # (owner, attr, had it in its own dict, the old value)
+    codes: list = []        # (function, its own code)
+    bindings: list = []     # (namespace, name, the old value)
+    try:
+        for key, shortcut in keyed:
+            raiser = _raiser(key)
+            for owner, attr in shortcut.places:
+                own = vars(owner) if hasattr(owner, "__dict__") else {}
+                if not hasattr(owner, attr):
+                    continue
+                value = getattr(owner, attr)
+                if isinstance(value, type(_raiser)) and not value.__code__.co_freevars and \
+                        all(value is not f for f, _ in codes):
+                    codes.append((value, value.__code__))
+                    value.__code__ = _raiser_code(key)
+                attributes.append((owner, attr, attr in own, own.get(attr)))
+                setattr(owner, attr, staticmethod(raiser) if isinstance(own.get(attr), staticmethod) else raiser)
+        for namespace in _namespaces(fn):
+            for var, value in list(namespace.items()):
+                key = originals.get(id(value))
+                if key is not None and all(value is not f for f, _ in codes):
+                    bindings.append((namespace, var, value))
+                    namespace[var] = _raiser(key)
+        yield
+    finally:
+        for namespace, var, value in reversed(bindings):
+            namespace[var] = value
+        for owner, attr, had, value in reversed(attributes):
+            if had:
+                setattr(owner, attr, value)
+            else:
+                delattr(owner, attr)
+        for function, code in reversed(codes):
+            function.__code__ = code
+        for key, _ in keyed:
+            _REFUSALS.pop(key, None)
