@@ -22,6 +22,7 @@ from its own parent, "within range" when they overlap.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -29,6 +30,12 @@ from . import chat_data
 from .chat_eval import Z_95, wilson_interval
 from .files import PathLike
 from .stage_registry import DEFAULT_SEEDS, RECORD_VERSION, SEEDED_STAGES, SEEDS_FILE, STAGE_INFO, STAGES
+
+
+def _mean(values: Sequence[float]) -> float:
+    """The mean, summed exactly (``math.fsum``): the same float on every Python (3.12's ``sum`` of floats is
+    compensated and 3.11's is not, which moves a printed mean that sits on a rounding boundary)."""
+    return math.fsum(values) / len(values)
 
 
 def load_seed_records(path: Optional[PathLike] = None) -> Dict[str, Any]:
@@ -154,8 +161,8 @@ def stage_effect(stage: str, metric: str, records: Optional[Dict[str, Any]] = No
         direction = "down in every lineage"
     else:
         direction = "within range"
-    return {"stage": stage, "parent": parent, "metric": metric, "mean": sum(child) / len(child),
-            "parent_mean": sum(before) / len(before), "change": sum(child) / len(child) - sum(before) / len(before),
+    return {"stage": stage, "parent": parent, "metric": metric, "mean": _mean(child),
+            "parent_mean": _mean(before), "change": _mean(child) - _mean(before),
             "range": (min(child), max(child)), "parent_range": (min(before), max(before)), "interval": interval,
             "parent_interval": parent_interval, "lineages": len(pairs), "lineages_up": up, "lineages_down": down,
             "direction": direction, "runs": len(child), "seeds": len({s for s, _, _ in child_runs}),
@@ -325,7 +332,7 @@ def render_seed_report(records: Dict[str, Any]) -> str:
                     mark = _mark(stage_effect(name, key, records)["direction"])
                 except ValueError:
                     pass
-            mean = sum(values) / len(values)
+            mean = _mean(values)
             cells.append(f"{fmt(mean)}{mark}<br>({fmt(min(values))}–{fmt(max(values))})")
         lines.append(f"| {name} | {STAGE_INFO[name].chapter} | " + " | ".join(cells) + " |")
     first = run_metrics(records, "sft", seeds[0]) if records["stages"].get("sft") else {}
@@ -365,7 +372,7 @@ def render_seed_report(records: Dict[str, Any]) -> str:
                     cells.append("–")
                     continue
                 fmt = _fmt(key)
-                cells.append(f"{fmt(sum(values) / len(values))} ({fmt(min(values))}–{fmt(max(values))})")
+                cells.append(f"{fmt(_mean(values))} ({fmt(min(values))}–{fmt(max(values))})")
             lines.append(f"| {name} | `{path}` | " + " | ".join(cells) + " |")
     lost = destroyed_skills(records)
     untaught = [d for d in lost if not d["taught"]]
@@ -404,7 +411,7 @@ def render_seed_figure(records: Dict[str, Any], path: Path) -> Path:
             runs = seed_runs(records, name)
             v = [float(run["metrics"][key]) for _, _, run in runs]
             intervals = [metric_interval(run["metrics"], key) for _, _, run in runs]
-            m = sum(v) / len(v)
+            m = _mean(v)
             means.append(100 * m)
             lows.append(100 * max(0.0, m - min(lo for lo, _ in intervals)))
             highs.append(100 * max(0.0, max(hi for _, hi in intervals) - m))

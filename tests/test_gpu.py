@@ -20,6 +20,9 @@ device tolerances:
   the 8 steps within 0.1 of it (about 2 % of ln 300, the initial loss: AdamW's normalised steps
   amplify the rounding of small gradients), and a 30-step run lowers the loss as much as the CPU
   test demands (tests/test_train.py).
+* **Both half precisions** (``utils.half_precision``: bf16 on compute capability 8.0+, fp16 with a
+  gradient scaler below, as on Colab's T4): a forward pass under autocast in each within 0.02 of fp32,
+  a scaled AdamW step, and greedy decoding by the CUDA graph in each dtype.
 * **The CUDA-graph decoder** (``minimind_ref.graph_decode``): on small models of both generations,
   dense and MoE, batch 1 and 3 with left padding and an end-of-sequence token, the graph path's
   greedy tokens equal ``generate``'s in fp32 (TF32 off, so both sum float32 products; they may
@@ -137,6 +140,37 @@ def test_bf16_autocast_training_on_cuda(tiny_data, cpu_run):
     assert all(math.isfinite(g) for g in h["grad_norm"])
     assert sum(h["loss"][-5:]) / 5 < h["loss"][0] - 1.5, h["loss"]
     assert h["eval_loss"][1] < h["eval_loss"][0]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_both_half_precisions_on_cuda(dtype, record_property):
+    """``utils.half_precision`` picks bf16 on compute capability 8.0+ and fp16 with a gradient scaler below
+    (Colab's T4); both must work on whatever GPU runs this, so both run here (the CPU suite mocks the
+    choice itself, tests/test_platforms.py). A small random minimind-3 on random tokens: the loss under
+    autocast in ``dtype`` within 0.02 of the fp32 loss of the same weights (about ln 300 = 5.7; 16-bit
+    keeps 8 or 11 significant bits and the loss is computed in fp32 under autocast); one AdamW step through
+    a GradScaler (enabled for fp16, as ``needs_scaler`` says) leaves every weight finite; and the weights
+    cast to ``dtype`` decode greedily with ``GraphDecoder`` (the graph on CUDA) into valid token ids."""
+    from minimind_ref.graph_decode import GraphDecoder
+    from minimind_ref.utils import half_precision
+
+    record_property("half_precision", half_precision("cuda").reason)
+    model = _decode_model("minimind-3", 0).train()
+    ids = torch.randint(0, model.config.vocab_size, (4, 32), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    with torch.no_grad():
+        fp32_loss = model(ids, labels=ids).loss.item()
+    with torch.autocast("cuda", dtype=dtype):
+        loss = model(ids, labels=ids).loss
+    assert abs(loss.item() - fp32_loss) < 0.02, (loss.item(), fp32_loss)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cuda", enabled=dtype == torch.float16)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    half = model.eval().to(dtype)
+    out = GraphDecoder(half).generate(ids[:1, :8], 16)
+    assert out.shape == (1, 24) and int(out.min()) >= 0 and int(out.max()) < model.config.vocab_size
 
 
 # --- the CUDA-graph decoder -------------------------------------------------------------------
