@@ -222,12 +222,16 @@ def read_runtime(path: Path = RUNTIME) -> Runtime:
 
 
 def python_candidates(version: str) -> List[str]:
-    """Where a ``python3.N`` may be: on PATH, in pyenv's versions (newest patch first), in /usr(/local)/bin."""
+    """Where a ``python3.N`` may be: on PATH, in pyenv's versions and in uv's managed Pythons (``uv python
+    install 3.N``; newest patch first), in /usr(/local)/bin."""
     found = [shutil.which(f"python{version}") or ""]
     pyenv_root = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
     patches = glob.glob(os.path.join(pyenv_root, "versions", f"{version}.*", "bin", f"python{version}"))
-    key = lambda p: [int(x) if x.isdigit() else -1 for x in Path(p).parents[1].name.split(".")]  # noqa: E731
+    key = lambda p: [int(x) if x.isdigit() else -1 for x in re.findall(r"\d+", Path(p).parents[1].name)]  # noqa: E731
     found += sorted(patches, key=key, reverse=True)
+    uv_root = os.environ.get("UV_PYTHON_INSTALL_DIR") or os.path.expanduser("~/.local/share/uv/python")
+    managed = glob.glob(os.path.join(uv_root, f"cpython-{version}.*", "bin", f"python{version}"))
+    found += sorted(managed, key=key, reverse=True)
     found += [f"/usr/local/bin/python{version}", f"/usr/bin/python{version}"]
     seen: List[str] = []
     for p in found:

@@ -185,7 +185,10 @@ def ensure_env(env: Path, python: str, wheel: Path, scratch: Path) -> Dict[str, 
         raise ColabLikeError(f"{err}\nA test tool cannot live with the floors: raise the floor that it names in "
                              "pyproject.toml, and say why there.") from None
     pip(env, "check", what="pip check")
-    moved = [f"{n} {v} -> {installed(env).get(n, 'missing')}" for n, v in pins.items() if installed(env).get(n) != v]
+    from packaging.version import Version
+
+    now = installed(env)
+    moved = [f"{n} {v} -> {now.get(n, 'missing')}" for n, v in pins.items() if n not in now or Version(now[n]) != Version(v)]
     if moved:
         raise ColabLikeError(f"the test tools moved the floors: {', '.join(moved)}")
     stamp.write_text(json.dumps(wanted, indent=1), encoding="utf-8")
