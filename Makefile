@@ -106,7 +106,7 @@ test-current: $(STAMP) browser vendor
 # ipywidgets), then runs the package tests and every chapter natively under nbval, then transformers and
 # huggingface_hub at their floors ([hf], [hub]) with the tests that use them. Its old torch is a CUDA build
 # of some GB from the registry (pip caches it). CONTRIBUTING.md ("The oldest releases") has the last run.
-test-floors: $(STAMP)
+test-floors: $(STAMP) browser vendor
 	$(BIN)/python tools/floors.py --workers $(WORKERS)
 
 # The GPU path (nothing in `make test` needs it): every chapter executed on CUDA (outputs not

@@ -29,7 +29,7 @@ CHAPTERS = ["01_normalization", "02_rope", "03_attention", "04_feedforward",
             "05_architecture", "06_kv_cache", "07_moe", "08_training",
             "09_sft", "10_lora", "11_dpo", "12_grpo"]
 BROWSER_PAGE = "notebooks/01_normalization"
-REQUIRED_EXCLUDES = ["_build", ".venv", ".colab-venv", ".current-venv", ".pytest_cache", "minimind_ref", "tests", "student", ".helpers", "node_modules",
+REQUIRED_EXCLUDES = ["_build", ".venv", ".colab-venv", ".current-venv", ".floors-venv", ".pytest_cache", "minimind_ref", "tests", "student", ".helpers", "node_modules",
                      "_vendor", "tools", "benchmarks", "README.md", "CONTRIBUTING.md", "requirements"]
 CDN_HOSTS = ("cdn.jsdelivr.net", "cdnjs.cloudflare.com", "unpkg.com", "mathjax.org", "polyfill.io")
 

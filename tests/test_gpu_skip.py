@@ -26,7 +26,7 @@ def test_gpu_suite_skips_cleanly_without_cuda():
     summary = out.strip().splitlines()[-1]
     assert re.fullmatch(r"=* ?\d+ skipped in .*", summary), summary
     skipped = int(re.search(r"(\d+) skipped", summary).group(1))
-    # one test per chapter, fp32 and bf16 training, four graph-decoder cases, its sampling and compiled
-    # tests, DDP over nccl
-    assert skipped == len(NOTEBOOKS) + 3 + 6, summary
+    # one test per chapter, fp32 and bf16 training, both half precisions (bf16, fp16), four graph-decoder
+    # cases, its sampling and compiled tests, DDP over nccl
+    assert skipped == len(NOTEBOOKS) + 3 + 2 + 6, summary
     assert "no CUDA device" in out
