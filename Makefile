@@ -2,6 +2,7 @@
 #   make test     - set up, then run every test (package, checks, student editions, book, browser;
 #                   then nbval on every chapter in the Colab-like environment; then the package tests
 #                   and every chapter with the newest releases, natively: see below)
+#   make test-floors - the package tests and every chapter with the oldest releases pyproject.toml declares
 #   make test-gpu - the chapters, the training tests and the DDP test on CUDA (skipped without a GPU)
 #   make gpu-check - the prepared device check (tools/gpu_check.sh): suite, benchmarks, one log and one record
 #   make book     - set up, then execute the notebooks and build the site into _build/html
@@ -22,16 +23,17 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 # Chapters whose Chinese edition (student/zh/, locales/zh_CN) also runs under nbval in test-colab.
 ZH_CHAPTERS ?= 01,02,03,04,05,06,07,08
-# The interpreter of the Colab-like environment (.colab-venv); e.g. `make test COLAB_PYTHON=python3.12`.
-COLAB_PYTHON ?= $(PYTHON)
+# The interpreter of the Colab-like environment (.colab-venv). Empty: tools/colab_like.py finds a python3.N of
+# the version Colab runs (requirements/colab-runtime.txt's `# python:` line; on PATH or in pyenv).
+COLAB_PYTHON ?=
 
 CHROMIUM := /usr/bin/chromium
 APT_GET  := DEBIAN_FRONTEND=noninteractive apt-get
 
-.PHONY: i18n venv test test-package test-colab test-current test-gpu gpu-wheels gpu-check test-fast book student execute timings report publish vendor browser clean help
+.PHONY: i18n venv test test-package test-colab test-current test-floors test-gpu gpu-wheels gpu-check test-fast book student execute timings report publish vendor browser clean help
 
 help:
-	@echo "make test | make test-gpu | make gpu-check | make book | make student | make publish | make execute NB=notebooks/01_normalization.ipynb | make timings | make report | make bench | make clean"
+	@echo "make test | make test-floors | make test-gpu | make gpu-check | make book | make student | make publish | make execute NB=notebooks/01_normalization.ipynb | make timings | make report | make bench | make clean"
 
 # torch==2.13.0 goes in first and the constraints file holds it there for everything after.
 $(STAMP): pyproject.toml requirements/dev.txt requirements/constraints.txt
@@ -54,14 +56,20 @@ venv: $(STAMP)
 #     the tests that share the built site stay in one worker; slow tests start first).
 #     tests/conftest.py gives the session a private TMPDIR and fails it if anything named
 #     minimind_* is left there. No chapter runs in this pass.
-#  2. test-colab: tools/colab_like.py builds the wheel, installs it (not editable, [course] extra)
-#     into .colab-venv, copies the chapters into an empty folder outside the repository and runs
-#     nbval there with kernel settings that differ from those of the stored outputs:
-#     ATEN_CPU_CAPABILITY=default, OMP_NUM_THREADS=1, MPLBACKEND=Agg; in the same kernel, right
+#  2. test-colab: Colab's runtime. tools/colab_like.py makes .colab-venv from requirements/colab-runtime.txt
+#     alone (Colab's published snapshot, googlecolab/backend-info: its Python, 3.13 today, and its releases of
+#     torch, transformers, tokenizers, huggingface_hub, numpy, matplotlib, ipywidgets, ipykernel and what they
+#     need; the file names the snapshot's commit and date, and moving to Colab's next runtime is one edit of it),
+#     proves with a pip dry run that the chapters' install cell (minimind-ref[course]) changes no package Colab
+#     preloads, builds the wheel, installs it (not editable, [course] extra), copies the chapters into an empty
+#     folder outside the repository and runs nbval there with kernel settings that differ from those of the
+#     stored outputs: ATEN_CPU_CAPABILITY=default, OMP_NUM_THREADS=1, MPLBACKEND=Agg; in the same kernel, right
 #     before each exercise cell, the check must fail on the student stub (tools/nbval_stubs.py).
 #     Each chapter executes once per `make test`, and that one run proves the stored outputs, the
 #     stubs, the package data and the Colab install. It fails if the chapters leave minimind_*
-#     entries in their TMPDIR or files in their folder.
+#     entries in their TMPDIR or files in their folder. The first run downloads Colab's torch (a CUDA
+#     build, about 4.7 GB with its libraries; pip caches it), and the environment is made again only when
+#     pyproject.toml, requirements/colab-runtime.txt, requirements/colab.txt or the interpreter change.
 #  3. test-current: tools/current_releases.py creates .current-venv afresh with torch 2.13.0 and the
 #     NEWEST release of everything else the course uses (transformers, tokenizers, huggingface_hub,
 #     numpy, matplotlib, ipywidgets, ipykernel, ...: resolved at run time, never pinned; a release that
@@ -69,7 +77,9 @@ venv: $(STAMP)
 #     prints the versions, proves the wheel's [course,hf,hub] extras install beside them without changing
 #     any, then runs the package tests and nbval on every chapter natively: the CPU's own SIMD level and
 #     thread count (no ATEN_CPU_CAPABILITY, no OMP_NUM_THREADS), so every chapter is proven both ways.
-#     CONTRIBUTING.md ("How make test spends its time") has the measured budget.
+#     CONTRIBUTING.md ("How make test spends its time") has the measured budget: 35 minutes on an idle
+#     2-core machine, the torch download cached.
+# Not part of `make test`: `make test-floors` (the oldest releases pyproject.toml declares; see below).
 # OMP_WAIT_POLICY=PASSIVE: idle OpenMP threads sleep instead of spinning, so a test process, a
 # notebook kernel and the DDP workers cannot starve each other (numbers are unchanged).
 test: $(STAMP) browser vendor
@@ -85,10 +95,19 @@ test-package: $(STAMP) browser vendor
 		-n $(WORKERS) --dist loadgroup --durations=10 -o addopts="--nbval-cell-timeout=600 -p no:cacheprovider"
 
 test-colab: $(STAMP)
-	$(BIN)/python tools/colab_like.py --python $(COLAB_PYTHON) --workers $(WORKERS) $(if $(ZH_CHAPTERS),--zh $(ZH_CHAPTERS))
+	$(BIN)/python tools/colab_like.py $(if $(COLAB_PYTHON),--python $(COLAB_PYTHON)) --workers $(WORKERS) $(if $(ZH_CHAPTERS),--zh $(ZH_CHAPTERS))
 
 test-current: $(STAMP) browser vendor
-	$(BIN)/python tools/current_releases.py --python $(COLAB_PYTHON) --workers $(WORKERS)
+	$(BIN)/python tools/current_releases.py --python $(PYTHON) --workers $(WORKERS)
+
+# The oldest releases (not part of `make test`; run it before changing pyproject.toml's bounds or what the code needs
+# of torch): tools/floors.py makes .floors-venv with the oldest Python (requires-python) and the OLDEST release
+# of every dependency pyproject.toml declares (each `>=` bound: torch, numpy, tokenizers, tqdm, matplotlib,
+# ipywidgets), then runs the package tests and every chapter natively under nbval, then transformers and
+# huggingface_hub at their floors ([hf], [hub]) with the tests that use them. Its old torch is a CUDA build
+# of some GB from the registry (pip caches it). CONTRIBUTING.md ("The oldest releases") has the last run.
+test-floors: $(STAMP) browser vendor
+	$(BIN)/python tools/floors.py --workers $(WORKERS)
 
 # The GPU path (nothing in `make test` needs it): every chapter executed on CUDA (outputs not
 # compared: the stored ones are CPU outputs), training with bf16 autocast and its tolerances, and
@@ -160,7 +179,7 @@ browser:
 		|| { $(APT_GET) update && $(APT_GET) install -y --no-install-recommends fonts-wqy-zenhei; }; }
 
 clean:
-	rm -rf _build .pytest_cache _vendor .colab-venv .current-venv
+	rm -rf _build .pytest_cache _vendor .colab-venv .current-venv .floors-venv
 
 # The stage report (book/performance.md includes it): mean and range over the seeds and float paths of
 # every stage's held-out evaluation, from the record the seeded rebuild wrote

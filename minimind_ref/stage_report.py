@@ -32,6 +32,12 @@ from .files import PathLike
 from .stage_registry import DEFAULT_SEEDS, RECORD_VERSION, SEEDED_STAGES, SEEDS_FILE, STAGE_INFO, STAGES
 
 
+def _mean(values: Sequence[float]) -> float:
+    """The mean, summed exactly (``math.fsum``): the same float on every Python (3.12's ``sum`` of floats is
+    compensated and 3.11's is not, which moves a printed mean that sits on a rounding boundary)."""
+    return math.fsum(values) / len(values)
+
+
 def load_seed_records(path: Optional[PathLike] = None) -> Dict[str, Any]:
     """The seeded rebuild's record (``rebuild_seeds``), shipped beside the checkpoints, read through
     ``check_seed_record`` (a record that fails it is a ``ValueError`` naming the file and what is

@@ -255,7 +255,8 @@ def float_path() -> Dict[str, str]:
     """The float path this process runs: ``{"path": "native" or the ATEN_CPU_CAPABILITY value,
     "capability": what torch uses (e.g. "AVX512", "AVX2", "DEFAULT")}``."""
     path = os.environ.get(CAPABILITY_ENV, "").strip().lower() or "native"
-    return {"path": path, "capability": str(torch.backends.cpu.get_cpu_capability())}
+    capability = str(torch.backends.cpu.get_cpu_capability())
+    return {"path": path, "capability": "DEFAULT" if capability == "NO AVX" else capability}  # torch 2.4 says "NO AVX"
 
 
 def path_environment(path: str, threads: int = 1) -> Dict[str, str]:

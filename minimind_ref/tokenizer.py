@@ -201,7 +201,7 @@ def encode_plain(tokenizer, text: str) -> List[int]:
     backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
     if not hasattr(backend, "encode_special_tokens"):
         raise TypeError(
-            f"encode_plain needs a tokenizers.Tokenizer (tokenizers >= 0.15) or a transformers fast tokenizer, "
+            f"encode_plain needs a tokenizers.Tokenizer (tokenizers >= 0.20) or a transformers fast tokenizer, "
             f"got {type(tokenizer).__name__}."
         )
     previous = backend.encode_special_tokens

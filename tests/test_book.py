@@ -29,7 +29,7 @@ CHAPTERS = ["01_normalization", "02_rope", "03_attention", "04_feedforward",
             "05_architecture", "06_kv_cache", "07_moe", "08_training",
             "09_sft", "10_lora", "11_dpo", "12_grpo"]
 BROWSER_PAGE = "notebooks/01_normalization"
-REQUIRED_EXCLUDES = ["_build", ".venv", ".colab-venv", ".current-venv", ".pytest_cache", "minimind_ref", "tests", "student", ".helpers", "node_modules",
+REQUIRED_EXCLUDES = ["_build", ".venv", ".colab-venv", ".current-venv", ".floors-venv", ".pytest_cache", "minimind_ref", "tests", "student", ".helpers", "node_modules",
                      "_vendor", "tools", "benchmarks", "README.md", "CONTRIBUTING.md", "requirements"]
 CDN_HOSTS = ("cdn.jsdelivr.net", "cdnjs.cloudflare.com", "unpkg.com", "mathjax.org", "polyfill.io")
 
@@ -235,6 +235,9 @@ def site():
     return HTML
 
 
+# The first line of every chapter's Colab install cell (tools/sync_colab_cells.py), which the pages hide.
+COLAB_CELL_LINE = "Colab only: install the course package"
+
 # The slow tests share one build of the site (a module fixture): under pytest-xdist they run in one
 # worker (`--dist loadgroup`), never two builds into _build/html at once.
 SITE = pytest.mark.xdist_group("site")
@@ -269,6 +272,8 @@ def test_colab_buttons_open_the_student_edition(site):
         assert (ROOT / "student" / f"{name}.ipynb").is_file()
         # solutions are folded behind a click on the page
         assert "tag_hide-input" in html
+        # the Colab install cell (tag remove-cell) does nothing on a page: the page does not show it
+        assert COLAB_CELL_LINE not in html, f"{name}: the page shows the Colab install cell"
 
 
 @pytest.mark.slow
@@ -295,6 +300,7 @@ def test_chinese_colab_buttons_open_the_chinese_student_edition(site):
         links = set(re.findall(r'href="(https://colab\.research\.google\.com/[^"]+)"', html))
         assert links == {f"{prefix}student/zh/{name}.ipynb"}, f"zh/{name}: Colab links {links}"
         assert (ROOT / "student" / "zh" / f"{name}.ipynb").is_file()
+        assert COLAB_CELL_LINE not in html, f"zh/{name}: the page shows the Colab install cell"
 
 
 @pytest.mark.slow

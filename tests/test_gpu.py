@@ -24,6 +24,9 @@ device tolerances:
   losses within 0.1 of the fp32 CPU run, as for bf16.
 * **The planner** (``minimind_ref.plan``): its peak for MiniMind2-Small (batch 8 x 340, 2
   accumulation steps, this GPU's precision) within 20 % of ``torch.cuda.max_memory_allocated``.
+* **Both half precisions** (``utils.half_precision``: bf16 on compute capability 8.0+, fp16 with a
+  gradient scaler below, as on Colab's T4): a forward pass under autocast in each within 0.02 of fp32,
+  a scaled AdamW step, and greedy decoding by the CUDA graph in each dtype.
 * **The CUDA-graph decoder** (``minimind_ref.graph_decode``): on small models of both generations,
   dense and MoE, batch 1 and 3 with left padding and an end-of-sequence token, the graph path's
   greedy tokens equal ``generate``'s in fp32 (TF32 off, so both sum float32 products; they may
@@ -178,6 +181,35 @@ def test_the_planners_peak_is_within_20_percent_of_cudas():
     measured = torch.cuda.max_memory_allocated(dev) - before
     estimate = plan_memory(cfg, "cuda", 1, local_gpu()).peak
     assert 0.8 <= estimate / measured <= 1.2, (estimate, measured, torch.cuda.get_device_name(dev))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_both_half_precisions_on_cuda(dtype, record_property):
+    """``utils.half_precision`` picks bf16 on compute capability 8.0+ and fp16 with a gradient scaler below
+    (Colab's T4); both must work on whatever GPU runs this, so both run here (the CPU suite mocks the
+    choice itself, tests/test_platforms.py). A small random minimind-3 on random tokens: the loss under
+    autocast in ``dtype`` within 0.02 of the fp32 loss of the same weights (about ln 300 = 5.7; 16-bit
+    keeps 8 or 11 significant bits and the loss is computed in fp32 under autocast); one AdamW step through
+    a GradScaler (enabled for fp16, as ``needs_scaler`` says) leaves every weight finite; and the weights
+    cast to ``dtype`` decode greedily with ``GraphDecoder`` (the graph on CUDA) into valid token ids."""
+    from minimind_ref.graph_decode import GraphDecoder
+    from minimind_ref.utils import half_precision
+
+    record_property("half_precision", half_precision("cuda").reason)
+    model = _decode_model("minimind-3", 0).train()
+    ids = torch.randint(0, model.config.vocab_size, (4, 32), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    with torch.no_grad():
+        fp32_loss = model(ids, labels=ids).loss.item()
+    with torch.autocast("cuda", dtype=dtype):
+        loss = model(ids, labels=ids).loss
+    assert abs(loss.item() - fp32_loss) < 0.02, (loss.item(), fp32_loss)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cuda", enabled=dtype == torch.float16)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    half = model.eval().to(dtype)
+    out = GraphDecoder(half).generate(ids[:1, :8], 16)
+    assert out.shape == (1, 24) and int(out.min()) >= 0 and int(out.max()) < model.config.vocab_size
 
 
 # --- the CUDA-graph decoder -------------------------------------------------------------------

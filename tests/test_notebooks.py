@@ -102,9 +102,15 @@ def test_stored_outputs_show_no_machine_paths(nb):
 
 
 def test_first_code_cell_is_the_colab_cell(nb):
-    first = code_cells(nb)[0].source.strip()
-    assert first == colab_cell(), (
-        f"the first code cell must be the Colab cell that tools/sync_colab_cells.py writes (run it), got:\n{first}")
+    import sync_colab_cells
+
+    first = code_cells(nb)[0]
+    assert first.source.strip() == colab_cell(), (
+        f"the first code cell must be the Colab cell that tools/sync_colab_cells.py writes (run it), got:\n{first.source}")
+    assert tags(first) == [sync_colab_cells.TAG], (
+        f"the Colab cell must carry exactly the tag {sync_colab_cells.TAG!r} (the website hides it; run "
+        f"tools/sync_colab_cells.py), it has {tags(first)}")
+    assert not first.outputs, "the Colab cell does nothing outside Colab: it has no output"
 
 
 def test_setup_cell_starts_with_matplotlib_inline(nb):

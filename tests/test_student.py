@@ -109,3 +109,28 @@ def test_student_edition_has_stubs_and_no_outputs(pair):
         else:
             assert stu.source == sol.source
     assert n_solutions >= 1
+
+
+@pytest.mark.parametrize("folder", ["student", "student/zh"])
+def test_student_editions_keep_the_colab_cell(folder):
+    """The website hides the Colab install cell (tag remove-cell); the student editions, English and Chinese,
+    which the site's Colab buttons open, keep it as the chapters have it, tag included."""
+    import sync_colab_cells
+
+    expected = sync_colab_cells.colab_cell()
+    for path in NOTEBOOKS:
+        student = nbformat.read(ROOT / folder / path.name, as_version=4)
+        first = next(c for c in student.cells if c.cell_type == "code")
+        assert first.source == expected, f"{folder}/{path.name}: the first code cell is not the Colab cell; run `make student`"
+        assert sync_colab_cells.TAG in first.metadata.get("tags", []), f"{folder}/{path.name}: the Colab cell lost its tag"
+
+
+def test_chinese_site_sources_keep_the_colab_cell_hidden():
+    """tools/build_zh.py builds the Chinese site from tools/i18n.py's translation of each chapter: the cell is
+    there, with the tag that hides it on the page."""
+    import i18n
+    import sync_colab_cells
+
+    nb = i18n.translated_notebook(NOTEBOOKS[0], "zh_CN")
+    first = next(c for c in nb.cells if c.cell_type == "code")
+    assert first.source == sync_colab_cells.colab_cell() and sync_colab_cells.TAG in first.metadata.get("tags", [])

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import re
 import shutil
@@ -52,9 +51,13 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import colab_like  # noqa: E402
 import tempdir_guard  # noqa: E402
-from colab_like import ColabLikeError, env_python, pip, run  # noqa: E402
+from colab_like import ColabLikeError, canonical, env_python, installed, pip, run  # noqa: E402
 
 DEFAULT_ENV = ROOT / ".current-venv"
+#: The one package held (the CPU wheel on this machine kind's disk; newer torch releases are CUDA builds).
+TORCH = "torch==2.13.0"
+CONSTRAINTS = ROOT / "requirements" / "constraints.txt"
+DEV = ROOT / "requirements" / "dev.txt"
 EXCEPTIONS = ROOT / "requirements" / "current-exceptions.txt"
 EXTRAS = "course,hf,hub"
 #: What the course, the package and its [course]/[hf]/[hub] extras use besides torch: installed at
@@ -77,10 +80,6 @@ _EXCEPTION = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)\s*!=\s*(?P<versi
 
 def log(message: str) -> None:
     print(f"[current] {message}", flush=True)
-
-
-def canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 # --- the allow-list ---------------------------------------------------------------------------
@@ -117,7 +116,7 @@ def describe_exceptions(entries: Sequence[Dict[str, str]], today: Optional[datet
 
 # --- the environment --------------------------------------------------------------------------
 
-def dev_requirements_without_current(dev: Path = colab_like.DEV) -> List[str]:
+def dev_requirements_without_current(dev: Path = DEV) -> List[str]:
     """requirements/dev.txt's lines, less those of the ``CURRENT`` packages (their pins)."""
     keep = []
     wanted = {canonical(n) for n in CURRENT}
@@ -129,11 +128,6 @@ def dev_requirements_without_current(dev: Path = colab_like.DEV) -> List[str]:
         if canonical(name) not in wanted:
             keep.append(requirement)
     return keep
-
-
-def installed(env: Path) -> Dict[str, str]:
-    out = pip(env, "list", "--format=json", what="listing the environment").stdout
-    return {canonical(p["name"]): p["version"] for p in json.loads(out)}
 
 
 def newest_on_registry(env: Path, name: str) -> str:
@@ -163,12 +157,12 @@ def version_table(env: Path, versions: Dict[str, str]) -> List[str]:
 
 def create_env(env: Path, python: str, scratch: Path, exceptions: Path = EXCEPTIONS) -> Dict[str, str]:
     """A fresh ``env``: torch 2.13.0, then the newest ``CURRENT`` packages; returns their versions."""
-    log(f"creating {env} afresh with {python}: {colab_like.TORCH} first, then the newest "
+    log(f"creating {env} afresh with {python}: {TORCH} first, then the newest "
         f"{', '.join(CURRENT)}")
     shutil.rmtree(env, ignore_errors=True)
     run([python, "-m", "venv", env], f"creating the virtual environment {env}")
-    pip(env, "install", "-q", colab_like.TORCH, what=f"installing {colab_like.TORCH}")
-    pip(env, "install", "-q", "-c", colab_like.CONSTRAINTS, "-c", exceptions, *CURRENT,
+    pip(env, "install", "-q", TORCH, what=f"installing {TORCH}")
+    pip(env, "install", "-q", "-c", CONSTRAINTS, "-c", exceptions, *CURRENT,
         what="installing the newest " + ", ".join(CURRENT))
     return installed(env)
 
@@ -189,7 +183,7 @@ def install_course_and_tools(env: Path, wheel: Path, scratch: Path, before: Dict
     tools = scratch / "dev-without-current.txt"
     tools.write_text("\n".join(dev_requirements_without_current()) + "\n", encoding="utf-8")
     try:
-        pip(env, "install", "-q", "-c", colab_like.CONSTRAINTS, "-c", held, "-r", tools,
+        pip(env, "install", "-q", "-c", CONSTRAINTS, "-c", held, "-r", tools,
             what="installing the test tools of requirements/dev.txt beside the newest releases")
     except ColabLikeError as err:
         raise ColabLikeError(f"{err}\nA test tool of requirements/dev.txt cannot live with the newest releases above: "

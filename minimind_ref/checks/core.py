@@ -184,8 +184,8 @@ def _matches(got: torch.Tensor, candidate: Any, rtol: float, atol: float) -> boo
         return False
     if candidate.dtype != got.dtype:  # the mistake computes another dtype: not what the learner did
         return False
-    g = got.detach().to(device=candidate.device, dtype=torch.float64)
-    c = candidate.detach().to(torch.float64)
+    g = got.detach().cpu().to(torch.float64)  # compared on the CPU (MPS has no float64): moved first, then widened
+    c = candidate.detach().cpu().to(torch.float64)
     both_nan = torch.isnan(g) & torch.isnan(c)
     close = torch.isclose(g, c, rtol=rtol, atol=atol) | both_nan
     return bool(close.all())
@@ -257,8 +257,8 @@ def check_close(
         fail(name, *nan)
     if check_dtype and got.dtype != expected.dtype:
         fail(name, f"dtype mismatch: expected {expected.dtype}, got {got.dtype}{_on(case)}", hint)
-    g = got.detach().to(device=expected.device, dtype=torch.float64)
-    e = expected.detach().to(torch.float64)
+    g = got.detach().cpu().to(torch.float64)  # compared on the CPU (MPS has no float64): moved first, then widened
+    e = expected.detach().cpu().to(torch.float64)
     nan_g, nan_e = torch.isnan(g), torch.isnan(e)
     inf_g, inf_e = torch.isinf(g), torch.isinf(e)
     finite = ~(nan_g | nan_e | inf_g | inf_e)
