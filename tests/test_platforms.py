@@ -232,6 +232,8 @@ PACKAGE_FLOAT64 = {
     "minimind_ref/model.py": "attention_mask.is_complex() refuses a complex mask; creates none",
     "minimind_ref/files.py": "a type name in a comment of the JSON writer",
     "minimind_ref/checkpoint.py": "the plain Python types a checkpoint may hold (complex numbers), not tensors",
+    "minimind_ref/generation.py": "input_ids.is_complex() refuses complex ids; creates none",
+    "minimind_ref/checks/ch02.py": "a comment on the RoPE check's cases (whole indices round alike in float32 and float64)",
 }
 
 
