@@ -171,6 +171,11 @@ def test_has_a_widget(nb):
     assert views, "no stored widget output: the site can only show a widget the notebook displayed when executed"
     assert "application/vnd.jupyter.widget-state+json" in nb.metadata.get("widgets", {}), (
         "no widget state saved in the notebook metadata (execute with make execute, which stores it)")
+    state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"].get("state", {})
+    orphans = [out["data"][WIDGET_VIEW]["model_id"] for out in views if out["data"][WIDGET_VIEW]["model_id"] not in state]
+    assert not orphans, (
+        f"widget views {orphans} have no model in the saved widget state: the site shows nothing there (outputs "
+        "and metadata from two different executions, e.g. after a merge); re-execute with make execute")
 
 
 @pytest.mark.parametrize("heading", ["Summary", "Self-check questions"])

@@ -253,7 +253,9 @@ INSPECT_JS = r"""
 def inspect_page(html_dir: Path, page: str, screenshot: Optional[Path] = None, timeout: float = 60.0) -> Dict[str, Any]:
     """Open ``page`` (relative to ``html_dir``) in Chromium and report what rendered."""
     with serve(html_dir) as base:
-        browser = Chromium(timeout=timeout)
+        # the page script gives up waiting at `timeout` and reports what it saw; the protocol waits longer, so
+        # a widget or an image that never renders shows in the report instead of as "no reply"
+        browser = Chromium(timeout=timeout + 30)
         try:
             browser.navigate(base + page)
             report = browser.evaluate(INSPECT_JS % {"timeout_ms": int(timeout * 1000)})
