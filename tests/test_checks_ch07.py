@@ -307,9 +307,9 @@ def test_the_package_may_help_the_layer_but_not_answer_the_exercises(capsys):
         (lambda idx, w: (idx.view(-1), w.view(-1, 1)))(*moe.gate(x)[:2]))).view(x.shape)
         + sum(e(x) for e in getattr(moe, "shared_experts", [])))
     assert capsys.readouterr().out.count("✓") == 1
-    assert_names(ch07.check_dispatch, dispatch_via_module, "minimind_ref's own MOEFeedForward.moe_infer",
+    assert_names(ch07.check_dispatch, dispatch_via_module, "minimind_ref.moe.MOEFeedForward.moe_infer",
                  label=ch07.DISPATCH)
-    assert_names(ch07.check_seq_aux_loss, lambda *args: seq_aux_loss(*args), "minimind_ref's own seq_aux_loss",
+    assert_names(ch07.check_seq_aux_loss, lambda *args: seq_aux_loss(*args), "minimind_ref.moe.seq_aux_loss",
                  label=ch07.BALANCE)
 
 

@@ -3,7 +3,7 @@
 Each check compares the learner's function with ``minimind_ref`` (``MiniMindBlock``,
 ``MiniMindForCausalLM``, ``count_parameters``) on inputs it makes itself, or (Exercise 5.4) with the
 loss that section 8's rule gives, and reports as ``minimind_ref.checks`` describes. The counting and
-predicting exercises refuse a function that builds a model or a layer (``_no_modules``).
+predicting exercises refuse a function that builds a model or a layer (``delegation.call_without_modules``).
 
     from minimind_ref.checks import ch05
     ch05.check_block_forward(block_forward)                # Exercise 5.1
@@ -15,11 +15,9 @@ predicting exercises refuse a function that builds a model or a layer (``_no_mod
 
 from __future__ import annotations
 
-import contextlib
 import math
 import operator
-import sys
-from typing import Callable, Dict, Iterator, List, Tuple
+from typing import Callable, Dict
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +28,7 @@ from ..model import MiniMindBlock, MiniMindForCausalLM
 from ..params import count_parameters
 from ..rope import precompute_freqs_cis
 from .core import Outcome, as_number, call, check, check_close, check_numbers, fail, seeded, solution
+from .delegation import call_refusing, call_without_modules, forbid
 
 __all__ = ["check_block_forward", "check_tie_weights", "check_count_parameters", "check_loss_at_initialization",
            "check_minimind3_parameters"]
@@ -58,68 +57,11 @@ def _randomize(module: nn.Module, g: torch.Generator) -> None:
                 p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
 
 
-@contextlib.contextmanager
-def _no_modules() -> Iterator[List[str]]:
-    """Record every ``nn.Module`` built while the block runs (a count derived from numbers builds none:
-    ``count_parameters`` and ``MiniMindConfig``'s models do)."""
-    built: List[str] = []
-    original = nn.Module.__init__
-
-    def spy(self, *args, **kwargs):
-        built.append(type(self).__name__)
-        return original(self, *args, **kwargs)
-
-    nn.Module.__init__ = spy
-    try:
-        yield built
-    finally:
-        nn.Module.__init__ = original
-
-
-@contextlib.contextmanager
-def _calls_to(*functions: Callable[..., object]) -> Iterator[List[str]]:
-    """Record the calls of ``functions`` (minimind_ref's own answers) made while the block runs, however the
-    learner reached them: an alias, a wrapper, the module attribute or the class's method (a profile hook
-    compares code objects). Chapters 06 to 08 use it too."""
-    codes = {f.__code__: f.__qualname__ for f in functions}
-    seen: List[str] = []
-    previous = sys.getprofile()
-
-    def profile(frame, event, arg):
-        if event == "call" and frame.f_code in codes:
-            seen.append(codes[frame.f_code])
-        if previous is not None:
-            previous(frame, event, arg)
-
-    sys.setprofile(profile)
-    try:
-        yield seen
-    finally:
-        sys.setprofile(previous)
-
-
-def _call_refusing(fn, *args, forbidden: Tuple[Callable[..., object], ...], name: str, hint: str, case: str,
-                   **kwargs):
-    """``call``, failing when the learner's function ran one of ``forbidden`` (the package's own answer)."""
-    with _calls_to(*forbidden) as seen:
-        got = call(fn, *args, name=name, hint=hint, case=case, **kwargs)
-    if seen:
-        fail(name, f"your function calls minimind_ref's own {seen[0]} (on {case}); the exercise asks you to write "
-             "that part yourself", hint)
-    return got
-
-
-def _call_without_modules(fn, *args, name: str, hint: str, case: str, what: str, **kwargs):
-    """``call`` for the exercises that derive a number: building a model or a layer to count or measure fails."""
-    with _no_modules() as built:
-        got = call(fn, *args, name=name, hint=hint, case=case, **kwargs)
-    if built:
-        fail(name, f"your function built a {built[0]} (on {case}); the exercise asks you to {what} from the numbers "
-             "alone, without building a model or a layer", hint)
-    return got
-
-
 # ----------------------------------------------------------------------------- 5.1 block forward
+BLOCK_ITSELF = forbid("the block itself, which runs MiniMindBlock.forward", MiniMindBlock.forward,
+                      reason="the exercise asks you to build its output from its four sub-modules")
+
+
 def _block_mistakes(block: MiniMindBlock, h: torch.Tensor, pe) -> Dict[str, Callable[[], torch.Tensor]]:
     """What the usual wrong blocks output on the same input (evaluated only when needed)."""
     n1, n2, mlp = block.input_layernorm, block.post_attention_layernorm, block.mlp
@@ -204,11 +146,8 @@ def check_block_forward(fn: Callable[..., torch.Tensor]) -> str:
         case = f"hidden {cfg.hidden_size}, h of shape {tuple(h.shape)}"
         with torch.no_grad():
             expected, _ = block(h.clone(), pe)
-            with _calls_to(MiniMindBlock.forward) as seen:
-                got = call(fn, block, h.clone(), pe, name=BLOCK, hint=hint, case=case, check_inputs=True)
-            if seen:
-                fail(BLOCK, f"your function calls the block itself, which runs MiniMindBlock.forward (on {case}); the "
-                     "exercise asks you to build its output from its four sub-modules", hint)
+            got = call_refusing(fn, block, h.clone(), pe, forbidden=[BLOCK_ITSELF], name=BLOCK, hint=hint, case=case,
+                                check_inputs=True)
             if isinstance(got, tuple):
                 fail(BLOCK, f"you returned a tuple of {len(got)} (on {case}); return only the new hidden states",
                      "self_attn returns (output, kv_cache): use its first element, and return h alone")
@@ -339,7 +278,7 @@ def check_count_parameters(fn: Callable[..., int]) -> str:
         for tied in (True, False):
             expected = count_parameters(cfg) if tied else _untied_count(cfg)
             case = f"{label}, tie_word_embeddings={tied}"
-            got = _call_without_modules(fn, cfg, tie_word_embeddings=tied, name=COUNT, hint=hint, case=case,
+            got = call_without_modules(fn, cfg, tie_word_embeddings=tied, name=COUNT, hint=hint, case=case,
                                         what="derive the count")
             got = as_number(got, COUNT, case, integer=True, what="a number of parameters")
             outcomes.append(Outcome(case, got, expected, _count_mistakes(cfg, tied, expected)))
@@ -392,7 +331,7 @@ def check_loss_at_initialization(fn: Callable[..., float]) -> str:
     outcomes = []
     for vocab, hidden in cases:
         case = f"vocab_size={vocab}, hidden_size={hidden}"
-        got = _call_without_modules(fn, vocab, hidden, name=LOSS, hint=hint, case=case, what="predict the loss")
+        got = call_without_modules(fn, vocab, hidden, name=LOSS, hint=hint, case=case, what="predict the loss")
         got = as_number(got, LOSS, case, integer=False, what="a loss in nats")
         outcomes.append(Outcome(case, got, _init_loss(vocab, hidden), _init_loss_mistakes(vocab, hidden)))
     check_numbers(LOSS, outcomes, hint, abs_tol=1e-3)
@@ -470,7 +409,7 @@ def check_minimind3_parameters(fn: Callable[..., int]) -> str:
         cfg = _minimind3_config(hidden, layers, use_moe, vocab)
         expected = count_parameters(cfg)
         case = f"hidden_size={hidden}, num_hidden_layers={layers}, use_moe={use_moe}, vocab_size={vocab}"
-        got = _call_without_modules(fn, hidden, layers, use_moe=use_moe, vocab_size=vocab, name=COUNT3, hint=hint,
+        got = call_without_modules(fn, hidden, layers, use_moe=use_moe, vocab_size=vocab, name=COUNT3, hint=hint,
                                     case=case, what="derive the count")
         got = as_number(got, COUNT3, case, integer=True, what="a number of parameters")
         outcomes.append(Outcome(case, got, expected, _count3_mistakes(cfg, expected)))

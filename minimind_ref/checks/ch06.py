@@ -26,7 +26,7 @@ from ..params import count_parameters
 from ..generation import apply_repetition_penalty as _ref_repetition_penalty
 from ..generation import top_p_filter as _ref_top_p_filter
 from ..rope import precompute_freqs_cis
-from .ch05 import _call_refusing
+from .delegation import call_refusing
 from .core import (ExerciseError, Outcome, _matches, as_number, call, check, check_close, check_numbers, expect_pair, fail,
                    seeded, solution)
 
@@ -356,7 +356,7 @@ def check_top_p_filter(fn: Callable[..., torch.Tensor]) -> str:
     outcomes = []
     for case, logits, p in cases:
         expected = _ref_top_p_filter(logits.clone(), p)
-        got = _call_refusing(fn, logits.clone(), p, forbidden=(_ref_top_p_filter,), name=TOP_P, hint=hint, case=case,
+        got = call_refusing(fn, logits.clone(), p, forbidden=[_ref_top_p_filter], name=TOP_P, hint=hint, case=case,
                              check_inputs=True)
         outcomes.append((got, expected, _top_p_mistakes(logits, p)))
     first = _first_wrong(outcomes, rtol=1e-5, atol=1e-5)
@@ -424,7 +424,7 @@ def check_repetition_penalty(fn: Callable[..., torch.Tensor]) -> str:
     outcomes = []
     for case, logits, prev, penalty in cases:
         expected = _ref_repetition_penalty(logits.clone(), prev.clone(), penalty)
-        got = _call_refusing(fn, logits.clone(), prev.clone(), penalty, forbidden=(_ref_repetition_penalty,),
+        got = call_refusing(fn, logits.clone(), prev.clone(), penalty, forbidden=[_ref_repetition_penalty],
                              name=PENALTY, hint=hint, case=case, check_inputs=True)
         outcomes.append((got, expected, _penalty_mistakes(logits, prev, penalty)))
     first = _first_wrong(outcomes, rtol=1e-5, atol=1e-5)

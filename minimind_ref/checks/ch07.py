@@ -28,11 +28,15 @@ from torch import nn
 
 from ..config import MiniMindConfig
 from ..moe import MOEFeedForward, MoEGate, global_aux_loss, router_aux_loss, seq_aux_loss
-from .ch05 import _call_refusing, _calls_to
+from .delegation import call_refusing, forbid
 from .core import Outcome, as_number, call, check, check_close, check_numbers, diagnose, fail, solution
 
 __all__ = ["check_route", "check_dispatch", "check_moe_forward", "check_seq_aux_loss", "check_minimind3_moe",
            "check_balanced_router_loss"]
+
+# 7.3 builds the layer's output from its parts: running the layer itself answers it
+LAYER_ITSELF = forbid("the layer itself, which runs MOEFeedForward.forward", MOEFeedForward.forward,
+                      reason="the exercise asks you to build its output from its parts")
 
 
 def _config(hidden: int = 16, n_experts: int = 4, top_k: int = 2, n_shared: int = 1, norm: bool = True, alpha: float = 0.1) -> MiniMindConfig:
@@ -234,8 +238,8 @@ def check_dispatch(dispatch: Callable[..., torch.Tensor]) -> str:
         case = f"n_experts={n_experts}, top_k={top_k}{', one expert unused' if skip >= 0 else ''}"
         counted = nn.ModuleList(_Counted(e) for e in moe.experts)
         with torch.no_grad():
-            got = _call_refusing(dispatch, x.clone(), counted, flat_idx.clone(), flat_w.clone(), top_k,
-                                 forbidden=(MOEFeedForward.moe_infer, MOEFeedForward.moe_train), name=DISPATCH,
+            got = call_refusing(dispatch, x.clone(), counted, flat_idx.clone(), flat_w.clone(), top_k,
+                                 forbidden=[MOEFeedForward.moe_infer, MOEFeedForward.moe_train], name=DISPATCH,
                                  hint=hint, case=case, check_inputs=True)
             check_close(got, expected, name=DISPATCH, hint=hint, case=case,
                         mistakes=_dispatch_mistakes(x, moe.experts, flat_idx, flat_w, top_k))
@@ -298,11 +302,8 @@ def check_moe_forward(moe_forward: Callable[..., torch.Tensor]) -> str:
         with torch.no_grad():
             expected = moe(x)
 
-            with _calls_to(MOEFeedForward.forward) as seen:
-                got = call(moe_forward, moe, x.clone(), name=MOE, hint=hint, case=case, check_inputs=True)
-            if seen:
-                fail(MOE, f"your function calls the layer itself, which runs MOEFeedForward.forward (on {case}); the "
-                     "exercise asks you to build its output from its parts", hint)
+            got = call_refusing(moe_forward, moe, x.clone(), forbidden=[LAYER_ITSELF], name=MOE, hint=hint, case=case,
+                                check_inputs=True)
             check_close(got, expected, name=MOE, hint=hint, case=case, mistakes=_moe_mistakes(moe, x))
     return f"{len(cases)} layers (0, 1 and 2 shared experts; top-1..3) match MOEFeedForward in eval mode"
 
@@ -355,8 +356,8 @@ def check_seq_aux_loss(seq_balance_loss: Callable[..., torch.Tensor]) -> str:
         expected.backward()
         got_in = scores.clone().requires_grad_(True)
         case = f"batch={batch}, seq_len={seq}, n_experts={n_experts}, top_k={top_k}, alpha={alpha}"
-        got = _call_refusing(seq_balance_loss, got_in, topk_idx.clone(), batch, n_experts, alpha,
-                             forbidden=(seq_aux_loss,), name=BALANCE, hint=hint, case=case, check_inputs=True)
+        got = call_refusing(seq_balance_loss, got_in, topk_idx.clone(), batch, n_experts, alpha,
+                             forbidden=[seq_aux_loss], name=BALANCE, hint=hint, case=case, check_inputs=True)
         if isinstance(got, torch.Tensor) and got.numel() == 1 and got.dim() > 0:
             fail(BALANCE, f"return a 0-d tensor (a scalar), got shape {tuple(got.shape)} (on {case})",
                  "reduce to a single number instead of keeping a dimension of size 1")

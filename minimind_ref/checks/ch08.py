@@ -21,7 +21,7 @@ from ..tokenizer import merge_pair as ref_merge_pair
 from ..train import causal_lm_loss as ref_causal_lm_loss
 from ..train import lr_at as ref_lr_at
 from ..train import train_step as ref_train_step
-from .ch05 import _call_refusing
+from .delegation import call_refusing
 from .core import _direction, _expect, call, check, check_close, fail, shows_expected, solution
 
 
@@ -127,7 +127,7 @@ def check_merge_pair(merge_pair: Callable[..., Any]) -> str:
     results = []
     for ids, pair, new_id in cases:
         case = f"merge_pair({ids}, {pair}, {new_id})"
-        got = _call_refusing(merge_pair, list(ids), pair, new_id, forbidden=(ref_merge_pair,), name=name, case=case,
+        got = call_refusing(merge_pair, list(ids), pair, new_id, forbidden=(ref_merge_pair,), name=name, case=case,
                              check_inputs=True, hint=hint)
         if got is None:
             fail(name, f"{case} returned None", "build the merged list and return it (did you forget `return`?).")
@@ -190,7 +190,7 @@ def check_causal_lm_loss(causal_lm_loss: Callable[..., Any]) -> str:
         logits = torch.randn(3, 7, vocab, generator=g) * 3
         ids = torch.randint(3, vocab, (3, 7), generator=g).masked_fill(mask == 0, 0)
         case = f"a batch with {label}, logits [3, 7, {vocab}]"
-        got = _call_refusing(causal_lm_loss, logits.clone(), ids.clone(), mask.clone(), forbidden=(ref_causal_lm_loss,),
+        got = call_refusing(causal_lm_loss, logits.clone(), ids.clone(), mask.clone(), forbidden=(ref_causal_lm_loss,),
                              name=name, case=case, check_inputs=True,
                    hint="logits is [batch, seq, vocab] and input_ids [batch, seq]: the cross-entropy compares one row "
                         "of vocab scores with one target id per term.")
@@ -251,7 +251,7 @@ def check_lr_at(lr_at: Callable[..., Any]) -> str:
     for max_steps, warmup, hi, lo in settings:
         steps = list(range(0, max_steps + 5))
         case = f"max_steps={max_steps}, warmup_steps={warmup}, max_lr={hi}, min_lr={lo}"
-        got = [_call_refusing(lr_at, s, max_steps, warmup, hi, lo, forbidden=(ref_lr_at,), name=name,
+        got = [call_refusing(lr_at, s, max_steps, warmup, hi, lo, forbidden=(ref_lr_at,), name=name,
                               case=f"step={s}, {case}",
                               hint="after the warmup you need the progress through the decay phase; mind a decay phase "
                                    "of zero steps.") for s in steps]
@@ -376,7 +376,7 @@ def check_training_step(training_step: Callable[..., Any]) -> str:
         ref, (ref_losses, ref_totals) = run(None, reference=True)
         got_losses = []
         for i, x in enumerate(batches):
-            got = _call_refusing(training_step, mine, opt_mine, x, x, 0.1, forbidden=(ref_train_step,), name=name,
+            got = call_refusing(training_step, mine, opt_mine, x, x, 0.1, forbidden=(ref_train_step,), name=name,
                                  case=f"the {kind} model, step {i + 1}",
                                  hint="for each call of the draft, ask what it needs to have happened before it and "
                                       "what it changes.")
