@@ -229,9 +229,9 @@ def call_refusing(fn: Callable[..., Any], *args: Any, forbidden: ForbiddenSpec, 
 @contextlib.contextmanager
 def modules_built(off_meta: bool = False) -> Iterator[List[str]]:
     """Record the class name of every ``nn.Module`` built while the block runs (a count derived from numbers
-    builds none); ``off_meta=True``: only the modules whose own parameters were allocated, that is built
-    outside the meta device (which knows every shape and allocates nothing). The names are complete once the
-    block has ended."""
+    builds none); ``off_meta=True``: only the modules with parameters allocated, that is built outside the meta
+    device (which knows every shape and allocates nothing). The names are in the order the modules were
+    begun (a model before its layers) and complete once the block has ended."""
     built: List[str] = []
     modules: List[nn.Module] = []
     original = nn.Module.__init__
@@ -247,7 +247,7 @@ def modules_built(off_meta: bool = False) -> Iterator[List[str]]:
         nn.Module.__init__ = original  # type: ignore[method-assign]
         # a module's parameters exist once its __init__ has run to the end: look at them now
         built.extend(type(m).__name__ for m in modules
-                     if not off_meta or any(p.device.type != "meta" for p in m.parameters(recurse=False)))
+                     if not off_meta or any(p.device.type != "meta" for p in m.parameters()))
         modules.clear()
 
 
