@@ -433,10 +433,9 @@ def check_merge_file(merge_file: Callable[..., Any]) -> str:
         for key, want in expected.items():
             layer = key[: -len(".weight")]
             if isinstance(got[key], torch.Tensor) and got[key].dtype != want.dtype:
-                adapted = f"{layer}.lora.A.weight" in adapters
-                fail(name, ("this looks like an adapted layer's merged weight left in " if adapted else
-                            "this looks like the tensors without an adapter left in ")
-                     + f"{got[key].dtype}: tensor {key} ({case})",
+                where = ("an adapted layer's merged weight" if f"{layer}.lora.A.weight" in adapters
+                         else "the tensors without an adapter")
+                fail(name, f"this looks like {where} left in {got[key].dtype}: tensor {key} ({case})",
                      "compare the dtypes of the tensors in the file upstream's merge wrote (the cell before the "
                      "exercise) with yours, an adapted layer's and any other.")
             mistakes = {}
