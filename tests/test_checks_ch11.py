@@ -429,3 +429,16 @@ def test_probe_gradient_ratio_refuses_a_measurement(monkeypatch):
                 "not to measure it on a loss")
     # and no measurement reaches the longest replies the check asks about
     assert max(max(c, r) for c, r, _ in ch11._ratio_cases()) > 10**11
+
+
+def test_gradient_ratio_written_with_a_sigmoid_is_not_refused(monkeypatch):
+    """A prediction that writes the gradient's sigmoid factor out (sigma(0) = 1/2 on both replies) states the rule;
+    only a log-sigmoid loss, autograd or the package's loss measure it."""
+    monkeypatch.setattr(delegation, "ENFORCED", True)
+
+    def with_the_factor(chosen_length, rejected_length, reduction):
+        factor = torch.sigmoid(torch.tensor(0.0))  # the same on the chosen and the rejected token
+        ratio = 1.0 if reduction == "sum" else rejected_length / chosen_length
+        return float(factor * ratio / factor)
+
+    ch11.check_gradient_ratio(with_the_factor)

@@ -359,7 +359,7 @@ def test_silenced_by_clip_that_measures_with_autograd_is_told_to_state_the_rule(
 
 def test_silenced_by_clip_refuses_a_measurement_under_enable_grad(monkeypatch):
     """Issue 44 (probe 2): measuring with autograd inside torch.enable_grad() passed; it is refused, and so is
-    evaluating the surrogate itself (its clip and min)."""
+    evaluating the surrogate itself (its min); a rule written with a clamp stays free."""
     monkeypatch.setattr(delegation, "ENFORCED", True)
 
     def measured(ratio, adv, eps):
@@ -376,7 +376,14 @@ def test_silenced_by_clip_refuses_a_measurement_under_enable_grad(monkeypatch):
         f = lambda r: torch.min(r * a, torch.clamp(r, 1 - eps, 1 + eps) * a)  # noqa: E731
         return (f(ratio + 1e-3) - f(ratio - 1e-3)) == 0
 
-    check_fails(ch12.check_silenced_by_clip, finite_differences, "your function calls the surrogate's clip or min")
+    check_fails(ch12.check_silenced_by_clip, finite_differences, "your function calls the surrogate's min")
+
+    def with_a_clamp(ratio, adv, eps):  # a rule, written with a clamp: allowed
+        a = adv[:, None]
+        outside_up, outside_down = ratio.clamp(max=1 + eps) < ratio, ratio.clamp(min=1 - eps) > ratio
+        return ((a > 0) & outside_up) | ((a < 0) & outside_down) | (a == 0)
+
+    ch12.check_silenced_by_clip(with_a_clamp)
 
 
 def test_cispo_nan_hint_does_not_recommend_the_division_that_makes_it():

@@ -364,8 +364,7 @@ def _measured_ratio(chosen_length: int, rejected_length: int, reduction: str) ->
 MEASURING = "the exercise asks you to predict the ratio from the lengths, not to measure it on a loss"
 # measuring the ratio (with the package's loss, a loss of one's own, autograd) answers nothing: 11.5 predicts it
 MEASURING_11_5 = [forbid("minimind_ref.dpo.dpo_loss", ref_dpo.dpo_loss, reason=MEASURING),
-                  forbid("a log-sigmoid (F.logsigmoid, torch.sigmoid)", F.logsigmoid, torch.sigmoid,
-                         torch.Tensor.sigmoid, reason=MEASURING),
+                  forbid("a log-sigmoid (F.logsigmoid)", F.logsigmoid, reason=MEASURING),
                   forbid("autograd (backward, torch.autograd.grad)", torch.Tensor.backward, torch.autograd.backward,
                          torch.autograd.grad, reason=MEASURING),
                   forbid("ch11.gradient_ratio_reference", gradient_ratio_reference)]

@@ -567,15 +567,14 @@ def _silenced_mistakes(ratio: torch.Tensor, adv: torch.Tensor, eps: float) -> Di
 
 
 STATING = "the exercise asks you to state the rule, not to measure the surrogate's gradient"
-# what would answer 12.5, or measure the rule instead of stating it: the package's loss, autograd, and the clip and
-# min the surrogate is built from (the rule needs only comparisons)
+# what would answer 12.5, or measure the rule instead of stating it: the package's loss, autograd, and the min the
+# surrogate takes (the rule needs only comparisons; a clamp may state it, so the clamp stays free)
 CLIP_FUNCTIONS = [forbid("minimind_ref.grpo.grpo_loss", ref_grpo.grpo_loss),
                   forbid("minimind_ref.grpo.clip_fraction", ref_grpo.clip_fraction),
                   forbid("autograd (backward, torch.autograd.grad, torch.enable_grad)", torch.Tensor.backward,
                          torch.autograd.backward, torch.autograd.grad, torch.enable_grad, torch.set_grad_enabled,
                          reason=STATING),
-                  forbid("the surrogate's clip or min (torch.clamp, torch.min, torch.minimum)", torch.clamp, torch.clip,
-                         torch.min, torch.minimum, torch.Tensor.clamp, torch.Tensor.clip, torch.Tensor.min,
+                  forbid("the surrogate's min (torch.min, torch.minimum)", torch.min, torch.minimum, torch.Tensor.min,
                          torch.Tensor.minimum, reason=STATING)]
 NO_AUTOGRAD = ("ratio is [N, R], advantages [N] (one per completion), epsilon a float; return a bool tensor [N, R]. The "
                "check calls your function without autograd and refuses one that evaluates the surrogate: it must state "
