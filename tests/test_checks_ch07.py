@@ -582,9 +582,12 @@ def test_minimind3_reference_passes(capsys):
     assert [line[:15] for line in lines] == ["✓ Exercise 7.5 ", "✓ Exercise 7.6 "], lines
 
 
-def test_minimind3_package_layer_passes(capsys):
-    """minimind_ref's own layer (moe_variant='minimind-3') passes the check it is compared with."""
+def test_minimind3_package_layer_passes(capsys, monkeypatch):
+    """minimind_ref's own layer (moe_variant='minimind-3') passes the check it is compared with (with the guard against
+    handing the exercise over switched off: as a learner's answer the package's layer is refused)."""
     from minimind_ref import MOEFeedForward
+    from minimind_ref.checks import delegation
+    monkeypatch.setattr(delegation, "ENFORCED", False)
     ch07.check_minimind3_moe(MOEFeedForward)
     assert capsys.readouterr().out.startswith("✓ Exercise 7.5")
 
@@ -665,3 +668,98 @@ def test_seq_aux_loss_names_the_drafts_flaws_one_after_the_other():
 
     assert_names(ch07.check_seq_aux_loss, half_repaired, "f_i counted per token instead of per routing slot",
                  label=ch07.BALANCE)
+
+
+# ---------------------------------------------------------------------- issue 44, third newcomer probe
+def _route_variant(x, weight, top_k, norm_topk_prob=True, mode="softmax_of_kept"):
+    logits = F.linear(x, weight)
+    if mode == "softmax_of_kept":
+        kept, idx = logits.topk(top_k, dim=-1)
+        return idx, kept.softmax(-1)
+    scores = {"logits": logits, "sigmoid": torch.sigmoid(logits)}.get(mode, logits.softmax(-1))
+    w, idx = scores.topk(top_k, dim=-1, sorted=False)
+    if top_k > 1 and norm_topk_prob:
+        total = w.sum(-1, keepdim=True)
+        w = w / (total.detach() if mode == "detached_sum" else total)
+    return idx, w
+
+
+@pytest.mark.parametrize("mode, fragment", [
+    ("softmax_of_kept", "a softmax over the k kept logits only"),  # was named "the single top-1 weight renormalized"
+    ("logits", "the router logits used as the weights, without the softmax over the experts"),
+    ("sigmoid", "a sigmoid of each logit instead of a softmax over the experts"),
+    ("detached_sum", "the renormalizing sum detached"),  # passed: the check compared the weights' values only
+])
+def test_probe3_route_mistakes_are_named_from_every_case(mode, fragment):
+    assert_names(ch07.check_route, lambda *a: _route_variant(*a, mode=mode), "this looks like " + fragment,
+                 label=ch07.ROUTE)
+
+
+def test_probe3_route_refuses_the_package_router():
+    """A MoEGate built around the given weight passed 7.1."""
+    from minimind_ref import MiniMindConfig, MoEGate
+
+    def via_gate(x, weight, top_k, norm_topk_prob=True):
+        cfg = MiniMindConfig(hidden_size=x.shape[1], num_attention_heads=1, num_key_value_heads=1, use_moe=True,
+                             n_routed_experts=weight.shape[0], num_experts_per_tok=top_k, norm_topk_prob=norm_topk_prob)
+        gate = MoEGate(cfg).eval()
+        gate.weight = nn.Parameter(weight)
+        idx, w, _ = gate(x[None])
+        return idx, w
+
+    assert_names(ch07.check_route, via_gate, "your function calls minimind_ref's MoEGate", label=ch07.ROUTE)
+
+
+def test_probe3_moe_forward_refuses_a_copy_of_the_definition_cell():
+    """Section 4's moe_by_definition (the cell above the exercise) passed 7.3 unchanged."""
+    def moe_by_definition(moe, x):
+        flat = x.reshape(-1, x.shape[-1])
+        idx, w, _ = moe.gate(x)
+        out = torch.zeros_like(flat)
+        for t in range(flat.shape[0]):
+            for j in range(idx.shape[1]):
+                out[t] += w[t, j] * moe.experts[int(idx[t, j])](flat[t])
+            for shared in getattr(moe, "shared_experts", []):
+                out[t] += shared(flat[t])
+        return out.view(x.shape)
+
+    assert_names(ch07.check_moe_forward, moe_by_definition, "runs the routed experts token by token", label=ch07.MOE)
+
+
+def test_probe3_minimind3_moe_refuses_the_package_layer():
+    """A subclass of MOEFeedForward passed 7.5; a wrapper around one failed for a wrong reason (its eval loss)."""
+    from minimind_ref import MOEFeedForward
+
+    class Subclass(MOEFeedForward):
+        pass
+
+    class Wrapper(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            inner = MOEFeedForward(config)
+            self.gate, self.experts, self._inner = inner.gate, inner.experts, [inner]
+
+        def forward(self, x):
+            y = self._inner[0](x)
+            self.aux_loss = self._inner[0].aux_loss
+            return y
+
+    for cls in (Subclass, Wrapper):
+        assert_names(ch07.check_minimind3_moe, cls, "your function calls minimind_ref's MOEFeedForward", label=ch07.MOE3)
+
+
+def test_probe3_balanced_router_loss_refuses_an_evaluation_and_names_two_mistakes():
+    from minimind_ref.moe import router_aux_loss
+
+    def evaluated(num_experts, top_k, coef):
+        n = num_experts * 4
+        idx = torch.stack([(torch.arange(n) + j) % num_experts for j in range(top_k)], -1)
+        return float(router_aux_loss(torch.full((n, num_experts), 1.0 / num_experts), idx, num_experts, coef))
+
+    assert_names(ch07.check_balanced_router_loss, evaluated, "not to evaluate the loss on a balanced routing",
+                 label=ch07.BALANCED)
+    # both were named after the first wrong case alone: "the factor num_experts left out", "one factor ... too many"
+    assert_names(ch07.check_balanced_router_loss, lambda E, k, c: c / k, "this looks like the value divided by top_k",
+                 label=ch07.BALANCED)
+    assert_names(ch07.check_balanced_router_loss, lambda E, k, c: c * E,
+                 "this looks like each load_i taken as 1 whatever top_k", label=ch07.BALANCED)
