@@ -763,3 +763,59 @@ def test_probe3_balanced_router_loss_refuses_an_evaluation_and_names_two_mistake
                  label=ch07.BALANCED)
     assert_names(ch07.check_balanced_router_loss, lambda E, k, c: c * E,
                  "this looks like each load_i taken as 1 whatever top_k", label=ch07.BALANCED)
+
+
+def _dispatch_mistake(kind):
+    def dispatch(x, experts, flat_idx, flat_weight, top_k):
+        out = torch.zeros_like(x)
+        order = flat_idx.argsort()
+        ends = flat_idx.bincount(minlength=len(experts)).cumsum(0).tolist()
+        start = 0
+        for i, end in enumerate(ends):
+            if end > start:
+                slots = torch.arange(start, end) if kind == "positions" else order[start:end]
+                tokens = slots % top_k if kind == "remainder" else slots // top_k
+                weight = flat_weight[tokens] if kind == "token weight" else flat_weight[slots]
+                out.index_add_(0, tokens, experts[i](x[tokens]) * weight)
+            if kind != "restart":
+                start = end
+        return out
+    return dispatch
+
+
+@pytest.mark.parametrize("kind, fragment", [
+    ("remainder", "each slot given to token slot % top_k"),
+    ("token weight", "each slot's weight read at its token's index"),
+    ("positions", "the slots taken as the positions in the sorted order"),
+    ("restart", "every expert's run starting again at the first slot"),
+])
+def test_probe3_dispatch_mistakes_are_named(kind, fragment):
+    assert_names(ch07.check_dispatch, _dispatch_mistake(kind), "this looks like " + fragment, label=ch07.DISPATCH)
+
+
+def _moe_forward_mistake(kind):
+    def moe_forward(moe, x):
+        b, s, d = x.shape
+        idx, w, _ = moe.gate(x)
+        flat = x.reshape(-1, d)
+        k = 2 if kind == "k=2" else moe.config.num_experts_per_tok
+        y = dispatch(flat, moe.experts, idx.view(-1), w.view(-1, 1), k)
+        shared = list(getattr(moe, "shared_experts", []))
+        if kind == "averaged" and shared:
+            y = y + sum(e(flat) for e in shared) / len(shared)
+        elif kind == "weighted":
+            y = y + sum(w.max(-1, keepdim=True).values * e(flat) for e in shared)
+        else:
+            y = y + sum(e(flat) for e in shared)
+        return y.view(s, b, d).transpose(0, 1) if kind == "s, b, d" else y.view(b, s, d)
+    return moe_forward
+
+
+@pytest.mark.parametrize("kind, fragment", [
+    ("averaged", "the shared experts' outputs averaged instead of added"),
+    ("weighted", "the shared experts weighted by each token's largest routing weight"),
+    ("s, b, d", "the output laid out as [s, b, d] and then transposed"),
+    ("k=2", "the number of experts per token written as 2"),
+])
+def test_probe3_moe_forward_mistakes_are_named(kind, fragment):
+    assert_names(ch07.check_moe_forward, _moe_forward_mistake(kind), "this looks like " + fragment, label=ch07.MOE)

@@ -508,3 +508,18 @@ def test_merge_pair_matched_in_either_order_is_named():
         return out
 
     check_fails(ch08.check_merge_pair, either, "this looks like the pair matched in either order")
+
+
+def test_lr_at_named_from_the_first_wrong_schedule_when_none_explains_them_all():
+    """Probe 3 (after the all-schedule naming): the cosine carried on past max_steps, in a function that keeps
+    max_lr for a schedule without a decay phase, fits no mistake on every schedule; the one mistake that explains
+    the first wrong schedule is named (as before)."""
+    def carried_on(step, max_steps, warmup_steps, max_lr, min_lr):
+        if step < warmup_steps:
+            return max_lr * (step + 1) / warmup_steps
+        if max_steps == warmup_steps:
+            return max_lr
+        p = (step - warmup_steps) / (max_steps - warmup_steps)
+        return min_lr + 0.5 * (max_lr - min_lr) * (1 + math.cos(math.pi * p))
+
+    check_fails(ch08.check_lr_at, carried_on, "this looks like progress not capped at 1")

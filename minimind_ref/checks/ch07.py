@@ -214,8 +214,10 @@ def _routing(g: torch.Generator, n: int, n_experts: int, top_k: int, skip_expert
     return idx, w
 
 
-def _dispatch_variant(x, experts, flat_idx, flat_weight, top_k, token_of=None, weight_of=None, add=True):
-    """The sorted dispatch with one step swapped out (for naming mistakes)."""
+def _dispatch_variant(x, experts, flat_idx, flat_weight, top_k, token_of=None, weight_of=None, add=True,
+                      restart=False):
+    """The sorted dispatch with one step swapped out (for naming mistakes); ``restart``: every run starts at the first
+    slot of the sorted order (the start of a run never moved on)."""
     out = torch.zeros_like(x)
     order = flat_idx.argsort()
     ends = flat_idx.bincount(minlength=len(experts)).cumsum(0).tolist()
@@ -230,7 +232,7 @@ def _dispatch_variant(x, experts, flat_idx, flat_weight, top_k, token_of=None, w
                 out.index_add_(0, tokens, y)
             else:
                 out[tokens] = y
-        start = end
+        start = 0 if restart else end
     return out
 
 
@@ -246,6 +248,14 @@ def _dispatch_mistakes(x, experts, flat_idx, flat_weight, top_k) -> Dict[str, Ca
         "the weights read by position in the sorted run instead of for the slots themselves": lambda: _dispatch_variant(*args, weight_of=lambda s, a, b: flat_weight[a:b]),
         "each token's output uses the weight of its token row instead of its slot":
             lambda: _dispatch_variant(*args, weight_of=lambda s, a, b: flat_weight.view(-1, top_k)[s // top_k, :1]),
+        "each slot given to token slot % top_k": lambda: _dispatch_variant(*args, token_of=lambda s, a, b: s % top_k),
+        "each slot's weight read at its token's index instead of at the slot's":
+            lambda: _dispatch_variant(*args, weight_of=lambda s, a, b: flat_weight[s // top_k]),
+        "the slots taken as the positions in the sorted order instead of the slot ids the sort returned":
+            lambda: _dispatch_variant(*args, token_of=lambda s, a, b: torch.arange(a, b) // top_k,
+                                      weight_of=lambda s, a, b: flat_weight[a:b]),
+        "every expert's run starting again at the first slot of the sorted order":
+            lambda: _dispatch_variant(*args, restart=True),
     }
 
 
@@ -340,7 +350,17 @@ def _moe_mistakes(moe: MOEFeedForward, x: torch.Tensor) -> Dict[str, Callable[[]
         "the output was not reshaped back to x.shape ([b, s, d])":
             lambda: routed() + sum(e(x.view(-1, d)) for e in shared),
     }
+    out["the number of experts per token written as 2 instead of read from the layer's config"] = \
+        lambda: plus_shared(_dispatch_variant(x.view(-1, d), moe.experts, moe.gate(x)[0].view(-1),
+                                              moe.gate(x)[1].reshape(-1, 1), 2))
+    out["the output laid out as [s, b, d] and then transposed, instead of viewed as x's [b, s, d]"] = \
+        lambda: (routed() + sum(e(x.view(-1, d)) for e in shared)).view(s, b, d).transpose(0, 1)
+    if shared:
+        out["the shared experts weighted by each token's largest routing weight"] = \
+            lambda: routed().view(b, s, d) + moe.gate(x)[1].max(-1).values.view(b, s, 1) * sum(e(x) for e in shared)
     if len(shared) > 1:
+        out["the shared experts' outputs averaged instead of added"] = \
+            lambda: routed().view(b, s, d) + sum(e(x) for e in shared) / len(shared)
         out["only the first shared expert was added (add every one of moe.shared_experts)"] = \
             lambda: plus_shared(routed(), experts=shared[:1])
     if shared:

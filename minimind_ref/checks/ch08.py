@@ -343,6 +343,10 @@ def check_lr_at(lr_at: Callable[..., Any]) -> str:
         seen = next((d for d, f in LR_MISTAKES
                      if all((v := schedule(f, r)) is not None and same(r[2], v) for r in runs)
                      and not same(schedule(f, bad_runs[0]) or [], expected)), None)
+        if seen is None:  # none explains every schedule: the one mistake, if only one, that explains this one
+            here = {d for d, f in LR_MISTAKES if (v := schedule(f, bad_runs[0])) is not None and same(got, v)
+                    and not same(v, expected)}
+            seen = here.pop() if len(here) == 1 else None
         bad = [i for i, s in enumerate(steps) if not same([got[i]], [expected[i]])]
         worst = max(bad, key=lambda i: abs(float(got[i]) - expected[i]) if isinstance(got[i], (int, float)) else math.inf)
         s = steps[worst]
