@@ -819,3 +819,21 @@ def _moe_forward_mistake(kind):
 ])
 def test_probe3_moe_forward_mistakes_are_named(kind, fragment):
     assert_names(ch07.check_moe_forward, _moe_forward_mistake(kind), "this looks like " + fragment, label=ch07.MOE)
+
+
+@pytest.mark.parametrize("kind, fragment", [("p_sum", "P_i summed over the sequence's tokens instead of averaged"),
+                                            ("across", "the tokens grouped into sequences as [s, b] instead of [b, s]")])
+def test_probe3_seq_balance_loss_mistakes_are_named(kind, fragment):
+    def loss(scores, topk_idx, batch, n_experts, alpha):
+        n, k = topk_idx.shape
+        s = n // batch
+        if kind == "across":
+            counts = F.one_hot(topk_idx.view(s, batch, k), n_experts).float().sum((0, 2))
+            p = scores.view(s, batch, n_experts).mean(0)
+        else:
+            counts = F.one_hot(topk_idx.view(batch, s * k), n_experts).float().sum(1)
+            p = scores.view(batch, s, n_experts).sum(1)
+        f = counts * n_experts / (s * k)
+        return alpha * (f * p).sum(1).mean()
+
+    assert_names(ch07.check_seq_aux_loss, loss, "this looks like " + fragment, label=ch07.BALANCE)

@@ -413,9 +413,14 @@ def _balance_mistakes(scores, topk_idx, batch, n_experts, alpha) -> Dict[str, Ca
     n_tokens, top_k = topk_idx.shape
     seq_len = n_tokens // batch
 
-    def seq(f_scale=1.0, reduce="mean", use_alpha=True):
-        share = F.one_hot(topk_idx.view(batch, seq_len * top_k), n_experts).float().mean(dim=1) * f_scale
-        p = scores.view(batch, seq_len, n_experts).mean(dim=1)
+    def seq(f_scale=1.0, reduce="mean", use_alpha=True, p_sum=False, across=False):
+        if across:  # the tokens grouped as [s, b]: a "sequence" takes one token of every real one
+            idx = topk_idx.view(seq_len, batch, top_k).transpose(0, 1).reshape(batch, seq_len * top_k)
+            probs = scores.view(seq_len, batch, n_experts).transpose(0, 1)
+        else:
+            idx, probs = topk_idx.view(batch, seq_len * top_k), scores.view(batch, seq_len, n_experts)
+        share = F.one_hot(idx, n_experts).float().mean(dim=1) * f_scale
+        p = probs.sum(dim=1) if p_sum else probs.mean(dim=1)
         per_seq = (share * n_experts * p).sum(dim=1)
         total = per_seq.mean() if reduce == "mean" else per_seq.sum()
         return total * (alpha if use_alpha else 1.0)
@@ -428,6 +433,8 @@ def _balance_mistakes(scores, topk_idx, batch, n_experts, alpha) -> Dict[str, Ca
         "f_i counted per token instead of per routing slot (a token has top_k slots)": lambda: seq(f_scale=top_k),
         "alpha was left out": lambda: seq(use_alpha=False),
         "the per-sequence losses were summed instead of averaged over the batch": lambda: seq(reduce="sum"),
+        "P_i summed over the sequence's tokens instead of averaged": lambda: seq(p_sum=True),
+        "the tokens grouped into sequences as [s, b] instead of [b, s]": lambda: seq(across=True),
     }
 
 
