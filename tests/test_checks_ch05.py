@@ -415,3 +415,79 @@ def test_count3_reference_matches_upstreams_code():
     counts = upstream_reference_outputs()["parameter_counts"]
     assert minimind3_parameters(768, 8) == counts["minimind-3"] == 63_912_192
     assert minimind3_parameters(768, 8, use_moe=True) == counts["minimind-3-moe"] == 198_416_640
+
+
+# ---------------------------------------------------------------------- issue 44, third newcomer probe
+from _helpers import check_fails  # noqa: E402
+def _count_with(attn):
+    def count(config, tie_word_embeddings=True):
+        h, L, nh, nkv, hd, inter, V = (config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
+                                       config.num_key_value_heads, config.head_dim, config.intermediate_size,
+                                       config.vocab_size)
+        return V * h + L * (attn(h, nh, nkv, hd) + 3 * h * inter + 2 * h) + h + (0 if tie_word_embeddings else V * h)
+    return count
+
+
+def test_probe3_count_with_q_and_o_as_hidden_squared_is_caught():
+    """Probe 3: q_proj and o_proj counted hidden x hidden passed 5.3 (every config had heads x head_dim = hidden)."""
+    check_fails(ch05.check_count_parameters, _count_with(lambda h, nh, nkv, hd: 2 * h * h + 2 * h * nkv * hd),
+                "this looks like q_proj and o_proj counted as hidden x hidden")
+    check_fails(ch05.check_count_parameters, _count_with(lambda h, nh, nkv, hd: 2 * h * nh * hd + 2 * h * nkv),
+                "this looks like k_proj and v_proj counted as hidden x num_key_value_heads")
+
+
+def _minimind3_with_head_dim(head_dim):
+    def count(hidden_size, num_hidden_layers, use_moe=False, vocab_size=6400):
+        h, L, V = hidden_size, num_hidden_layers, vocab_size
+        d = head_dim(h)
+        m = 64 * math.ceil(math.pi * h / 64)
+        attn = 2 * h * 8 * d + 2 * h * 4 * d + 2 * d
+        ffn = (4 * 3 * h * m + 4 * h) if use_moe else 3 * h * m
+        return int(V * h + L * (attn + ffn + 2 * h) + h)
+    return count
+
+
+@pytest.mark.parametrize("head_dim, fragment", [
+    (lambda h: round(h / 8), "head_dim rounded to the nearest whole number"),  # passed: 260 and 1012 round to even
+    (lambda h: math.ceil(h / 8), "head_dim rounded up"),
+    (lambda h: h / 8, "head_dim kept as a fraction"),
+])
+def test_probe3_minimind3_head_dim_rounding_is_caught_and_named(head_dim, fragment):
+    check_fails(ch05.check_minimind3_parameters, _minimind3_with_head_dim(head_dim), "this looks like " + fragment)
+
+
+def test_probe3_minimind3_width_rule_message_does_not_state_the_rule():
+    """The 8/3 rule's message stated minimind-3's width rule (chapter 04's Exercise 4.5) in words."""
+    def eight_thirds(hidden_size, num_hidden_layers, use_moe=False, vocab_size=6400):
+        h, L, V = hidden_size, num_hidden_layers, vocab_size
+        d, m = h // 8, 64 * math.ceil(8 * h / 3 / 64)
+        ffn = (4 * 3 * h * m + 4 * h) if use_moe else 3 * h * m
+        return V * h + L * (2 * h * 8 * d + 2 * h * 4 * d + 2 * d + ffn + 2 * h) + h
+
+    message = check_fails(ch05.check_minimind3_parameters, eight_thirds, "this looks like MiniMind2's 8/3 width rule")
+    assert "pi" not in message and "multiple of 64" not in message
+
+
+def test_probe3_loss_at_initialization_refuses_a_simulation():
+    """Sampling the initialization with torch.rand and measuring the logits' spread was caught only by its noise."""
+    def simulated(vocab_size, hidden_size):
+        g = torch.Generator().manual_seed(0)
+        head = (torch.rand(vocab_size, hidden_size, generator=g) * 2 - 1) / hidden_size ** 0.5
+        x = torch.randn(256, hidden_size, generator=g)
+        x = x / x.pow(2).mean(-1, keepdim=True).sqrt()
+        return math.log(vocab_size) + (x @ head.T).var().item() / 2
+
+    check_fails(ch05.check_loss_at_initialization, simulated, "your function calls random draws",
+                "not to measure it on random draws")
+
+
+@pytest.mark.parametrize("missing, fragment", [("second", "the FFN's output not added to the stream"),
+                                               ("first", "the attention's output not added to the stream")])
+def test_probe3_block_without_one_residual_is_named(missing, fragment):
+    def block_forward(block, h, pe):
+        a = block.self_attn(block.input_layernorm(h), pe)[0]
+        a = a if missing == "first" else h + a
+        y = block.mlp(block.post_attention_layernorm(a))
+        return y if missing == "second" else a + y
+
+    check_fails(ch05.check_block_forward, block_forward, "this looks like " + fragment)

@@ -368,7 +368,7 @@ def test_an_ascending_sort_is_not_reported_as_nothing_removed():
 ])
 def test_the_packages_own_functions_are_refused(check, fn):
     """The package's function, called directly or through a wrapper, is not an answer."""
-    with pytest.raises(AssertionError, match="minimind_ref's own"):
+    with pytest.raises(AssertionError, match="minimind_ref's own|the package's own answer to this exercise"):
         check(fn)
 
 
@@ -515,3 +515,78 @@ def _ctx(per_token=None, weights=None, rounding=lambda a, d: a // d, clamp=True)
 ])
 def test_context_mistakes_are_named(fn, fragment):
     assert_names(ch06.check_longest_context, fn, fragment, label="Exercise 6.5 longest_context")
+
+
+# ---------------------------------------------------------------------- issue 44, third newcomer probe
+from _helpers import check_fails  # noqa: E402
+
+
+def test_probe3_update_cache_refuses_the_package_buffers():
+    """GrowingKV(...).append and append_kv on a GrowingKV passed 6.1."""
+    from minimind_ref.cache import GrowingKV, append_kv
+
+    def growing(buffer, past_len, k_new, v_new):
+        out = GrowingKV(buffer[0], buffer[1], past_len).append(k_new, v_new)
+        return out[0], out[1]
+
+    for fn in (growing, lambda b, p, k, v: tuple(append_kv(GrowingKV(b[0], b[1], p), k, v))):
+        check_fails(ch06.check_update_cache, fn, "your function calls minimind_ref.cache's GrowingKV")
+
+
+@pytest.mark.parametrize("kind, fragment", [
+    ("swapped writes", "the new keys written into the value buffer and the new values into the key buffer"),
+    ("newest dropped", "the newest position left out of what is returned"),
+])
+def test_probe3_update_cache_mistakes_are_named(kind, fragment):
+    def update(buffer, past_len, k_new, v_new):
+        kb, vb = buffer
+        end = past_len + k_new.shape[1]
+        if kind == "swapped writes":
+            vb[:, past_len:end], kb[:, past_len:end] = k_new, v_new
+            return kb[:, :end], vb[:, :end]
+        kb[:, past_len:end], vb[:, past_len:end] = k_new, v_new
+        return kb[:, :end - 1], vb[:, :end - 1]
+
+    check_fails(ch06.check_update_cache, update, "this looks like " + fragment)
+
+
+def test_probe3_rope_rows_one_early_are_named():
+    def early(cos, sin, past_len, n_new):
+        if past_len + n_new > cos.shape[0]:
+            raise ValueError("too long")
+        start = max(past_len - 1, 0)
+        return cos[start:start + n_new], sin[start:start + n_new]
+
+    check_fails(ch06.check_rope_for_new_tokens, early, "this looks like an off-by-one start, one row early")
+
+
+def _top_p(mode):
+    def top_p_filter(logits, top_p):
+        if mode == "logits":
+            sp, si = logits.sort(-1, descending=True)
+        else:
+            sp, si = logits.softmax(0 if mode == "batch" else -1).sort(-1, descending=True)
+        keep = sp.cumsum(-1) <= top_p if mode == "crossing" else (sp.cumsum(-1) - sp) < top_p
+        keep = keep.gather(-1, si) if mode == "gather" else torch.zeros_like(keep).scatter(-1, si, keep)
+        return logits.masked_fill(~keep, float("-inf"))
+    return top_p_filter
+
+
+@pytest.mark.parametrize("mode, fragment", [
+    # softmax first, then sorted: at top_p = 1 its cumulative sum rounds differently from the check's own
+    ("crossing", "the token whose probability crosses top_p is dropped"),
+    ("logits", "the cumulative sum taken over the logits instead of the probabilities"),
+    ("batch", "the softmax taken over the batch axis"),
+    ("gather", "the mask carried back to vocabulary order with a gather"),
+])
+def test_probe3_top_p_mistakes_are_named(mode, fragment):
+    check_fails(ch06.check_top_p_filter, _top_p(mode), "this looks like " + fragment)
+
+
+def test_probe3_repetition_penalty_proportional_to_size_is_named():
+    def proportional(logits, previous_ids, penalty):
+        seen = logits.gather(1, previous_ids)
+        return logits.scatter(1, previous_ids, seen - seen.abs() * (penalty - 1))
+
+    check_fails(ch06.check_repetition_penalty, proportional,
+                "this looks like each seen logit lowered by (penalty - 1) times its size")

@@ -307,9 +307,9 @@ def test_the_package_may_help_the_layer_but_not_answer_the_exercises(capsys):
         (lambda idx, w: (idx.view(-1), w.view(-1, 1)))(*moe.gate(x)[:2]))).view(x.shape)
         + sum(e(x) for e in getattr(moe, "shared_experts", [])))
     assert capsys.readouterr().out.count("✓") == 1
-    assert_names(ch07.check_dispatch, dispatch_via_module, "minimind_ref's own MOEFeedForward.moe_infer",
+    assert_names(ch07.check_dispatch, dispatch_via_module, "minimind_ref.moe.MOEFeedForward.moe_infer",
                  label=ch07.DISPATCH)
-    assert_names(ch07.check_seq_aux_loss, lambda *args: seq_aux_loss(*args), "minimind_ref's own seq_aux_loss",
+    assert_names(ch07.check_seq_aux_loss, lambda *args: seq_aux_loss(*args), "minimind_ref.moe.seq_aux_loss",
                  label=ch07.BALANCE)
 
 
@@ -582,9 +582,12 @@ def test_minimind3_reference_passes(capsys):
     assert [line[:15] for line in lines] == ["✓ Exercise 7.5 ", "✓ Exercise 7.6 "], lines
 
 
-def test_minimind3_package_layer_passes(capsys):
-    """minimind_ref's own layer (moe_variant='minimind-3') passes the check it is compared with."""
+def test_minimind3_package_layer_passes(capsys, monkeypatch):
+    """minimind_ref's own layer (moe_variant='minimind-3') passes the check it is compared with (with the guard against
+    handing the exercise over switched off: as a learner's answer the package's layer is refused)."""
     from minimind_ref import MOEFeedForward
+    from minimind_ref.checks import delegation
+    monkeypatch.setattr(delegation, "ENFORCED", False)
     ch07.check_minimind3_moe(MOEFeedForward)
     assert capsys.readouterr().out.startswith("✓ Exercise 7.5")
 
@@ -665,3 +668,172 @@ def test_seq_aux_loss_names_the_drafts_flaws_one_after_the_other():
 
     assert_names(ch07.check_seq_aux_loss, half_repaired, "f_i counted per token instead of per routing slot",
                  label=ch07.BALANCE)
+
+
+# ---------------------------------------------------------------------- issue 44, third newcomer probe
+def _route_variant(x, weight, top_k, norm_topk_prob=True, mode="softmax_of_kept"):
+    logits = F.linear(x, weight)
+    if mode == "softmax_of_kept":
+        kept, idx = logits.topk(top_k, dim=-1)
+        return idx, kept.softmax(-1)
+    scores = {"logits": logits, "sigmoid": torch.sigmoid(logits)}.get(mode, logits.softmax(-1))
+    w, idx = scores.topk(top_k, dim=-1, sorted=False)
+    if top_k > 1 and norm_topk_prob:
+        total = w.sum(-1, keepdim=True)
+        w = w / (total.detach() if mode == "detached_sum" else total)
+    return idx, w
+
+
+@pytest.mark.parametrize("mode, fragment", [
+    ("softmax_of_kept", "a softmax over the k kept logits only"),  # was named "the single top-1 weight renormalized"
+    ("logits", "the router logits used as the weights, without the softmax over the experts"),
+    ("sigmoid", "a sigmoid of each logit instead of a softmax over the experts"),
+    ("detached_sum", "the renormalizing sum detached"),  # passed: the check compared the weights' values only
+])
+def test_probe3_route_mistakes_are_named_from_every_case(mode, fragment):
+    assert_names(ch07.check_route, lambda *a: _route_variant(*a, mode=mode), "this looks like " + fragment,
+                 label=ch07.ROUTE)
+
+
+def test_probe3_route_refuses_the_package_router():
+    """A MoEGate built around the given weight passed 7.1."""
+    from minimind_ref import MiniMindConfig, MoEGate
+
+    def via_gate(x, weight, top_k, norm_topk_prob=True):
+        cfg = MiniMindConfig(hidden_size=x.shape[1], num_attention_heads=1, num_key_value_heads=1, use_moe=True,
+                             n_routed_experts=weight.shape[0], num_experts_per_tok=top_k, norm_topk_prob=norm_topk_prob)
+        gate = MoEGate(cfg).eval()
+        gate.weight = nn.Parameter(weight)
+        idx, w, _ = gate(x[None])
+        return idx, w
+
+    assert_names(ch07.check_route, via_gate, "your function calls minimind_ref's MoEGate", label=ch07.ROUTE)
+
+
+def test_probe3_moe_forward_refuses_a_copy_of_the_definition_cell():
+    """Section 4's moe_by_definition (the cell above the exercise) passed 7.3 unchanged."""
+    def moe_by_definition(moe, x):
+        flat = x.reshape(-1, x.shape[-1])
+        idx, w, _ = moe.gate(x)
+        out = torch.zeros_like(flat)
+        for t in range(flat.shape[0]):
+            for j in range(idx.shape[1]):
+                out[t] += w[t, j] * moe.experts[int(idx[t, j])](flat[t])
+            for shared in getattr(moe, "shared_experts", []):
+                out[t] += shared(flat[t])
+        return out.view(x.shape)
+
+    assert_names(ch07.check_moe_forward, moe_by_definition, "runs the routed experts token by token", label=ch07.MOE)
+
+
+def test_probe3_minimind3_moe_refuses_the_package_layer():
+    """A subclass of MOEFeedForward passed 7.5; a wrapper around one failed for a wrong reason (its eval loss)."""
+    from minimind_ref import MOEFeedForward
+
+    class Subclass(MOEFeedForward):
+        pass
+
+    class Wrapper(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            inner = MOEFeedForward(config)
+            self.gate, self.experts, self._inner = inner.gate, inner.experts, [inner]
+
+        def forward(self, x):
+            y = self._inner[0](x)
+            self.aux_loss = self._inner[0].aux_loss
+            return y
+
+    for cls in (Subclass, Wrapper):
+        assert_names(ch07.check_minimind3_moe, cls, "your function calls minimind_ref's MOEFeedForward", label=ch07.MOE3)
+
+
+def test_probe3_balanced_router_loss_refuses_an_evaluation_and_names_two_mistakes():
+    from minimind_ref.moe import router_aux_loss
+
+    def evaluated(num_experts, top_k, coef):
+        n = num_experts * 4
+        idx = torch.stack([(torch.arange(n) + j) % num_experts for j in range(top_k)], -1)
+        return float(router_aux_loss(torch.full((n, num_experts), 1.0 / num_experts), idx, num_experts, coef))
+
+    assert_names(ch07.check_balanced_router_loss, evaluated, "not to evaluate the loss on a balanced routing",
+                 label=ch07.BALANCED)
+    # both were named after the first wrong case alone: "the factor num_experts left out", "one factor ... too many"
+    assert_names(ch07.check_balanced_router_loss, lambda E, k, c: c / k, "this looks like the value divided by top_k",
+                 label=ch07.BALANCED)
+    assert_names(ch07.check_balanced_router_loss, lambda E, k, c: c * E,
+                 "this looks like each load_i taken as 1 whatever top_k", label=ch07.BALANCED)
+
+
+def _dispatch_mistake(kind):
+    def dispatch(x, experts, flat_idx, flat_weight, top_k):
+        out = torch.zeros_like(x)
+        order = flat_idx.argsort()
+        ends = flat_idx.bincount(minlength=len(experts)).cumsum(0).tolist()
+        start = 0
+        for i, end in enumerate(ends):
+            if end > start:
+                slots = torch.arange(start, end) if kind == "positions" else order[start:end]
+                tokens = slots % top_k if kind == "remainder" else slots // top_k
+                weight = flat_weight[tokens] if kind == "token weight" else flat_weight[slots]
+                out.index_add_(0, tokens, experts[i](x[tokens]) * weight)
+            if kind != "restart":
+                start = end
+        return out
+    return dispatch
+
+
+@pytest.mark.parametrize("kind, fragment", [
+    ("remainder", "each slot given to token slot % top_k"),
+    ("token weight", "each slot's weight read at its token's index"),
+    ("positions", "the slots taken as the positions in the sorted order"),
+    ("restart", "every expert's run starting again at the first slot"),
+])
+def test_probe3_dispatch_mistakes_are_named(kind, fragment):
+    assert_names(ch07.check_dispatch, _dispatch_mistake(kind), "this looks like " + fragment, label=ch07.DISPATCH)
+
+
+def _moe_forward_mistake(kind):
+    def moe_forward(moe, x):
+        b, s, d = x.shape
+        idx, w, _ = moe.gate(x)
+        flat = x.reshape(-1, d)
+        k = 2 if kind == "k=2" else moe.config.num_experts_per_tok
+        y = dispatch(flat, moe.experts, idx.view(-1), w.view(-1, 1), k)
+        shared = list(getattr(moe, "shared_experts", []))
+        if kind == "averaged" and shared:
+            y = y + sum(e(flat) for e in shared) / len(shared)
+        elif kind == "weighted":
+            y = y + sum(w.max(-1, keepdim=True).values * e(flat) for e in shared)
+        else:
+            y = y + sum(e(flat) for e in shared)
+        return y.view(s, b, d).transpose(0, 1) if kind == "s, b, d" else y.view(b, s, d)
+    return moe_forward
+
+
+@pytest.mark.parametrize("kind, fragment", [
+    ("averaged", "the shared experts' outputs averaged instead of added"),
+    ("weighted", "the shared experts weighted by each token's largest routing weight"),
+    ("s, b, d", "the output laid out as [s, b, d] and then transposed"),
+    ("k=2", "the number of experts per token written as 2"),
+])
+def test_probe3_moe_forward_mistakes_are_named(kind, fragment):
+    assert_names(ch07.check_moe_forward, _moe_forward_mistake(kind), "this looks like " + fragment, label=ch07.MOE)
+
+
+@pytest.mark.parametrize("kind, fragment", [("p_sum", "P_i summed over the sequence's tokens instead of averaged"),
+                                            ("across", "the tokens grouped into sequences as [s, b] instead of [b, s]")])
+def test_probe3_seq_balance_loss_mistakes_are_named(kind, fragment):
+    def loss(scores, topk_idx, batch, n_experts, alpha):
+        n, k = topk_idx.shape
+        s = n // batch
+        if kind == "across":
+            counts = F.one_hot(topk_idx.view(s, batch, k), n_experts).float().sum((0, 2))
+            p = scores.view(s, batch, n_experts).mean(0)
+        else:
+            counts = F.one_hot(topk_idx.view(batch, s * k), n_experts).float().sum(1)
+            p = scores.view(batch, s, n_experts).sum(1)
+        f = counts * n_experts / (s * k)
+        return alpha * (f * p).sum(1).mean()
+
+    assert_names(ch07.check_seq_aux_loss, loss, "this looks like " + fragment, label=ch07.BALANCE)

@@ -46,7 +46,7 @@ def test_merge_pair_reference_passes(capsys):
 ])
 def test_the_packages_own_functions_are_refused(check, fn):
     """The package's function, called directly or through a wrapper, is not an answer."""
-    with pytest.raises(ExerciseError, match="minimind_ref's own"):
+    with pytest.raises(ExerciseError, match="minimind_ref's own|the package's own answer to this exercise"):
         check(fn)
 
 
@@ -402,3 +402,124 @@ def test_training_step_names_every_flaw_of_the_draft(wrong, fragments):
 ])
 def test_training_step_messages(wrong, fragment):
     assert fragment in message(ch08.check_training_step, wrong)
+
+
+# ---------------------------------------------------------------------- issue 44, third newcomer probe
+from _helpers import check_fails  # noqa: E402
+
+
+def _step(model, optimizer, input_ids, labels, max_grad_norm, clear_first=False, clip="norm"):
+    if clear_first:
+        optimizer.zero_grad()
+    out = model(input_ids, labels=labels)
+    (out.loss + out.aux_loss).backward()
+    if clip == "norm":
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    elif clip == "value":
+        torch.nn.utils.clip_grad_value_(model.parameters(), max_grad_norm)
+    else:
+        for p in model.parameters():
+            torch.nn.utils.clip_grad_norm_([p], max_grad_norm)
+    optimizer.step()
+    if not clear_first:
+        optimizer.zero_grad()
+    return out.loss.item()
+
+
+def test_training_step_that_clears_gradients_first_is_caught():
+    """Probe 3: zero_grad at the start of the step passed the check, then the notebook's next cell (".grad holds
+    nothing after the step") printed False and its assert fired. The check now catches it, and names it."""
+    check_fails(ch08.check_training_step, lambda *a: _step(*a, clear_first=True),
+                "this looks like the gradients cleared at the start of the step instead of after it")
+
+
+@pytest.mark.parametrize("clip, fragment", [
+    ("value", "every gradient entry clipped on its own"),
+    ("each", "each parameter's gradient clipped to max_grad_norm on its own"),
+])
+def test_training_step_clipping_mistakes_are_named(clip, fragment):
+    check_fails(ch08.check_training_step, lambda *a: _step(*a, clip=clip), "this looks like " + fragment)
+
+
+def _lr(step, max_steps, warmup_steps, max_lr, min_lr, shape=None, min_from_max_steps=False):
+    if step < warmup_steps:
+        return max_lr * (step + 1) / warmup_steps
+    if min_from_max_steps and step >= max_steps:
+        return min_lr
+    if step > max_steps:
+        return min_lr
+    if max_steps == warmup_steps:
+        return max_lr
+    p = (step - warmup_steps) / (max_steps - warmup_steps)
+    return shape(p, max_lr, min_lr) if shape else min_lr + 0.5 * (max_lr - min_lr) * (1 + math.cos(math.pi * p))
+
+
+def test_lr_at_probe_mistakes_are_named_across_every_schedule():
+    """Probe 3: min_lr from step max_steps on was named 'a cosine that ignores the warmup offset' (the schedule
+    it fails on matched that mistake alone); three decay formulas were not named."""
+    check_fails(ch08.check_lr_at, lambda *a: _lr(*a, min_from_max_steps=True),
+                "this looks like step max_steps run at min_lr in a schedule without a decay phase")
+    check_fails(ch08.check_lr_at, lambda *a: _lr(*a, shape=lambda p, hi, lo: lo + (hi - lo) * math.cos(math.pi * p)),
+                "this looks like the cosine's own range (from 1 down to -1) not mapped")
+    check_fails(ch08.check_lr_at, lambda *a: _lr(*a, shape=lambda p, hi, lo: 0.5 * hi * (1 + math.cos(math.pi * p))),
+                "this looks like a cosine that decays to 0 instead of to min_lr")
+    check_fails(ch08.check_lr_at,
+                lambda *a: _lr(*a, shape=lambda p, hi, lo: lo + (hi - lo) * math.cos(math.pi / 2 * p)),
+                "this looks like a quarter period of the cosine")
+
+
+def _loss_both_real(logits, input_ids, attention_mask):
+    keep = (attention_mask[:, 1:] * attention_mask[:, :-1]) == 1
+    labels = input_ids[:, 1:].masked_fill(~keep, -100)
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+
+def _loss_row_means(logits, input_ids, attention_mask):
+    per = F.cross_entropy(logits[:, :-1].transpose(1, 2), input_ids[:, 1:], reduction="none")
+    m = attention_mask[:, 1:].float()
+    return ((per * m).sum(1) / m.sum(1)).mean()
+
+
+def _loss_summed(logits, input_ids, attention_mask):
+    labels = input_ids.masked_fill(attention_mask == 0, -100)
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), reduction="sum")
+
+
+def test_causal_lm_loss_probe_mistakes_are_named_from_every_batch():
+    """Probe 3: requiring both positions to be real was named 'the mask applied to the predicting position' (on the
+    left-padded batch the two agree; on the right-padded one they do not); a per-row mean and a sum were unnamed."""
+    message = check_fails(ch08.check_causal_lm_loss, _loss_both_real,
+                          "this looks like a term kept only when both its predicting position and its target are real")
+    assert "predicting position instead of the target" not in message
+    check_fails(ch08.check_causal_lm_loss, _loss_row_means, "this looks like each row averaged on its own")
+    check_fails(ch08.check_causal_lm_loss, _loss_summed, "this looks like the kept terms summed instead of averaged")
+
+
+def test_merge_pair_matched_in_either_order_is_named():
+    def either(ids, pair, new_id):
+        out, i = [], 0
+        while i < len(ids):
+            if i + 1 < len(ids) and (ids[i], ids[i + 1]) in (tuple(pair), tuple(pair)[::-1]):
+                out.append(new_id)
+                i += 2
+            else:
+                out.append(ids[i])
+                i += 1
+        return out
+
+    check_fails(ch08.check_merge_pair, either, "this looks like the pair matched in either order")
+
+
+def test_lr_at_named_from_the_first_wrong_schedule_when_none_explains_them_all():
+    """Probe 3 (after the all-schedule naming): the cosine carried on past max_steps, in a function that keeps
+    max_lr for a schedule without a decay phase, fits no mistake on every schedule; the one mistake that explains
+    the first wrong schedule is named (as before)."""
+    def carried_on(step, max_steps, warmup_steps, max_lr, min_lr):
+        if step < warmup_steps:
+            return max_lr * (step + 1) / warmup_steps
+        if max_steps == warmup_steps:
+            return max_lr
+        p = (step - warmup_steps) / (max_steps - warmup_steps)
+        return min_lr + 0.5 * (max_lr - min_lr) * (1 + math.cos(math.pi * p))
+
+    check_fails(ch08.check_lr_at, carried_on, "this looks like progress not capped at 1")

@@ -25,7 +25,8 @@ def _apply_and_list(config):
 
 @pytest.mark.parametrize("check, delegate, words", [
     (ch10.check_lora_forward, ch10.lora_forward_reference, "ch10.lora_forward_reference"),
-    (ch10.check_merge_weight, ch10.merge_weight_reference, "ch10.merge_weight_reference"),
+    (ch10.check_rescale_merged, ch10.rescale_merged_reference, "ch10.rescale_merged_reference"),
+    (ch10.check_lora_forward, lambda x, W, A, B, s=1.0: F.linear(x, W) + _lora_module(A, B, s)(x), "minimind_ref.lora.LoRA"),
     (ch10.check_lora_parameter_count, lambda c, r: ch10.lora_parameter_count_reference(c, r), "ch10.lora_parameter_count_reference"),
     (ch10.check_lora_parameter_count, lambda c, r: 2 * r * len(_apply_and_list(c)) * c.hidden_size, "MiniMindForCausalLM"),
     (ch10.check_adapted_layers, _apply_and_list, "minimind_ref.lora.apply_lora"),
@@ -33,7 +34,18 @@ def _apply_and_list(config):
 ])
 def test_a_function_that_calls_the_package_answer_fails(monkeypatch, check, delegate, words):
     monkeypatch.setattr(delegation, "ENFORCED", True)
-    check_fails(check, delegate, "your function calls " + words, "the package's own answer to this exercise")
+    if words == "MiniMindForCausalLM":  # building the model is refused for its own reason
+        check_fails(check, delegate, "your function calls MiniMindForCausalLM", "without building the model")
+    else:
+        check_fails(check, delegate, "your function calls " + words, "the package's own answer to this exercise")
+
+
+def _lora_module(A, B, scale):
+    module = lora.LoRA(A.shape[1], B.shape[0], rank=A.shape[0], scale=scale)
+    with torch.no_grad():
+        module.A.weight.copy_(A)
+        module.B.weight.copy_(B)
+    return module
 
 
 # ---------------------------------------------------------------------- 10.1: the order of the products
@@ -84,29 +96,33 @@ def test_lora_forward_rejects_in_place_edits():
     check_fails(ch10.check_lora_forward, edits, "in place")
 
 
-# ---------------------------------------------------------------------- 10.3 (merge)
-def test_merge_weight_reference_passes(capsys):
-    ch10.check_merge_weight(ch10.merge_weight_reference)
+# ---------------------------------------------------------------------- 10.3 (a merged adapter turned up or down)
+def test_rescale_merged_reference_passes(capsys):
+    ch10.check_rescale_merged(ch10.rescale_merged_reference)
     assert capsys.readouterr().out.startswith("✓")
 
 
-def test_merge_weight_rejects_stub():
-    check_fails(ch10.check_merge_weight, stub, "10.3", "not implemented")
+def test_rescale_merged_rejects_stub():
+    check_fails(ch10.check_rescale_merged, stub, "10.3", "not implemented")
 
 
-MERGE_MISTAKES = list(ch10._merge_mistakes(*[torch.zeros(1, 1)] * 3, 1.0))
+RESCALE_MISTAKES = list(ch10._rescale_mistakes(*[torch.ones(1, 1)] * 3, 1.0, 2.0))
 
 
-@pytest.mark.parametrize("description", MERGE_MISTAKES)
-def test_merge_weight_names_each_mistake(description):
-    check_fails(ch10.check_merge_weight, _mistake_fn(ch10._merge_mistakes, description), "this looks like " + description)
+@pytest.mark.parametrize("description", RESCALE_MISTAKES)
+def test_rescale_merged_names_each_mistake(description):
+    check_fails(ch10.check_rescale_merged, _mistake_fn(ch10._rescale_mistakes, description), "this looks like " + description)
 
 
-def test_merge_weight_rejects_adding_in_place():
-    def in_place(weight, A, B, scale=1.0):
-        return weight.add_(scale * (B @ A))
+def test_rescale_merged_rejects_adding_in_place_and_undoes_a_merge():
+    def in_place(merged, A, B, old, new):
+        return merged.add_((new - old) * (B @ A))
 
-    check_fails(ch10.check_merge_weight, in_place, "in place")
+    check_fails(ch10.check_rescale_merged, in_place, "in place")
+    # scale 0 gives the frozen weight back: a merge can be undone with the adapter kept
+    W, A, B = torch.randn(6, 5), torch.randn(2, 5), torch.randn(6, 2)
+    torch.testing.assert_close(ch10.rescale_merged_reference(ch10.merge_weight_reference(W, A, B, 1.0), A, B, 1.0, 0.0),
+                               W, rtol=1e-5, atol=1e-5)
 
 
 # ---------------------------------------------------------------------- 10.2 (count)
@@ -205,3 +221,79 @@ def test_adapted_layers_names_duplicates():
     from minimind_ref.checks import ch10
 
     check_fails(ch10.check_adapted_layers, lambda c: ch10.adapted_layers_reference(c) * 2, "some twice")
+
+
+# ---------------------------------------------------------------------- issue 44, the second newcomer probe
+# The mistakes a newcomer planted in chapter 10's exercises that the checks passed or left unnamed, as a learner
+# writes them; each message must name the mistake.
+def test_probe_lora_forward_mistakes_are_named(monkeypatch):
+    check_fails(ch10.check_lora_forward, lambda x, W, A, B, s=1.0: s * (F.linear(x, W) + F.linear(F.linear(x, A), B)),
+                "this looks like the whole output scaled, the frozen layer's part too")
+    monkeypatch.setattr(delegation, "ENFORCED", True)
+
+    def through_apply_lora(x, W, A, B, s=1.0):
+        holder = torch.nn.Module()
+        holder.lin = torch.nn.Linear(W.shape[1], W.shape[0], bias=False)
+        if W.shape[0] != W.shape[1]:
+            return F.linear(x, W) + s * F.linear(F.linear(x, A), B)
+        lora.apply_lora(holder, rank=A.shape[0])
+        return F.linear(x, W) + s * F.linear(F.linear(x, A), B)
+
+    check_fails(ch10.check_lora_forward, through_apply_lora, "your function calls minimind_ref.lora.apply_lora")
+
+
+def _probe_count(per_block=None, adapter=None, kv_adapted=False):
+    def count(config, rank):
+        H, L = config.hidden_size, config.num_hidden_layers
+        kv = config.num_key_value_heads * H // config.num_attention_heads
+        if kv_adapted:
+            return L * rank * (2 * (H + H) + 2 * (H + kv))
+        blocks = per_block if per_block is not None else 2 + (2 if config.num_key_value_heads == config.num_attention_heads else 0)
+        return L * blocks * (adapter(rank, H) if adapter else rank * (H + H))
+    return count
+
+
+@pytest.mark.parametrize("fn, fragment", [
+    (_probe_count(per_block=2), "k_proj and v_proj never counted, also where they are square"),
+    (_probe_count(kv_adapted=True), "k_proj and v_proj given adapters whatever their shape"),
+    (_probe_count(adapter=lambda r, H: r * r + H * r), "the rank squared in each adapter"),
+    (_probe_count(adapter=lambda r, H: r * H), "only each adapter's A counted"),
+])
+def test_probe_lora_parameter_count_mistakes_are_named(fn, fragment):
+    message = check_fails(ch10.check_lora_parameter_count, fn, "this looks like " + fragment)
+    assert "square too" not in message  # the case no longer names the decision
+
+
+@pytest.mark.parametrize("fn, fragment", [
+    (lambda m, A, B, old, new: m.clone(), "the merged weight returned unchanged"),
+    (lambda m, A, B, old, new: m + (new + old) * (B @ A), "the two scales added"),
+    (lambda m, A, B, old, new: m + (new - old) * (A.T @ B.T), "the update transposed"),
+])
+def test_probe_rescale_merged_mistakes_are_named(fn, fragment):
+    check_fails(ch10.check_rescale_merged, fn, "this looks like " + fragment)
+
+
+def test_probe_adapted_layers_allocation_and_prefix_are_named():
+    from minimind_ref.model import MiniMindForCausalLM
+
+    def allocated(config):
+        model = MiniMindForCausalLM(config)
+        return [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m.weight.shape[0] == m.weight.shape[1]]
+
+    check_fails(ch10.check_adapted_layers, allocated, "your function built a MiniMindForCausalLM whose weights are allocated")
+
+    def inner_names(config):
+        with torch.device("meta"):
+            model = MiniMindForCausalLM(config)
+        return [n for n, m in model.model.named_modules()
+                if isinstance(m, torch.nn.Linear) and m.weight.shape[0] == m.weight.shape[1]]
+
+    check_fails(ch10.check_adapted_layers, inner_names, "this looks like the names taken inside the decoder")
+
+
+def test_probe_merge_file_fp32_tensors_are_named():
+    def kept_fp32(state, adapters):
+        out = ch10.merge_file_reference(state, adapters)
+        return {k: (v if f"{k[:-len('.weight')]}.lora.A.weight" in adapters else state[k]) for k, v in out.items()}
+
+    check_fails(ch10.check_merge_file, kept_fp32, "this looks like the tensors without an adapter left in torch.float32")

@@ -37,6 +37,8 @@ def test_rescale_factor_reference_passes_and_equals_the_measured_factor(capsys):
     ch12.check_rescale_factor(ch12.rescale_factor_reference)
     assert capsys.readouterr().out.startswith("✓")
     for seed, (groups, k, size) in enumerate(ch12._rescale_cases()):
+        if groups * size > ch12.MEASURED_UP_TO:  # no simulation reaches these: only the rule answers them
+            continue
         measured = ch12._measured_factor(groups, k, size, seed)
         assert abs(measured / ch12.rescale_factor_reference(groups, k, size) - 1) < 1e-3
 
@@ -61,43 +63,30 @@ def test_rescale_factor_rejects_stub_non_numbers_and_measuring(monkeypatch):
     check_fails(ch12.check_rescale_factor, lambda n, k, g: "1.1", "expected a number")
     monkeypatch.setattr(delegation, "ENFORCED", True)
     check_fails(ch12.check_rescale_factor, lambda n, k, g: ch12._measured_factor(n, k, g, 0),
-                "your function calls minimind_ref.grpo.group_advantages")
+                "your function calls minimind_ref.grpo.group_advantages", "not to measure it")
 
 
-# ---------------------------------------------------------------------- 12.2
+# ---------------------------------------------------------------------- 12.2 (d65ef2c's mask, with the rollout's padding)
 def test_completion_mask_reference_passes(capsys):
     ch12.check_completion_mask(grpo.completion_mask)
     assert capsys.readouterr().out.startswith("✓")
 
 
-def _first(ids, eos):
-    return (ids == eos).int().argmax(1, keepdim=True), (ids == eos).any(1, keepdim=True)
+COMPLETION_MISTAKES = list(ch12._completion_mistakes(*ch12._completion_case(1, 5, 9, 2), 2))
 
 
-def _pos(ids):
-    return torch.arange(ids.size(1)).expand(ids.size(0), -1)
-
-
-MASK_MISTAKES = {
-    "the end marker itself left out":
-        lambda ids, eos: torch.where(_first(ids, eos)[1], _pos(ids) < _first(ids, eos)[0], torch.ones_like(ids, dtype=torch.bool)).int(),
-    "a row without an end marker masked to its first token only": lambda ids, eos: (_pos(ids) <= _first(ids, eos)[0]).int(),
-    "every token that is not the end marker": lambda ids, eos: (ids != eos).int(),
-    "up to the last end marker instead of the first":
-        lambda ids, eos: torch.where(_first(ids, eos)[1],
-                                     _pos(ids) <= ids.size(1) - 1 - (ids == eos).int().flip(1).argmax(1, keepdim=True),
-                                     torch.ones_like(ids, dtype=torch.bool)).int(),
-}
-
-
-@pytest.mark.parametrize("message", list(MASK_MISTAKES))
+@pytest.mark.parametrize("message", COMPLETION_MISTAKES)
 def test_completion_mask_names_the_mistake(message):
-    check_fails(ch12.check_completion_mask, MASK_MISTAKES[message], message)
+    check_fails(ch12.check_completion_mask, lambda ids, eos, pad: ch12._completion_mistakes(ids, pad, eos)[message].int(),
+                "this looks like " + message)
 
 
-def test_completion_mask_rejects_stub_and_accepts_a_bool_mask():
+def test_completion_mask_rejects_stub_and_masks_that_are_not_int():
     check_fails(ch12.check_completion_mask, stub, "not implemented")
-    ch12.check_completion_mask(lambda ids, eos: grpo.completion_mask(ids, eos).bool())
+    check_fails(ch12.check_completion_mask, lambda ids, eos, pad: grpo.completion_mask(ids, eos, pad).bool(),
+                "expected an int mask", "torch.bool")
+    check_fails(ch12.check_completion_mask, lambda ids, eos, pad: grpo.completion_mask(ids, eos, pad).float(),
+                "expected an int mask", "torch.float32")
 
 
 # ---------------------------------------------------------------------- 12.3
@@ -121,11 +110,12 @@ def _ratio(lp):
 
 LOSS_MISTAKES = {
     "the KL term with the wrong sign": lambda lp, ref, a, m, b: _seq(-(_ratio(lp) * a[:, None] + b * _k3(lp, ref)), m),
-    "the KL estimator the other way round": lambda lp, ref, a, m, b: _seq(-(_ratio(lp) * a[:, None] - b * _k3(ref, lp)), m),
+    "a KL term that differs from section 4's once the policy has moved away": lambda lp, ref, a, m, b: _seq(-(_ratio(lp) * a[:, None] - b * _k3(ref, lp)), m),
+    "k1, the plain log-ratio": lambda lp, ref, a, m, b: _seq(-(_ratio(lp) * a[:, None] - b * (lp - ref)), m),
     "one average over all masked tokens of the batch": lambda lp, ref, a, m, b: c090b69_loss(lp, ref, a, m, b, "token"),
     "no mask": lambda lp, ref, a, m, b: (-(_ratio(lp) * a[:, None] - b * _k3(lp, ref))).mean(),
-    "missing the minus sign": lambda lp, ref, a, m, b: -c090b69_loss(lp, ref, a, m, b),
-    "a constant ratio of 1": lambda lp, ref, a, m, b: _seq(-(torch.exp(lp - lp) * a[:, None] - b * _k3(lp, ref)), m),
+    "without the minus sign in front": lambda lp, ref, a, m, b: -c090b69_loss(lp, ref, a, m, b),
+    "a ratio detached as a whole": lambda lp, ref, a, m, b: _seq(-(torch.exp(lp - lp) * a[:, None] - b * _k3(lp, ref)), m),
     "has no gradient": lambda lp, ref, a, m, b: c090b69_loss(lp.detach(), ref, a, m, b),
 }
 
@@ -164,25 +154,21 @@ def test_grpo_loss_cut_from_the_policy_says_so():
     assert "RuntimeError" not in msg and "NoneType" not in msg, msg
 
 
-# ---------------------------------------------------------------------- 12.4 d65ef2c's advantages, predicted then written
+# ---------------------------------------------------------------------- 12.4 a lone success's advantages, predicted
 def lone_success(group_size):
     """The closed form: mean 1/G, population std sqrt(G - 1) / G."""
     return math.sqrt(group_size - 1), -1 / math.sqrt(group_size - 1)
 
 
-def test_advantages_once_reference_passes_and_mistakes_are_named(capsys):
-    ch12.check_advantages_once(grpo.group_advantages, lone_success)
-    assert capsys.readouterr().out.startswith("✓")
-    check_fails(lambda f: ch12.check_advantages_once(f, lone_success), stub, "12.4", "not implemented")
-    check_fails(lambda f: ch12.check_advantages_once(grpo.group_advantages, f), stub, "12.4", "not implemented")
-    once = lambda f: ch12.check_advantages_once(f, lone_success)  # noqa: E731
-    check_fails(once, lambda r, g: grpo.group_advantages(r, g, unbiased=True), "this looks like the sample std")
-    check_fails(once, c090b69_advantages, "this looks like a second normalisation")
-    check_fails(once, lambda r, g: grpo.group_advantages(r, g, normalize_batch=True), "this looks like a second normalisation")
-    check_fails(once, lambda r, g: r - _grouped(r, g)[0], "not divided by the group std")
-    check_fails(once, lambda r, g: (r - _grouped(r, g)[0]) / _grouped(r, g, False)[1], "NaN")
-    check_fails(once, lambda r, g: (r - r.mean()) / (r.std(unbiased=False) + 1e-4),
-                "this looks like one mean and std over the whole batch")
+def test_lone_success_reference_and_closed_form_pass(capsys):
+    ch12.check_lone_success(lone_success)
+    ch12.check_lone_success(ch12.lone_success_reference)  # the 1e-4 kept passes too
+    assert capsys.readouterr().out.count("✓") == 2
+    check_fails(ch12.check_lone_success, stub, "12.4", "not implemented")
+    for size in (3, 8, 100):  # the reference is d65ef2c's normalisation
+        adv = grpo.group_advantages(ch12._lone_success_group(size), size)
+        assert abs(ch12.lone_success_reference(size)[0] - float(adv[size // 2])) < 1e-4
+        assert abs(ch12.lone_success_reference(size)[1] - float(adv[0])) < 1e-4
 
 
 PREDICTION_MISTAKES = {
@@ -192,15 +178,32 @@ PREDICTION_MISTAKES = {
     "this looks like the success's and a failure's advantages swapped":
         lambda g: (-1 / math.sqrt(g - 1), math.sqrt(g - 1)),
     "this looks like a failure's advantage taken as minus the success's": lambda g: (math.sqrt(g - 1), -math.sqrt(g - 1)),
+    "this looks like the group size where one less than it belongs": lambda g: (math.sqrt(g), -1 / math.sqrt(g)),
+    "this looks like the 1e-4 added under the square root": lambda g: (
+        (1 - 1 / g) / math.sqrt((1 / g) * (1 - 1 / g) + 1e-4), -(1 / g) / math.sqrt((1 / g) * (1 - 1 / g) + 1e-4)),
     "expected a pair": lambda g: math.sqrt(g - 1),
 }
 
 
 @pytest.mark.parametrize("message", list(PREDICTION_MISTAKES))
 def test_lone_success_prediction_names_the_mistake(message):
-    msg = check_fails(lambda f: ch12.check_advantages_once(grpo.group_advantages, f), PREDICTION_MISTAKES[message],
-                      message)
+    msg = check_fails(ch12.check_lone_success, PREDICTION_MISTAKES[message], message)
     assert "11.2" not in msg and "11.3" not in msg  # the predicted value of G = 128 (sqrt(127)) is not shown
+
+
+def test_lone_success_refuses_a_measurement(monkeypatch):
+    """Issue 44 (probe 2): the advantages are predicted from G (groups up to 10^12); measuring them is refused."""
+    monkeypatch.setattr(delegation, "ENFORCED", True)
+
+    def measured(group_size):
+        r = torch.zeros(group_size)
+        r[0] = 1.0
+        a = (r - r.mean()) / (r.std(unbiased=False) + 1e-4)
+        return float(a[0]), float(a[1])
+
+    check_fails(ch12.check_lone_success, measured, "your function calls a standard deviation of rewards",
+                "not to measure them")
+    assert max(ch12.LONE_SIZES) >= 10**12
 
 
 # ---------------------------------------------------------------------- 12.5 which tokens the clip silences
@@ -251,7 +254,7 @@ def test_cispo_loss_reference_passes_and_mistakes_are_named(capsys):
     seq = lambda t, m: ((t * m).sum(1) / m.sum(1).clamp_min(1)).mean()  # noqa: E731
     attached = lambda lp, old, ref, a, m, b, e: seq(-(torch.clamp(torch.exp(lp - old), max=e) * a[:, None] * lp
                                                       - b * _k3(lp, ref)), m.float())
-    check_fails(ch12.check_cispo_loss, attached, "the ratio not detached")
+    check_fails(ch12.check_cispo_loss, attached, "the weight's gradient kept")
     reinforce = lambda lp, old, ref, a, m, b, e: seq(-(a[:, None] * lp - b * _k3(lp, ref)), m.float())
     check_fails(ch12.check_cispo_loss, reinforce, "this looks like the ratio left out")
     check_fails(ch12.check_cispo_loss, lambda lp, old, ref, a, m, b, e: ppo_clip(lp, old, ref, a, m, b, 0.2),
@@ -269,7 +272,14 @@ GROUP_MISTAKES = {
     "this looks like only the all-wrong case counted": lambda p, lim: _first_group(lambda g: (1 - p) ** g <= lim),
     # issue 37: p != 0.5, so only the all-right case is told from only the all-wrong one and from one more than needed
     "this looks like only the all-right case counted": lambda p, lim: _first_group(lambda g: p ** g <= lim),
-    "this looks like one more than needed": lambda p, lim: ch12.smallest_group_reference(p, lim) + 1,
+    "this looks like one more than needed": lambda p, lim: ch12.smallest_group_reference(p, lim) + 1
+    if ch12.smallest_group_reference(p, lim) < 64 else 64,
+    "this looks like the answer when no group of up to 64 is enough off by one":
+        lambda p, lim: ch12.smallest_group_reference(p, lim) if any(p ** g + (1 - p) ** g <= lim for g in range(2, 65)) else 65,
+    "this looks like only the likelier of the two outcomes counted":
+        lambda p, lim: _first_group(lambda g: max(p, 1 - p) ** g <= lim),
+    "this looks like the chance of a signal compared with the bound":
+        lambda p, lim: _first_group(lambda g: 1 - p ** g - (1 - p) ** g >= lim),
     # issue 37: a bound met exactly tells "<=" from "<"
     "this looks like the bound taken as strict": lambda p, lim: _first_group(lambda g: p ** g + (1 - p) ** g < lim),
     "this looks like the chance that at least one sample differs": lambda p, lim: _first_group(lambda g: 1 - p ** g - (1 - p) ** g <= lim),
@@ -296,11 +306,14 @@ def test_smallest_group_names_the_mistake(message):
 def test_grpo_loss_names_each_mistake_of_the_draft():
     """The draft of the chapter has two mistakes; the check names the one left (the value shows the k3 term's, the
     gradient the ratio's)."""
-    check_fails(ch12.check_grpo_loss, ch12.grpo_loss_draft, "this looks like the KL estimator the other way round")
-    check_fails(ch12.check_grpo_loss, lambda lp, ref, a, m, b: _draft_with(lp, ref, a, m, b, ratio_right=True),
-                "this looks like the KL estimator the other way round")
-    check_fails(ch12.check_grpo_loss, lambda lp, ref, a, m, b: _draft_with(lp, ref, a, m, b, kl_right=True),
-                "(gradient)", "this looks like the ratio's detached part and live part the other way round")
+    check_fails(ch12.check_grpo_loss, ch12.grpo_loss_draft, "this looks like a KL term that differs",
+                "one of the draft's two mistakes", "look at the k3 term")
+    msg = check_fails(ch12.check_grpo_loss, lambda lp, ref, a, m, b: _draft_with(lp, ref, a, m, b, ratio_right=True),
+                      "this looks like a KL term that differs", "look at the k3 term")
+    assert "reference's log-probability minus the policy's" not in msg  # where the mistake is, not what the fix is
+    msg = check_fails(ch12.check_grpo_loss, lambda lp, ref, a, m, b: _draft_with(lp, ref, a, m, b, kl_right=True),
+                      "(gradient)", "this looks like a gradient of the opposite sign", "look at the ratio")
+    assert "detached part and live part" not in msg and "which part of it is detached" not in msg
 
 
 def _draft_with(lp, ref, a, m, b, ratio_right=False, kl_right=False):
@@ -322,17 +335,16 @@ def test_the_grpo_draft_reverses_the_gradient_at_the_first_step():
 
 def test_lone_success_names_a_failure_without_its_sign():
     """Issue 44: a dropped sign was called "swapped" (a group of 2 cannot tell them apart; the check starts with 4)."""
-    msg = check_fails(lambda f: ch12.check_advantages_once(grpo.group_advantages, f),
-                      lambda g: (math.sqrt(g - 1), 1 / math.sqrt(g - 1)), "this looks like a failure's advantage without "
-                      "its minus sign")
+    msg = check_fails(ch12.check_lone_success, lambda g: (math.sqrt(g - 1), 1 / math.sqrt(g - 1)),
+                      "this looks like a failure's advantage without its minus sign")
     assert "swapped" not in msg
 
 
-def test_advantages_once_names_the_clamp_kept():
+def test_lone_success_names_the_clamp_kept():
     """Issue 44: c090b69's clamp kept passed while the groups stopped at 8; a lone success in a group of 128 is
     above 10."""
-    check_fails(lambda f: ch12.check_advantages_once(f, lone_success), lambda r, g: grpo.group_advantages(r, g, clamp=10.0),
-                "this looks like c090b69's clamp to +-10 kept", "groups of 128")
+    check_fails(ch12.check_lone_success, lambda g: (min(math.sqrt(g - 1), 10.0), -1 / math.sqrt(g - 1)),
+                "this looks like c090b69's clamp to +-10 kept", "a group of 128")
 
 
 def test_silenced_by_clip_that_measures_with_autograd_is_told_to_state_the_rule():
@@ -343,6 +355,35 @@ def test_silenced_by_clip_that_measures_with_autograd_is_told_to_state_the_rule(
         return r.grad == 0
 
     check_fails(ch12.check_silenced_by_clip, measured, "your function raised", "without autograd")
+
+
+def test_silenced_by_clip_refuses_a_measurement_under_enable_grad(monkeypatch):
+    """Issue 44 (probe 2): measuring with autograd inside torch.enable_grad() passed; it is refused, and so is
+    evaluating the surrogate itself (its min); a rule written with a clamp stays free."""
+    monkeypatch.setattr(delegation, "ENFORCED", True)
+
+    def measured(ratio, adv, eps):
+        with torch.enable_grad():
+            r = ratio.detach().clone().requires_grad_(True)
+            a = adv[:, None].expand_as(r)
+            torch.min(r * a, torch.clamp(r, 1 - eps, 1 + eps) * a).sum().backward()
+        return r.grad == 0
+
+    check_fails(ch12.check_silenced_by_clip, measured, "your function calls autograd", "state the rule")
+
+    def finite_differences(ratio, adv, eps):
+        a = adv[:, None]
+        f = lambda r: torch.min(r * a, torch.clamp(r, 1 - eps, 1 + eps) * a)  # noqa: E731
+        return (f(ratio + 1e-3) - f(ratio - 1e-3)) == 0
+
+    check_fails(ch12.check_silenced_by_clip, finite_differences, "your function calls the surrogate's min")
+
+    def with_a_clamp(ratio, adv, eps):  # a rule, written with a clamp: allowed
+        a = adv[:, None]
+        outside_up, outside_down = ratio.clamp(max=1 + eps) < ratio, ratio.clamp(min=1 - eps) > ratio
+        return ((a > 0) & outside_up) | ((a < 0) & outside_down) | (a == 0)
+
+    ch12.check_silenced_by_clip(with_a_clamp)
 
 
 def test_cispo_nan_hint_does_not_recommend_the_division_that_makes_it():
@@ -371,11 +412,89 @@ def test_smallest_group_without_the_fallback_says_none_not_int():
 @pytest.mark.parametrize("check, delegate", [
     (ch12.check_completion_mask, grpo.completion_mask),
     (ch12.check_grpo_loss, c090b69_loss),
-    (lambda f: ch12.check_advantages_once(f, lone_success), grpo.group_advantages),
+    (ch12.check_lone_success, lambda g: tuple(float(v) for v in grpo.group_advantages(ch12._lone_success_group(g), g)[[g // 2, 0]])),
     (ch12.check_silenced_by_clip, lambda r, a, e: grpo.clip_fraction(r.log(), torch.zeros_like(r), a,
                                                                       torch.ones_like(r), "grpo", e) * 0 + silenced(r, a, e)),
     (ch12.check_cispo_loss, cispo),
 ])
 def test_a_function_that_calls_the_package_answer_fails(monkeypatch, check, delegate):
     monkeypatch.setattr(delegation, "ENFORCED", True)
-    check_fails(check, delegate, "your function calls minimind_ref.grpo.", "the package's own answer to this exercise")
+    if check is ch12.check_lone_success:  # measuring a prediction is refused for its own reason
+        check_fails(check, delegate, "your function calls minimind_ref.grpo.group_advantages", "not to measure them")
+    else:
+        check_fails(check, delegate, "your function calls minimind_ref.grpo.", "the package's own answer to this exercise")
+
+
+# ---------------------------------------------------------------------- issue 44, the second newcomer probe
+# The mistakes a newcomer planted in chapter 12's exercises that the checks passed, misnamed or left unnamed, as a
+# learner writes them; each message must name the mistake.
+def test_probe_rescale_factor_only_the_groups_factor_is_named():
+    check_fails(ch12.check_rescale_factor, lambda n, k, g: math.sqrt(g / (g - 1)),
+                "this looks like only the factor between a group's unbiased and population std")
+
+
+def test_probe_rescale_factor_refuses_a_simulation(monkeypatch):
+    """A simulation of both normalisations with the learner's own torch code passed; it is refused, and the check
+    asks about batches no simulation reaches."""
+    monkeypatch.setattr(delegation, "ENFORCED", True)
+
+    def simulated(num_groups, groups_with_spread, group_size):
+        r = torch.zeros(num_groups, group_size)
+        r[:groups_with_spread, 0] = 1.0
+        once = (r - r.mean(1, keepdim=True)) / r.std(1, unbiased=False, keepdim=True).clamp_min(1e-30)
+        a = ((r - r.mean(1, keepdim=True)) / r.std(1, keepdim=True).clamp_min(1e-30)).flatten()
+        return float(((a - a.mean()) / a.std())[0] / once.flatten()[0])
+
+    check_fails(ch12.check_rescale_factor, simulated, "your function calls a standard deviation of rewards")
+    assert max(n * g for n, _, g in ch12._rescale_cases()) >= 10**12
+
+
+def test_probe_grpo_loss_wrong_axis_is_pointed_at():
+    def wrong_axis(lp, ref, a, m, b):
+        per_token = -(torch.exp(lp - lp.detach()) * a[None, :] - b * _k3(lp, ref))
+        return _seq(per_token, m)
+
+    check_fails(ch12.check_grpo_loss, wrong_axis, "one advantage per completion")
+
+
+@pytest.mark.parametrize("fn, fragment", [
+    (lambda lp, old, ref, a, m, b, e: ((-(torch.clamp(torch.exp(lp - old), max=e) * a[:, None] - b * _k3(lp, ref))
+                                        * m).sum(1) / m.sum(1).clamp_min(1)).mean(),
+     "the capped ratio times the advantage, without log pi"),
+    (lambda lp, old, ref, a, m, b, e: ((-(torch.clamp(torch.exp(lp - old), max=e).detach() * a[:, None] * lp
+                                          - b * _k3(ref, lp))) * m).sum(1).div(m.sum(1).clamp_min(1)).mean(),
+     "a KL term that differs from k3"),
+    (lambda lp, old, ref, a, m, b, e: (((-(torch.clamp(torch.exp(lp - old), max=e).detach() * a[:, None] * lp
+                                           - b * _k3(lp, ref))) * m).sum() / m.sum().clamp_min(1)),
+     "one average over all masked tokens of the batch instead of per completion"),
+    (lambda lp, old, ref, a, m, b, e: ((-(torch.clamp(torch.exp(old - lp), max=e).detach() * a[:, None] * lp
+                                          - b * _k3(lp, ref))) * m).sum(1).div(m.sum(1).clamp_min(1)).mean(),
+     "the ratio upside down"),
+])
+def test_probe_cispo_loss_mistakes_are_named(fn, fragment):
+    msg = check_fails(ch12.check_cispo_loss, lambda lp, old, ref, a, m, b, e: fn(lp, old, ref, a, m.float(), b, e),
+                      "this looks like " + fragment)
+    assert "only log pi does" not in msg
+
+
+def test_probe_cispo_loss_empty_rows_dropped_is_named():
+    def dropped(lp, old, ref, a, m, b, e):
+        m = m.float()
+        t = -(torch.clamp(torch.exp(lp - old), max=e).detach() * a[:, None] * lp - b * _k3(lp, ref))
+        keep = m.sum(1) > 0
+        return ((t * m).sum(1)[keep] / m.sum(1)[keep]).mean()
+
+    check_fails(ch12.check_cispo_loss, dropped, "this looks like the completions without a token that counts left out")
+
+
+@pytest.mark.parametrize("fn, fragment", [
+    (lambda p, b: max(2, min(64, math.ceil(math.log(b) / math.log(max(p, 1 - p))))) if b < 1 else 2,
+     "only the likelier of the two outcomes counted"),
+    (lambda p, b: next((g for g in range(2, 65) if p ** g + (1 - p) ** g <= b), 65),
+     "the answer when no group of up to 64 is enough off by one"),
+    (lambda p, b: next((g for g in range(2, 65) if 1 - p ** g - (1 - p) ** g >= b), 64),
+     "the chance of a signal compared with the bound"),
+])
+def test_probe_smallest_group_mistakes_are_named(fn, fragment):
+    msg = check_fails(ch12.check_smallest_group, fn, "this looks like " + fragment)
+    assert "one more than needed" not in msg

@@ -375,7 +375,7 @@ def test_bold_in_chinese_renders_and_has_no_needless_spaces():
 
 #: Words a stub message may keep in English: the names the exercise itself uses.
 STUB_TERMS = {"token", "softmax", "top", "k", "p", "SwiGLU", "KV", "scatter", "add", "reshape", "cos", "sin",
-              "alpha", "f", "P", "R", "scale", "B", "A", "x", "inf", "dim", "mean", "sum", "z", "Parameter"}
+              "alpha", "f", "P", "R", "scale", "B", "A", "x", "y", "inf", "dim", "mean", "sum", "z", "Parameter"}
 
 
 def test_chinese_stub_messages_have_no_untranslated_english():

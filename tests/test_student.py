@@ -68,6 +68,24 @@ def test_outputs_and_run_state_are_stripped_but_the_rest_is_kept():
     assert original.cells[1].outputs, "the solution notebook must not be modified"
 
 
+def test_after_solving_markdown_is_left_out_of_the_student_edition():
+    """A markdown cell that explains an exercise's answer (tag ``after-solving``) is in the chapter, not in the
+    student edition; only markdown may carry the tag."""
+    nb = synthetic()
+    reveal = new_markdown_cell("The answer, explained.", metadata={"tags": [make_student.AFTER_SOLVING]})
+    nb.cells.insert(5, reveal)
+    student = make_student.student_notebook(nb, chapter="01")
+    assert "The answer, explained." not in [c.source for c in student.cells]
+    assert len(student.cells) == len(nb.cells) - 1
+    assert student.cells[3].source.startswith("def rms(x):\n    raise NotImplementedError")
+    for bad in (new_code_cell("x = 1", metadata={"tags": [make_student.AFTER_SOLVING]}),
+                new_markdown_cell("### Exercise 1.4 — hidden", metadata={"tags": [make_student.AFTER_SOLVING]})):
+        nb = synthetic()
+        nb.cells.append(bad)
+        with pytest.raises(make_student.StudentEditionError, match="after-solving"):
+            make_student.student_notebook(nb, chapter="01")
+
+
 @pytest.mark.parametrize("source", [
     "# BEGIN SOLUTION\nx = 1\n",
     "x = 1\n# END SOLUTION\n",
@@ -95,9 +113,13 @@ def pair(request):
 
 def test_student_edition_has_stubs_and_no_outputs(pair):
     solution, student = pair
-    assert len(student.cells) == len(solution.cells)
+    held_back = [c for c in solution.cells if make_student.AFTER_SOLVING in c.metadata.get("tags", [])]
+    assert all(c.cell_type == "markdown" for c in held_back)
+    shown = [c for c in solution.cells if c not in held_back]
+    assert len(student.cells) == len(shown)
+    assert not any(make_student.AFTER_SOLVING in c.metadata.get("tags", []) for c in student.cells)
     n_solutions = 0
-    for sol, stu in zip(solution.cells, student.cells):
+    for sol, stu in zip(shown, student.cells):
         assert sol.cell_type == stu.cell_type
         if sol.cell_type != "code":
             assert stu.source == sol.source

@@ -510,13 +510,16 @@ def copy_with_stubs(path: Path, dest: Path, lang: Optional[str] = None) -> int:
     if not student_path.exists():
         raise ColabLikeError(f"{student_path.relative_to(ROOT)} is missing: run `make student`")
     student = nbformat.read(student_path, as_version=4)
-    if [c.cell_type for c in student.cells] != [c.cell_type for c in nb.cells]:
+    # the student edition leaves out the markdown cells tagged after-solving: its code cells match one for one
+    student_code = [c for c in student.cells if c.cell_type == "code"]
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    if len(student_code) != len(code):
         raise ColabLikeError(f"{student_path.relative_to(ROOT)} does not match {path.name} cell for cell: run `make student`")
     exercises = 0
-    for index, cell in enumerate(nb.cells):
-        if cell.cell_type == "code" and make_student.has_solution(cell.source):
-            after = next((c for c in nb.cells[index + 1:] if c.cell_type == "code"), None)
-            cell.metadata["minimind_stub"] = {"stub": student.cells[index].source, "check": after.source if after else ""}
+    for index, cell in enumerate(code):
+        if make_student.has_solution(cell.source):
+            after = code[index + 1] if index + 1 < len(code) else None
+            cell.metadata["minimind_stub"] = {"stub": student_code[index].source, "check": after.source if after else ""}
             exercises += 1
     nbformat.write(nb, dest)
     return exercises

@@ -11,6 +11,10 @@ In the student edition
   marker line (``# BEGIN SOLUTION: implement rms_norm``), else the heading's title;
 * every output and execution count is removed, and so is the saved widget state (a learner
   starts clean);
+* a markdown cell tagged ``after-solving`` (``AFTER_SOLVING``) is left out: it explains the answer of
+  the exercise above it (the closed form a prediction should find, the rule a check measured), which the
+  chapter states for readers of the book but a learner should meet only after solving it. Only markdown
+  is held back (code cells after an exercise may define what later cells use);
 * everything else (markdown, setup and check cells, cell ids, tags) stays as it is.
 
 The Chinese editions, ``student/zh/NN_topic.ipynb``, are made the same way from the chapter as
@@ -48,6 +52,9 @@ CHAPTER_NUMBER = re.compile(r"^(\d+)_")
 
 # Notebook metadata that describes a run, not the notebook.
 RUN_METADATA = ("widgets", "execution")
+
+#: The tag of a markdown cell that explains an exercise's answer: the student edition leaves it out.
+AFTER_SOLVING = "after-solving"
 
 
 class StudentEditionError(ValueError):
@@ -103,7 +110,14 @@ def student_notebook(nb: nbformat.NotebookNode, chapter: Optional[str] = None, w
     title = ""
     word = "Exercise"  # the translated editions' headings say 练习 (tools/i18n.py)
     count = 0
+    kept = []
     for index, cell in enumerate(nb.cells):
+        if AFTER_SOLVING in cell.get("metadata", {}).get("tags", []):
+            if cell.cell_type != "markdown" or EXERCISE_HEADING.search(cell.source):
+                raise StudentEditionError(f"{where}, cell {index}: only a markdown cell without an exercise heading "
+                                          f"may be tagged {AFTER_SOLVING!r} (the student edition leaves it out)")
+            continue
+        kept.append(cell)
         if cell.cell_type == "markdown":
             headings = list(EXERCISE_HEADING.finditer(cell.source))
             if headings:
@@ -122,6 +136,7 @@ def student_notebook(nb: nbformat.NotebookNode, chapter: Optional[str] = None, w
             cell.source = stub_source(cell.source, f"{word} {label_number}", title, where=f"{where}, cell {index}",
                                       translate=translate, separator=SEPARATORS.get(word, ": "))
             number, title = None, ""  # a heading labels one exercise
+    nb.cells = kept
     return nb
 
 

@@ -3,7 +3,7 @@
 Each check compares the learner's function with ``minimind_ref`` (``MiniMindBlock``,
 ``MiniMindForCausalLM``, ``count_parameters``) on inputs it makes itself, or (Exercise 5.4) with the
 loss that section 8's rule gives, and reports as ``minimind_ref.checks`` describes. The counting and
-predicting exercises refuse a function that builds a model or a layer (``_no_modules``).
+predicting exercises refuse a function that builds a model or a layer (``delegation.call_without_modules``).
 
     from minimind_ref.checks import ch05
     ch05.check_block_forward(block_forward)                # Exercise 5.1
@@ -15,11 +15,9 @@ predicting exercises refuse a function that builds a model or a layer (``_no_mod
 
 from __future__ import annotations
 
-import contextlib
 import math
 import operator
-import sys
-from typing import Callable, Dict, Iterator, List, Tuple
+from typing import Callable, Dict
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +28,8 @@ from ..model import MiniMindBlock, MiniMindForCausalLM
 from ..params import count_parameters
 from ..rope import precompute_freqs_cis
 from .core import Outcome, as_number, call, check, check_close, check_numbers, fail, seeded, solution
+from . import delegation
+from .delegation import call_refusing, call_without_modules, forbid, refuse, watching
 
 __all__ = ["check_block_forward", "check_tie_weights", "check_count_parameters", "check_loss_at_initialization",
            "check_minimind3_parameters"]
@@ -58,68 +58,11 @@ def _randomize(module: nn.Module, g: torch.Generator) -> None:
                 p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
 
 
-@contextlib.contextmanager
-def _no_modules() -> Iterator[List[str]]:
-    """Record every ``nn.Module`` built while the block runs (a count derived from numbers builds none:
-    ``count_parameters`` and ``MiniMindConfig``'s models do)."""
-    built: List[str] = []
-    original = nn.Module.__init__
-
-    def spy(self, *args, **kwargs):
-        built.append(type(self).__name__)
-        return original(self, *args, **kwargs)
-
-    nn.Module.__init__ = spy
-    try:
-        yield built
-    finally:
-        nn.Module.__init__ = original
-
-
-@contextlib.contextmanager
-def _calls_to(*functions: Callable[..., object]) -> Iterator[List[str]]:
-    """Record the calls of ``functions`` (minimind_ref's own answers) made while the block runs, however the
-    learner reached them: an alias, a wrapper, the module attribute or the class's method (a profile hook
-    compares code objects). Chapters 06 to 08 use it too."""
-    codes = {f.__code__: f.__qualname__ for f in functions}
-    seen: List[str] = []
-    previous = sys.getprofile()
-
-    def profile(frame, event, arg):
-        if event == "call" and frame.f_code in codes:
-            seen.append(codes[frame.f_code])
-        if previous is not None:
-            previous(frame, event, arg)
-
-    sys.setprofile(profile)
-    try:
-        yield seen
-    finally:
-        sys.setprofile(previous)
-
-
-def _call_refusing(fn, *args, forbidden: Tuple[Callable[..., object], ...], name: str, hint: str, case: str,
-                   **kwargs):
-    """``call``, failing when the learner's function ran one of ``forbidden`` (the package's own answer)."""
-    with _calls_to(*forbidden) as seen:
-        got = call(fn, *args, name=name, hint=hint, case=case, **kwargs)
-    if seen:
-        fail(name, f"your function calls minimind_ref's own {seen[0]} (on {case}); the exercise asks you to write "
-             "that part yourself", hint)
-    return got
-
-
-def _call_without_modules(fn, *args, name: str, hint: str, case: str, what: str, **kwargs):
-    """``call`` for the exercises that derive a number: building a model or a layer to count or measure fails."""
-    with _no_modules() as built:
-        got = call(fn, *args, name=name, hint=hint, case=case, **kwargs)
-    if built:
-        fail(name, f"your function built a {built[0]} (on {case}); the exercise asks you to {what} from the numbers "
-             "alone, without building a model or a layer", hint)
-    return got
-
-
 # ----------------------------------------------------------------------------- 5.1 block forward
+BLOCK_ITSELF = forbid("the block itself, which runs MiniMindBlock.forward", MiniMindBlock.forward,
+                      reason="the exercise asks you to build its output from its four sub-modules")
+
+
 def _block_mistakes(block: MiniMindBlock, h: torch.Tensor, pe) -> Dict[str, Callable[[], torch.Tensor]]:
     """What the usual wrong blocks output on the same input (evaluated only when needed)."""
     n1, n2, mlp = block.input_layernorm, block.post_attention_layernorm, block.mlp
@@ -154,6 +97,14 @@ def _block_mistakes(block: MiniMindBlock, h: torch.Tensor, pe) -> Dict[str, Call
     def attention_only():
         return h + attn(n1(h))
 
+    def no_second_residual():
+        a = h + attn(n1(h))
+        return mlp(n2(a))
+
+    def no_first_residual():
+        a = attn(n1(h))
+        return a + mlp(n2(a))
+
     def ffn_only():
         return h + mlp(n2(h))
 
@@ -172,6 +123,8 @@ def _block_mistakes(block: MiniMindBlock, h: torch.Tensor, pe) -> Dict[str, Call
             swapped_norms,
         "a parallel block: the FFN reads the block's input, but in MiniMind it reads h after the attention "
         "residual": parallel,
+        "the FFN's output not added to the stream (the second residual connection is missing)": no_second_residual,
+        "the attention's output not added to the stream (the first residual connection is missing)": no_first_residual,
         "the FFN half is missing (only h + attention)": attention_only,
         "the attention half is missing (only h + FFN)": ffn_only,
         "the block output is normalized (the stream is normalized only once, after the last block)":
@@ -204,11 +157,8 @@ def check_block_forward(fn: Callable[..., torch.Tensor]) -> str:
         case = f"hidden {cfg.hidden_size}, h of shape {tuple(h.shape)}"
         with torch.no_grad():
             expected, _ = block(h.clone(), pe)
-            with _calls_to(MiniMindBlock.forward) as seen:
-                got = call(fn, block, h.clone(), pe, name=BLOCK, hint=hint, case=case, check_inputs=True)
-            if seen:
-                fail(BLOCK, f"your function calls the block itself, which runs MiniMindBlock.forward (on {case}); the "
-                     "exercise asks you to build its output from its four sub-modules", hint)
+            got = call_refusing(fn, block, h.clone(), pe, forbidden=[BLOCK_ITSELF], name=BLOCK, hint=hint, case=case,
+                                check_inputs=True)
             if isinstance(got, tuple):
                 fail(BLOCK, f"you returned a tuple of {len(got)} (on {case}); return only the new hidden states",
                      "self_attn returns (output, kv_cache): use its first element, and return h alone")
@@ -311,6 +261,9 @@ def _count_mistakes(cfg: MiniMindConfig, tied: bool, expected: int) -> Dict[str,
         "the FFN counted as a 4x-wide two-matrix MLP instead of from intermediate_size":
             expected - L * 3 * h * m + L * 8 * h * h,
         "the o_proj matrix left out (attention has four projections: q, k, v and o)": expected - L * h * nq * d,
+        "q_proj and o_proj counted as hidden x hidden": expected + L * 2 * h * (h - nq * d),
+        "k_proj and v_proj counted as hidden x num_key_value_heads":
+            expected - L * 2 * h * nkv * (d - 1),
     })
     return mistakes
 
@@ -333,18 +286,23 @@ def check_count_parameters(fn: Callable[..., int]) -> str:
         ("small, GQA 4/2", _small()),
         ("small, MQA, odd vocab", _small(num_key_value_heads=1, vocab_size=1001, num_hidden_layers=3)),
         ("small, MHA, custom intermediate", _small(num_key_value_heads=4, intermediate_size=100, hidden_size=96)),
+        # 4 heads of 24 = 96 channels at hidden 64: minimind-3's head_dim is a field of its own (QK-norm switched off,
+        # so the layers hold what a MiniMind2 block holds)
+        ("small, head_dim 24 set apart from hidden_size // num_attention_heads",
+         _small(generation="minimind-3", qk_norm=False, head_dim=24, intermediate_size=160)),
     ]
     outcomes = []
     for label, cfg in configs:
         for tied in (True, False):
             expected = count_parameters(cfg) if tied else _untied_count(cfg)
             case = f"{label}, tie_word_embeddings={tied}"
-            got = _call_without_modules(fn, cfg, tie_word_embeddings=tied, name=COUNT, hint=hint, case=case,
+            got = call_without_modules(fn, cfg, tie_word_embeddings=tied, name=COUNT, hint=hint, case=case,
                                         what="derive the count")
             got = as_number(got, COUNT, case, integer=True, what="a number of parameters")
             outcomes.append(Outcome(case, got, expected, _count_mistakes(cfg, tied, expected)))
     check_numbers(COUNT, outcomes, hint)
-    return "matches minimind_ref.count_parameters for 5 configs, tied and untied (MiniMind2-Small: 25,829,888)"
+    return (f"matches minimind_ref.count_parameters for {len(configs)} configs, tied and untied (MiniMind2-Small: "
+            "25,829,888)")
 
 
 # ----------------------------------------------------------------------------- 5.4 the loss at initialization
@@ -382,6 +340,15 @@ solution("5.4", "math.log(vocab_size) + 1 / 6: the final norm's output has a mea
                 "products) has variance 1/3 whatever the width, and sigma^2 / 2 = 1/6")
 
 
+# a prediction needs no random draws: sampling the initialization and measuring the logits' spread is a measurement
+SIMULATING = [forbid("random draws (torch.rand, torch.randn, torch.randint, Tensor.uniform_, Tensor.normal_, nn.init)",
+                     torch.rand, torch.randn, torch.randint, torch.rand_like, torch.randn_like, torch.normal,
+                     torch.Tensor.uniform_, torch.Tensor.normal_, nn.init.uniform_, nn.init.normal_,
+                     nn.init.kaiming_uniform_, nn.init.xavier_uniform_,
+                     reason="the exercise asks you to predict the loss from the initialization's numbers, not to "
+                            "measure it on random draws")]
+
+
 @check(LOSS, shown=False, why="the prediction is a closed form of the case's two numbers")
 def check_loss_at_initialization(fn: Callable[..., float]) -> str:
     """``fn(vocab_size, hidden_size) -> float``: the next-token loss of a freshly initialized MiniMind (tied head, the
@@ -392,7 +359,10 @@ def check_loss_at_initialization(fn: Callable[..., float]) -> str:
     outcomes = []
     for vocab, hidden in cases:
         case = f"vocab_size={vocab}, hidden_size={hidden}"
-        got = _call_without_modules(fn, vocab, hidden, name=LOSS, hint=hint, case=case, what="predict the loss")
+        with watching(SIMULATING) as drawn:  # a model built is named first: it draws its initialization too
+            got = call_without_modules(fn, vocab, hidden, name=LOSS, hint=hint, case=case, what="predict the loss")
+        if drawn and delegation.ENFORCED:
+            refuse(LOSS, drawn[0], case, hint)
         got = as_number(got, LOSS, case, integer=False, what="a loss in nats")
         outcomes.append(Outcome(case, got, _init_loss(vocab, hidden), _init_loss_mistakes(vocab, hidden)))
     check_numbers(LOSS, outcomes, hint, abs_tol=1e-3)
@@ -423,7 +393,8 @@ def _count3_mistakes(cfg: MiniMindConfig, expected: int) -> Dict[str, int]:
         "and v_proj hidden x hidden / 2)": expected + L * 2 * h * (h - nq * d) + L * 2 * h * (h // 2 - nkv * d),
         "MiniMind2's 2 KV heads (minimind-3's 8 query heads share 4 KV heads, so k_proj and v_proj are twice as "
         "wide)": expected - L * 2 * h * (nkv - 2) * d,
-        "MiniMind2's 8/3 width rule for the FFN (minimind-3 rounds hidden_size * pi up to a multiple of 64)":
+        "MiniMind2's 8/3 width rule for the FFN (minimind-3 has its own, chapter 04's Exercise 4.5; the switch table's "
+        "cell imports it as WIDTH_RULES)":
             expected - L * ffns * 3 * h * (m - narrow),
         "the QK-norm gains left out (minimind-3 normalizes queries and keys, and each RMSNorm has a gain)":
             expected - L * 2 * d,
@@ -436,6 +407,15 @@ def _count3_mistakes(cfg: MiniMindConfig, expected: int) -> Dict[str, int]:
         "the block norms left out (two RMSNorm gains of hidden_size per layer)": expected - 2 * L * h,
         "the final norm left out": expected - h,
     }
+    def with_head_dim(other: float) -> int:  # the count with another head width: q, o, k, v and the QK-norm gains
+        return int(expected + L * (2 * h * (nq + nkv) + 2) * (other - d))
+
+    mistakes["head_dim rounded up where hidden_size / 8 has a fraction (the exercise's head_dim drops it)"] = \
+        with_head_dim(-(-h // 8))
+    mistakes["head_dim rounded to the nearest whole number (the exercise's head_dim drops the fraction)"] = \
+        with_head_dim(round(h / 8))
+    mistakes["head_dim kept as a fraction (hidden_size / 8 need not be a whole number of channels)"] = \
+        with_head_dim(h / 8)
     if cfg.use_moe:
         mistakes.update({
             "a shared expert added (MiniMind2's MoE has one; minimind-3 removed it)": expected + L * 3 * h * m,
@@ -461,16 +441,17 @@ def check_minimind3_parameters(fn: Callable[..., int]) -> str:
             "changes a weight's shape or adds a weight; keep what MiniMind2 and minimind-3 share (8 query heads, the "
             "head width derived from hidden_size as the exercise says, tied head, two norms per block and a final "
             "one), and take each weight's shape from the heads, not from hidden_size alone")
-    # 260 and 1012 are not multiples of 8: 8 heads of head_dim values then do not fill the width, so q_proj and
+    # 260, 1012 and 262 are not multiples of 8: 8 heads of head_dim values then do not fill the width, so q_proj and
     # o_proj are not hidden x hidden, and k_proj, v_proj not hidden x hidden / 2
     cases = [(768, 8, False, 6400), (768, 8, True, 6400), (512, 8, False, 6400), (640, 4, True, 6400),
-             (256, 3, False, 1000), (1024, 2, True, 997), (260, 2, False, 512), (1012, 3, True, 6400)]
+             (256, 3, False, 1000), (1024, 2, True, 997), (260, 2, False, 512), (1012, 3, True, 6400),
+             (262, 2, True, 512)]  # 262 / 8 = 32.75: rounding to the nearest gives 33, the exercise's head_dim 32
     outcomes = []
     for hidden, layers, use_moe, vocab in cases:
         cfg = _minimind3_config(hidden, layers, use_moe, vocab)
         expected = count_parameters(cfg)
         case = f"hidden_size={hidden}, num_hidden_layers={layers}, use_moe={use_moe}, vocab_size={vocab}"
-        got = _call_without_modules(fn, hidden, layers, use_moe=use_moe, vocab_size=vocab, name=COUNT3, hint=hint,
+        got = call_without_modules(fn, hidden, layers, use_moe=use_moe, vocab_size=vocab, name=COUNT3, hint=hint,
                                     case=case, what="derive the count")
         got = as_number(got, COUNT3, case, integer=True, what="a number of parameters")
         outcomes.append(Outcome(case, got, expected, _count3_mistakes(cfg, expected)))

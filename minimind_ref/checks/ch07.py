@@ -28,11 +28,19 @@ from torch import nn
 
 from ..config import MiniMindConfig
 from ..moe import MOEFeedForward, MoEGate, global_aux_loss, router_aux_loss, seq_aux_loss
-from .ch05 import _call_refusing, _calls_to
+from .delegation import call_refusing, call_without_modules, forbid, guarded
+from .diagnosis import close_tensors, explaining
 from .core import Outcome, as_number, call, check, check_close, check_numbers, diagnose, fail, solution
 
 __all__ = ["check_route", "check_dispatch", "check_moe_forward", "check_seq_aux_loss", "check_minimind3_moe",
            "check_balanced_router_loss"]
+
+# 7.3 builds the layer's output from its parts: running the layer itself answers it
+LAYER_ITSELF = forbid("the layer itself, which runs MOEFeedForward.forward", MOEFeedForward.forward,
+                      reason="the exercise asks you to build its output from its parts")
+# 7.5 rebuilds minimind-3's layer: the package's MoE layer, router and losses answer it
+MOE3_PARTS = [forbid("minimind_ref's MOEFeedForward", MOEFeedForward), forbid("minimind_ref's MoEGate", MoEGate),
+              forbid("minimind_ref.moe.router_aux_loss", router_aux_loss)]
 
 
 def _config(hidden: int = 16, n_experts: int = 4, top_k: int = 2, n_shared: int = 1, norm: bool = True, alpha: float = 0.1) -> MiniMindConfig:
@@ -58,24 +66,57 @@ MOE3 = "Exercise 7.5 MiniMind3MoE"
 BALANCED = "Exercise 7.6 balanced_router_loss"
 
 
+def _route_rule(w: torch.Tensor, top_k: int, norm: bool) -> torch.Tensor:
+    """MiniMind2's rule on kept weights ``w`` [n, k]: rescaled to sum to 1 only when top_k > 1 and norm."""
+    return w / (w.sum(dim=-1, keepdim=True) + 1e-20) if top_k > 1 and norm else w
+
+
 def _route_weight_mistakes(x: torch.Tensor, weight: torch.Tensor, top_k: int, norm: bool) -> Dict[str, object]:
-    """Wrong top-k weights, ordered by expert id like the comparison."""
+    """Wrong top-k weights, ordered by expert id like the comparison; None where a mistake changes nothing of
+    its own (there the learner's weights must be the reference's). The same keys on every case, so that the
+    mistake that explains every case is found (``diagnosis.explaining``)."""
     logits = F.linear(x, weight)
     probs = logits.softmax(dim=-1)
     w, idx = torch.topk(probs, k=top_k, dim=-1)
     lw = logits.gather(-1, idx)
     renorm = w / w.sum(dim=-1, keepdim=True)
-    out = {}
-    if top_k == 1 and norm:
-        out["the single top-1 weight was renormalized to 1.0 (upstream leaves it as is, or the router would get no "
-            "gradient)"] = renorm
-    if top_k > 1 and norm:
-        out["the k weights were not renormalized although several experts were kept and norm_topk_prob=True"] = w
-    if not norm:
-        out["the weights were renormalized although norm_topk_prob=False"] = renorm
-    out["raw router logits instead of softmax probabilities"] = lw
-    out["softmax over the tokens (dim=0) instead of over the experts"] = logits.softmax(dim=0).gather(-1, idx)
-    return {k: _sort_by_expert(idx, v)[1] for k, v in out.items()}
+    out = {
+        "the single top-1 weight was renormalized to 1.0 (upstream leaves it as is, or the router would get no "
+        "gradient)": renorm if top_k == 1 and norm else None,
+        "a softmax over the k kept logits only, which rescales the kept weights whatever top_k and norm_topk_prob "
+        "are": lw.softmax(dim=-1),
+        "the k weights were not renormalized although several experts were kept and norm_topk_prob=True":
+            w if top_k > 1 and norm else None,
+        "the weights were renormalized although norm_topk_prob=False": renorm if not norm and top_k > 1 else None,
+        "raw router logits instead of softmax probabilities": lw,
+        "the router logits used as the weights, without the softmax over the experts": _route_rule(lw, top_k, norm),
+        "a sigmoid of each logit instead of a softmax over the experts":
+            _route_rule(torch.sigmoid(lw), top_k, norm),
+        "softmax over the tokens (dim=0) instead of over the experts": logits.softmax(dim=0).gather(-1, idx),
+    }
+    return {k: (None if v is None else _sort_by_expert(idx, v)[1]) for k, v in out.items()}
+
+
+def _route_grad_mistakes(x: torch.Tensor, weight: torch.Tensor, top_k: int, norm: bool,
+                         upstream: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """The router weight's gradient of ``(sorted weights * upstream).sum()`` under the mistakes that keep the weights'
+    values right."""
+    def grad(detach_sum: bool) -> torch.Tensor:
+        wt = weight.clone().requires_grad_(True)
+        kept, idx = torch.topk(F.linear(x, wt).softmax(dim=-1), k=top_k, dim=-1, sorted=False)
+        if top_k > 1 and norm:
+            total = kept.sum(dim=-1, keepdim=True)
+            kept = kept / ((total.detach() if detach_sum else total) + 1e-20)
+        (_sort_by_expert(idx, kept)[1] * upstream).sum().backward()
+        return wt.grad
+
+    if not (top_k > 1 and norm):
+        return {}
+    return {"the renormalizing sum detached (the router then gets no gradient through it)": grad(True)}
+
+
+# the package's router answers the exercise
+ROUTER_ITSELF = forbid("minimind_ref's MoEGate", MoEGate)
 
 
 solution("7.1", "scores = F.linear(x, weight).softmax(dim=-1); topk_weight, topk_idx = torch.topk(scores, k=top_k, "
@@ -90,6 +131,7 @@ def check_route(route: Callable[..., Tuple[torch.Tensor, torch.Tensor]]) -> str:
     hint = ("compare with the gate of this chapter: over which axis the scores are a distribution, which experts a "
             "token keeps, and when (and when not) the kept weights are rescaled")
     cases: List[Tuple[int, int, bool]] = [(4, 2, True), (4, 1, True), (8, 2, False), (6, 3, True), (4, 4, True), (5, 1, False)]
+    runs = []
     for n_experts, top_k, norm in cases:
         n, d = 12, 16
         x = torch.randn(n, d, generator=g)
@@ -101,7 +143,8 @@ def check_route(route: Callable[..., Tuple[torch.Tensor, torch.Tensor]]) -> str:
         weight = gate.weight.detach().clone()
         ref_idx, ref_w, _ = gate(x.view(1, n, d))
         case = f"n_experts={n_experts}, top_k={top_k}, norm_topk_prob={norm}"
-        out = call(route, x.clone(), weight.clone(), top_k, norm, name=ROUTE, hint=hint, case=case, check_inputs=True)
+        out = call_refusing(route, x.clone(), weight.clone(), top_k, norm, forbidden=[ROUTER_ITSELF], name=ROUTE,
+                            hint=hint, case=case, check_inputs=True)
         if not (isinstance(out, tuple) and len(out) == 2):
             fail(ROUTE, f"expected a tuple (topk_idx, topk_weight), got {type(out).__name__} (on {case})",
                  "return the expert ids and their weights together, the ids first")
@@ -116,7 +159,9 @@ def check_route(route: Callable[..., Tuple[torch.Tensor, torch.Tensor]]) -> str:
             fail(ROUTE, f"topk_idx has shape {tuple(idx.shape)}, expected {(n, top_k)}: one row per token, k expert ids "
                  f"per row (on {case})", hint)
         ri, rw = _sort_by_expert(ref_idx, ref_w)
-        gi, gw = _sort_by_expert(idx, w.detach() if isinstance(w, torch.Tensor) else w)
+        if not isinstance(w, torch.Tensor) or tuple(w.shape) != (n, top_k):
+            check_close(w, rw, name=f"{ROUTE}: topk_weight", hint=hint, case=case)
+        gi, gw = _sort_by_expert(idx, w.detach())
         if not torch.equal(gi, ri):
             logits = F.linear(x, weight)
             chosen = {
@@ -128,8 +173,34 @@ def check_route(route: Callable[..., Tuple[torch.Tensor, torch.Tensor]]) -> str:
             fail(ROUTE, (f"this looks like {seen}: " if seen else "") + f"different experts chosen for {rows} of {n} "
                  f"tokens (on {case}); first: token {int((gi != ri).any(dim=-1).nonzero()[0])} expected "
                  f"{ri[(gi != ri).any(dim=-1)][0].tolist()}, got {gi[(gi != ri).any(dim=-1)][0].tolist()}", hint)
-        check_close(gw, rw, name=f"{ROUTE}: topk_weight", hint=hint, case=case,
-                    mistakes=_route_weight_mistakes(x, weight, top_k, norm))
+        runs.append((case, x, weight, top_k, norm, gate, gw, rw.detach(), _route_weight_mistakes(x, weight, top_k, norm)))
+    same = close_tensors(1e-5, 1e-5)
+    wrong = [i for i, r in enumerate(runs) if not same(r[6], r[7])]
+    if wrong:
+        first = wrong[0]
+        mistakes = runs[first][8]
+        seen = explaining({d: (lambda i, d=d: runs[i][8][d]) for d in mistakes}, list(range(len(runs))),
+                          [r[6] for r in runs], [r[7] for r in runs], first, same=same)
+        check_close(runs[first][6], runs[first][7], name=f"{ROUTE}: topk_weight", hint=hint, case=runs[first][0],
+                    mistakes={seen: mistakes[seen]} if seen else None)
+    # the weights must carry the router's gradient as MoEGate's do (the chapter's layer trains through them)
+    for case, x, weight, top_k, norm, gate, _, _, _ in runs:
+        upstream = torch.randn(x.shape[0], top_k, generator=g)
+        gate.zero_grad()
+        ref_idx, ref_w, _ = gate(x.view(1, *x.shape))
+        (_sort_by_expert(ref_idx, ref_w)[1] * upstream).sum().backward()
+        wt = weight.clone().requires_grad_(True)
+        idx, w = call_refusing(route, x.clone(), wt, top_k, norm, forbidden=[ROUTER_ITSELF], name=ROUTE, hint=hint,
+                               case=case)
+        if not w.requires_grad:
+            fail(ROUTE, f"your weights carry no gradient back to the router's weight (on {case}): the router learns "
+                 "from the task loss only through them", "keep the whole computation, from weight to the kept "
+                 "weights, differentiable")
+        (_sort_by_expert(idx, w)[1] * upstream).sum().backward()
+        check_close(wt.grad if wt.grad is not None else torch.zeros_like(wt), gate.weight.grad,
+                    name=f"{ROUTE}: the router weight's gradient", case=case,
+                    hint="the router learns through the kept weights: every step from weight to them must stay in "
+                         "the graph", mistakes=_route_grad_mistakes(x, weight, top_k, norm, upstream))
     return f"{len(cases)} routing cases (top-1, top-k, k = E, with and without renormalization) match MoEGate"
 
 
@@ -143,8 +214,10 @@ def _routing(g: torch.Generator, n: int, n_experts: int, top_k: int, skip_expert
     return idx, w
 
 
-def _dispatch_variant(x, experts, flat_idx, flat_weight, top_k, token_of=None, weight_of=None, add=True):
-    """The sorted dispatch with one step swapped out (for naming mistakes)."""
+def _dispatch_variant(x, experts, flat_idx, flat_weight, top_k, token_of=None, weight_of=None, add=True,
+                      restart=False):
+    """The sorted dispatch with one step swapped out (for naming mistakes); ``restart``: every run starts at the first
+    slot of the sorted order (the start of a run never moved on)."""
     out = torch.zeros_like(x)
     order = flat_idx.argsort()
     ends = flat_idx.bincount(minlength=len(experts)).cumsum(0).tolist()
@@ -159,7 +232,7 @@ def _dispatch_variant(x, experts, flat_idx, flat_weight, top_k, token_of=None, w
                 out.index_add_(0, tokens, y)
             else:
                 out[tokens] = y
-        start = end
+        start = 0 if restart else end
     return out
 
 
@@ -175,6 +248,14 @@ def _dispatch_mistakes(x, experts, flat_idx, flat_weight, top_k) -> Dict[str, Ca
         "the weights read by position in the sorted run instead of for the slots themselves": lambda: _dispatch_variant(*args, weight_of=lambda s, a, b: flat_weight[a:b]),
         "each token's output uses the weight of its token row instead of its slot":
             lambda: _dispatch_variant(*args, weight_of=lambda s, a, b: flat_weight.view(-1, top_k)[s // top_k, :1]),
+        "each slot given to token slot % top_k": lambda: _dispatch_variant(*args, token_of=lambda s, a, b: s % top_k),
+        "each slot's weight read at its token's index instead of at the slot's":
+            lambda: _dispatch_variant(*args, weight_of=lambda s, a, b: flat_weight[s // top_k]),
+        "the slots taken as the positions in the sorted order instead of the slot ids the sort returned":
+            lambda: _dispatch_variant(*args, token_of=lambda s, a, b: torch.arange(a, b) // top_k,
+                                      weight_of=lambda s, a, b: flat_weight[a:b]),
+        "every expert's run starting again at the first slot of the sorted order":
+            lambda: _dispatch_variant(*args, restart=True),
     }
 
 
@@ -196,20 +277,21 @@ class _Counted(nn.Module):
         return self.inner(x)
 
 
-def _check_calls(experts: nn.ModuleList, flat_idx: torch.Tensor, n: int, case: str, hint: str) -> None:
+def _check_calls(experts: nn.ModuleList, flat_idx: torch.Tensor, n: int, case: str, hint: str,
+                 name: str = DISPATCH) -> None:
     """Each expert ran at most once, on exactly as many rows as it has slots; an expert without slots did not run."""
     for i, expert in enumerate(experts):
         slots = int((flat_idx == i).sum())
         if slots == 0 and expert.rows:
-            fail(DISPATCH, f"expert {i}, which no token chose, was run anyway (on {case}); an expert without tokens "
+            fail(name, f"expert {i}, which no token chose, was run anyway (on {case}); an expert without tokens "
                  "does not run at all", hint)
         if len(expert.rows) > 1:
-            fail(DISPATCH, f"expert {i} ran {len(expert.rows)} times (on {case}); each expert runs once, on all of its "
+            fail(name, f"expert {i} ran {len(expert.rows)} times (on {case}); each expert runs once, on all of its "
                  "tokens together", hint)
         if expert.rows and expert.rows[0] != slots:
             what = ("on every token of the batch (its output masked afterwards)" if expert.rows[0] == n
                     else f"on {expert.rows[0]} rows")
-            fail(DISPATCH, f"expert {i} ran {what} (on {case}), while the tokens that chose it number {slots}; an "
+            fail(name, f"expert {i} ran {what} (on {case}), while the tokens that chose it number {slots}; an "
                  "expert runs on exactly the tokens that chose it", hint)
 
 
@@ -234,8 +316,8 @@ def check_dispatch(dispatch: Callable[..., torch.Tensor]) -> str:
         case = f"n_experts={n_experts}, top_k={top_k}{', one expert unused' if skip >= 0 else ''}"
         counted = nn.ModuleList(_Counted(e) for e in moe.experts)
         with torch.no_grad():
-            got = _call_refusing(dispatch, x.clone(), counted, flat_idx.clone(), flat_w.clone(), top_k,
-                                 forbidden=(MOEFeedForward.moe_infer, MOEFeedForward.moe_train), name=DISPATCH,
+            got = call_refusing(dispatch, x.clone(), counted, flat_idx.clone(), flat_w.clone(), top_k,
+                                 forbidden=[MOEFeedForward.moe_infer, MOEFeedForward.moe_train], name=DISPATCH,
                                  hint=hint, case=case, check_inputs=True)
             check_close(got, expected, name=DISPATCH, hint=hint, case=case,
                         mistakes=_dispatch_mistakes(x, moe.experts, flat_idx, flat_w, top_k))
@@ -268,7 +350,17 @@ def _moe_mistakes(moe: MOEFeedForward, x: torch.Tensor) -> Dict[str, Callable[[]
         "the output was not reshaped back to x.shape ([b, s, d])":
             lambda: routed() + sum(e(x.view(-1, d)) for e in shared),
     }
+    out["the number of experts per token written as 2 instead of read from the layer's config"] = \
+        lambda: plus_shared(_dispatch_variant(x.view(-1, d), moe.experts, moe.gate(x)[0].view(-1),
+                                              moe.gate(x)[1].reshape(-1, 1), 2))
+    out["the output laid out as [s, b, d] and then transposed, instead of viewed as x's [b, s, d]"] = \
+        lambda: (routed() + sum(e(x.view(-1, d)) for e in shared)).view(s, b, d).transpose(0, 1)
+    if shared:
+        out["the shared experts weighted by each token's largest routing weight"] = \
+            lambda: routed().view(b, s, d) + moe.gate(x)[1].max(-1).values.view(b, s, 1) * sum(e(x) for e in shared)
     if len(shared) > 1:
+        out["the shared experts' outputs averaged instead of added"] = \
+            lambda: routed().view(b, s, d) + sum(e(x) for e in shared) / len(shared)
         out["only the first shared expert was added (add every one of moe.shared_experts)"] = \
             lambda: plus_shared(routed(), experts=shared[:1])
     if shared:
@@ -298,12 +390,21 @@ def check_moe_forward(moe_forward: Callable[..., torch.Tensor]) -> str:
         with torch.no_grad():
             expected = moe(x)
 
-            with _calls_to(MOEFeedForward.forward) as seen:
-                got = call(moe_forward, moe, x.clone(), name=MOE, hint=hint, case=case, check_inputs=True)
-            if seen:
-                fail(MOE, f"your function calls the layer itself, which runs MOEFeedForward.forward (on {case}); the "
-                     "exercise asks you to build its output from its parts", hint)
+            experts = moe.experts
+            moe.experts = nn.ModuleList(_Counted(e) for e in experts)  # each routed expert's calls and rows
+            try:
+                got = call_refusing(moe_forward, moe, x.clone(), forbidden=[LAYER_ITSELF], name=MOE,
+                                    hint=hint, case=case, check_inputs=True)
+                counted = moe.experts
+            finally:
+                moe.experts = experts
             check_close(got, expected, name=MOE, hint=hint, case=case, mistakes=_moe_mistakes(moe, x))
+            flat_idx = moe.gate(x)[0].reshape(-1)
+            if any(len(e.rows) > 1 and max(e.rows) == 1 for e in counted):
+                fail(MOE, f"your function runs the routed experts token by token (on {case}), as section 4's "
+                     "moe_by_definition does; the exercise builds the layer from your dispatch, which runs each expert "
+                     "once on all of its tokens", hint)
+            _check_calls(counted, flat_idx, flat_idx.numel() // top_k, case, hint, name=MOE)
     return f"{len(cases)} layers (0, 1 and 2 shared experts; top-1..3) match MOEFeedForward in eval mode"
 
 
@@ -312,9 +413,14 @@ def _balance_mistakes(scores, topk_idx, batch, n_experts, alpha) -> Dict[str, Ca
     n_tokens, top_k = topk_idx.shape
     seq_len = n_tokens // batch
 
-    def seq(f_scale=1.0, reduce="mean", use_alpha=True):
-        share = F.one_hot(topk_idx.view(batch, seq_len * top_k), n_experts).float().mean(dim=1) * f_scale
-        p = scores.view(batch, seq_len, n_experts).mean(dim=1)
+    def seq(f_scale=1.0, reduce="mean", use_alpha=True, p_sum=False, across=False):
+        if across:  # the tokens grouped as [s, b]: a "sequence" takes one token of every real one
+            idx = topk_idx.view(seq_len, batch, top_k).transpose(0, 1).reshape(batch, seq_len * top_k)
+            probs = scores.view(seq_len, batch, n_experts).transpose(0, 1)
+        else:
+            idx, probs = topk_idx.view(batch, seq_len * top_k), scores.view(batch, seq_len, n_experts)
+        share = F.one_hot(idx, n_experts).float().mean(dim=1) * f_scale
+        p = probs.sum(dim=1) if p_sum else probs.mean(dim=1)
         per_seq = (share * n_experts * p).sum(dim=1)
         total = per_seq.mean() if reduce == "mean" else per_seq.sum()
         return total * (alpha if use_alpha else 1.0)
@@ -327,6 +433,8 @@ def _balance_mistakes(scores, topk_idx, batch, n_experts, alpha) -> Dict[str, Ca
         "f_i counted per token instead of per routing slot (a token has top_k slots)": lambda: seq(f_scale=top_k),
         "alpha was left out": lambda: seq(use_alpha=False),
         "the per-sequence losses were summed instead of averaged over the batch": lambda: seq(reduce="sum"),
+        "P_i summed over the sequence's tokens instead of averaged": lambda: seq(p_sum=True),
+        "the tokens grouped into sequences as [s, b] instead of [b, s]": lambda: seq(across=True),
     }
 
 
@@ -355,8 +463,8 @@ def check_seq_aux_loss(seq_balance_loss: Callable[..., torch.Tensor]) -> str:
         expected.backward()
         got_in = scores.clone().requires_grad_(True)
         case = f"batch={batch}, seq_len={seq}, n_experts={n_experts}, top_k={top_k}, alpha={alpha}"
-        got = _call_refusing(seq_balance_loss, got_in, topk_idx.clone(), batch, n_experts, alpha,
-                             forbidden=(seq_aux_loss,), name=BALANCE, hint=hint, case=case, check_inputs=True)
+        got = call_refusing(seq_balance_loss, got_in, topk_idx.clone(), batch, n_experts, alpha,
+                             forbidden=[seq_aux_loss], name=BALANCE, hint=hint, case=case, check_inputs=True)
         if isinstance(got, torch.Tensor) and got.numel() == 1 and got.dim() > 0:
             fail(BALANCE, f"return a 0-d tensor (a scalar), got shape {tuple(got.shape)} (on {case})",
                  "reduce to a single number instead of keeping a dimension of size 1")
@@ -483,7 +591,7 @@ def check_minimind3_moe(cls: Callable[..., nn.Module]) -> str:
                     ref.gate.weight.zero_()
                     ref.gate.weight[0] = 5.0 * x.reshape(-1, x.shape[-1]).mean(0) / x.reshape(-1, x.shape[-1]).mean(0).norm()
                     x = x * 0.1 + x.reshape(-1, x.shape[-1]).mean(0) * 3
-            mod = call(cls, cfg, name=MOE3, hint=hint, case=case)
+            mod = call_refusing(cls, cfg, forbidden=MOE3_PARTS, name=MOE3, hint=hint, case=case)
         if not isinstance(mod, nn.Module):
             fail(MOE3, f"MiniMind3MoE(config) must build an nn.Module, got {type(mod).__name__} (on {case})",
                  "define a class that subclasses torch.nn.Module and builds its layers in __init__")
@@ -508,7 +616,7 @@ def check_minimind3_moe(cls: Callable[..., nn.Module]) -> str:
         weights = torch.randn(x.shape, generator=g)
         x_ref, x_got = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
         expected = ref(x_ref)
-        got = call(mod, x_got, name=MOE3, hint=hint, case=f"{case}, training mode")
+        got = call_refusing(mod, x_got, forbidden=MOE3_PARTS, name=MOE3, hint=hint, case=f"{case}, training mode")
         with torch.no_grad():
             check_close(got, expected.detach(), name=f"{MOE3}: output", hint=hint, case=f"{case}, training mode",
                         mistakes=_moe3_output_mistakes(ref, x))
@@ -533,7 +641,8 @@ def check_minimind3_moe(cls: Callable[..., nn.Module]) -> str:
                              "the balance loss; keep the whole computation differentiable")
         mod.eval(), ref.eval()
         with torch.no_grad():
-            check_close(call(mod, x.clone(), name=MOE3, hint=hint, case=f"{case}, eval mode"), ref(x),
+            check_close(call_refusing(mod, x.clone(), forbidden=MOE3_PARTS, name=MOE3, hint=hint,
+                                      case=f"{case}, eval mode"), ref(x),
                         name=f"{MOE3}: output in eval mode", hint=hint, case=case)
             aux_eval = getattr(mod, "aux_loss", None)
             if not isinstance(aux_eval, (torch.Tensor, float, int)) or float(aux_eval) != 0.0:
@@ -555,6 +664,15 @@ solution("7.6", "at perfect balance every load_i is top_k / num_experts and ever
                 "coef * num_experts * sum_i load_i * P_i = coef * top_k")
 
 
+EVALUATE = "the exercise asks you to derive the value at balance, not to evaluate the loss on a balanced routing"
+# evaluating the loss on a routing built for it answers nothing: 7.6 derives the value
+EVALUATING = [forbid("minimind_ref.moe's router losses (router_aux_loss, global_aux_loss, seq_aux_loss)",
+                     router_aux_loss, global_aux_loss, seq_aux_loss, reason=EVALUATE),
+              forbid("a tensor built to evaluate the loss (torch.tensor, torch.full, torch.ones, torch.arange, F.one_hot)",
+                     torch.tensor, torch.full, torch.ones, torch.zeros, torch.arange, torch.eye, torch.rand, torch.randn,
+                     torch.empty, F.one_hot, reason=EVALUATE)]
+
+
 @check(BALANCED, shown=False, why="the value is a closed form of the case's three numbers")
 def check_balanced_router_loss(fn: Callable[..., float]) -> str:
     """``fn(num_experts, top_k, coef) -> float``: the value of minimind-3's router loss when the routing is perfectly
@@ -567,7 +685,8 @@ def check_balanced_router_loss(fn: Callable[..., float]) -> str:
         scores, idx = _perfectly_balanced(n_experts, top_k)
         expected = float(router_aux_loss(scores, idx, n_experts, coef))
         case = f"num_experts={n_experts}, top_k={top_k}, coef={coef:g}"
-        got = call(fn, n_experts, top_k, coef, name=BALANCED, hint=hint, case=case)
+        got = call_without_modules(guarded(fn, BALANCED, EVALUATING, case=case, hint=hint), n_experts, top_k, coef,
+                                   name=BALANCED, hint=hint, case=case, what="derive the value")
         got = as_number(got, BALANCED, case, integer=False, what="the loss")
         mistakes = {
             "MiniMind2's value at balance carried over; minimind-3's load_i is a share of the tokens, not of the "
@@ -576,6 +695,8 @@ def check_balanced_router_loss(fn: Callable[..., float]) -> str:
             "one factor num_experts too many": expected * n_experts,
             "top_k counted twice (each load_i holds it already)": expected * top_k,
             "the coefficient left out": expected / coef,
+            "the value divided by top_k": coef / top_k,
+            "each load_i taken as 1 whatever top_k": coef * n_experts,
         }
         outcomes.append(Outcome(case, got, expected, mistakes))
     check_numbers(BALANCED, outcomes, hint, rel_tol=1e-6, abs_tol=1e-12)

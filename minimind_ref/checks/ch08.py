@@ -21,8 +21,9 @@ from ..tokenizer import merge_pair as ref_merge_pair
 from ..train import causal_lm_loss as ref_causal_lm_loss
 from ..train import lr_at as ref_lr_at
 from ..train import train_step as ref_train_step
-from .ch05 import _call_refusing
-from .core import _direction, _expect, call, check, check_close, fail, shows_expected, solution
+from .delegation import call_refusing
+from .diagnosis import close_tensors, explaining
+from .core import ExerciseError, _direction, _expect, call, check, check_close, fail, shows_expected, solution
 
 
 # ---------------------------------------------------------------------- 8.1 BPE merge
@@ -68,6 +69,18 @@ def _merge_right_to_left(ids, pair, new_id):
     return out[::-1]
 
 
+def _merge_either_order(ids, pair, new_id):
+    out, i = [], 0
+    while i < len(ids):
+        if i + 1 < len(ids) and (ids[i], ids[i + 1]) in (tuple(pair), tuple(pair)[::-1]):
+            out.append(new_id)
+            i += 2
+        else:
+            out.append(ids[i])
+            i += 1
+    return out
+
+
 MERGE_MISTAKES = {
     "merging overlapping occurrences (a token was used by two merges, so decoding would give it back twice)":
         _merge_overlapping,
@@ -81,6 +94,8 @@ MERGE_MISTAKES = {
     "the token after a merged pair skipped (after a merge the scan goes on with the very next token)":
         lambda ids, pair, new_id: _merge_scan(ids, pair, new_id, step_after_merge=3),
     "scanning from right to left (the merge loop and tokenizers go from the left)": _merge_right_to_left,
+    "the pair matched in either order (a pair is ordered: its first token, then its second)":
+        lambda ids, pair, new_id: _merge_either_order(ids, pair, new_id),
 }
 
 
@@ -127,7 +142,7 @@ def check_merge_pair(merge_pair: Callable[..., Any]) -> str:
     results = []
     for ids, pair, new_id in cases:
         case = f"merge_pair({ids}, {pair}, {new_id})"
-        got = _call_refusing(merge_pair, list(ids), pair, new_id, forbidden=(ref_merge_pair,), name=name, case=case,
+        got = call_refusing(merge_pair, list(ids), pair, new_id, forbidden=(ref_merge_pair,), name=name, case=case,
                              check_inputs=True, hint=hint)
         if got is None:
             fail(name, f"{case} returned None", "build the merged list and return it (did you forget `return`?).")
@@ -163,6 +178,11 @@ def _loss_mistakes(logits, ids, mask):
             lambda: (per * mask[:, 1:].reshape(-1)).sum() / per.numel(),
         "the shift in the wrong direction (each position scored against the token before it)":
             lambda: _ce(logits[:, 1:], ids[:, :-1].masked_fill(mask[:, :-1] == 0, -100)),
+        "a term kept only when both its predicting position and its target are real":
+            lambda: _ce(logits[:, :-1], ids[:, 1:].masked_fill((mask[:, :-1] == 0) | (mask[:, 1:] == 0), -100)),
+        "each row averaged on its own, then the rows averaged":
+            lambda: ((per.view(ids.shape[0], -1) * mask[:, 1:]).sum(1) / mask[:, 1:].sum(1)).mean(),
+        "the kept terms summed instead of averaged": lambda: (per * mask[:, 1:].reshape(-1)).sum(),
     }
 
 
@@ -186,11 +206,14 @@ def check_causal_lm_loss(causal_lm_loss: Callable[..., Any]) -> str:
         "right padding": torch.tensor([[1] * 7, [1] * 4 + [0] * 3, [1] * 2 + [0] * 5]),
         "left padding": torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1] * 7, [0] * 5 + [1] * 2]),
     }
+    hint = ("write out the terms of one padded row, each a predicting position and its target, and mark the ones "
+            "upstream's labels remove; a removed term leaves both the sum and the count.")
+    outcomes, cases = [], []
     for label, mask in masks.items():
         logits = torch.randn(3, 7, vocab, generator=g) * 3
         ids = torch.randint(3, vocab, (3, 7), generator=g).masked_fill(mask == 0, 0)
         case = f"a batch with {label}, logits [3, 7, {vocab}]"
-        got = _call_refusing(causal_lm_loss, logits.clone(), ids.clone(), mask.clone(), forbidden=(ref_causal_lm_loss,),
+        got = call_refusing(causal_lm_loss, logits.clone(), ids.clone(), mask.clone(), forbidden=(ref_causal_lm_loss,),
                              name=name, case=case, check_inputs=True,
                    hint="logits is [batch, seq, vocab] and input_ids [batch, seq]: the cross-entropy compares one row "
                         "of vocab scores with one target id per term.")
@@ -198,10 +221,21 @@ def check_causal_lm_loss(causal_lm_loss: Callable[..., Any]) -> str:
         if isinstance(got, torch.Tensor) and got.dim() != 0:
             fail(name, f"expected a scalar (0-d tensor), got shape {tuple(got.shape)} ({case})",
                  "F.cross_entropy averages for you (reduction='mean'); do not return per-token losses.")
-        check_close(got, expected, name=name, rtol=1e-5, atol=1e-6, case=case,
-                    mistakes=_loss_mistakes(logits, ids, mask),
-                    hint="write out the terms of one padded row, each a predicting position and its target, and "
-                         "mark the ones upstream's labels remove; a removed term leaves both the sum and the count.")
+        outcomes.append((got, expected, _loss_mistakes(logits, ids, mask)))
+        cases.append(case)
+    same = close_tensors(1e-5, 1e-6)
+    wrong = [i for i, (got, expected, _) in enumerate(outcomes)
+             if not (isinstance(got, torch.Tensor) and same(got.detach().reshape(()).double(), expected.double()))]
+    if wrong:
+        first = wrong[0]
+        mistakes = outcomes[first][2]
+        computed = [{d: f() for d, f in m.items()} for _, _, m in outcomes]
+        seen = explaining({d: (lambda i, d=d: computed[i][d]) for d in mistakes}, list(range(len(outcomes))),
+                          [got.detach().reshape(()) if isinstance(got, torch.Tensor) else got for got, _, _ in outcomes],
+                          [e for _, e, _ in outcomes], first, same=same)
+        got, expected, _ = outcomes[first]
+        check_close(got, expected, name=name, rtol=1e-5, atol=1e-6, case=cases[first],
+                    mistakes={seen: computed[first][seen]} if seen else None, hint=hint)
     return "no padding, right padding and left padding"
 
 
@@ -210,26 +244,50 @@ def _warmup(step, warmup, hi):
     return hi * (step + 1) / warmup
 
 
-LR_MISTAKES = {
-    "a warmup that starts at 0 (step 0 would not move the weights)":
-        lambda s, T, w, hi, lo: hi * s / w if s < w else ref_lr_at(s, T, w, hi, lo),
-    "a cosine that decays to 0 instead of to min_lr":
-        lambda s, T, w, hi, lo: _warmup(s, w, hi) if s < w else
-        0.5 * hi * (1 + math.cos(math.pi * min(1.0, (s - w) / max(1, T - w)))),
-    "progress not capped at 1 (after max_steps the rate climbs back up)":
-        lambda s, T, w, hi, lo: _warmup(s, w, hi) if s < w else
-        lo + 0.5 * (hi - lo) * (1 + math.cos(math.pi * (s - w) / max(1, T - w))),
-    "a cosine over all steps that ignores the warmup offset (progress = step / max_steps)":
-        lambda s, T, w, hi, lo: _warmup(s, w, hi) if s < w else
-        lo + 0.5 * (hi - lo) * (1 + math.cos(math.pi * min(1.0, s / max(1, T)))),
-    "a warmup that reaches max_lr one step late (the last warmup step, warmup_steps - 1, is already at max_lr)":
-        lambda s, T, w, hi, lo: hi * (s + 1) / (w + 1) if s < w else ref_lr_at(s, T, w, hi, lo),
-    "the progress through the decay measured over max_steps instead of over the decay phase's own length":
-        lambda s, T, w, hi, lo: _warmup(s, w, hi) if s < w else
-        lo + 0.5 * (hi - lo) * (1 + math.cos(math.pi * min(1.0, (s - w) / max(1, T)))),
-    "upstream MiniMind's own schedule (a cosine from lr down to a tenth of it, no warmup) instead of the exercise's":
-        lambda s, T, w, hi, lo: hi * (0.1 + 0.45 * (1 + math.cos(math.pi * s / T))),
-}
+def _decay(s, T, w, hi, lo, shape, cap=True):
+    """The schedule with the decay phase's formula replaced by ``shape(progress, hi, lo)``; the warmup and every
+    step after max_steps as the reference has them (``cap=False``: the progress goes on past 1)."""
+    if s < w:
+        return _warmup(s, w, hi)
+    progress = (s - w) / max(1, T - w)
+    if s > T and cap:
+        return ref_lr_at(s, T, w, hi, lo)
+    return shape(min(1.0, progress) if cap else progress, hi, lo)
+
+
+# each description with the variants a learner writes for it (the steps after max_steps kept at min_lr, or the
+# phase's formula carried on there); the mistake is named when one of them explains every schedule
+LR_MISTAKES = [
+    ("a warmup that starts at 0 (step 0 would not move the weights)",
+     lambda s, T, w, hi, lo: hi * s / w if s < w else ref_lr_at(s, T, w, hi, lo)),
+    ("a cosine that decays to 0 instead of to min_lr",
+     lambda s, T, w, hi, lo: _decay(s, T, w, hi, lo, lambda p, hi, lo: 0.5 * hi * (1 + math.cos(math.pi * p)))),
+    ("a cosine that decays to 0 instead of to min_lr",
+     lambda s, T, w, hi, lo: _warmup(s, w, hi) if s < w else
+     0.5 * hi * (1 + math.cos(math.pi * min(1.0, (s - w) / max(1, T - w))))),
+    ("progress not capped at 1 (after max_steps the rate climbs back up)",
+     lambda s, T, w, hi, lo: _warmup(s, w, hi) if s < w else
+     lo + 0.5 * (hi - lo) * (1 + math.cos(math.pi * (s - w) / max(1, T - w)))),
+    ("a cosine over all steps that ignores the warmup offset (progress = step / max_steps)",
+     lambda s, T, w, hi, lo: _warmup(s, w, hi) if s < w else
+     lo + 0.5 * (hi - lo) * (1 + math.cos(math.pi * min(1.0, s / max(1, T))))),
+    ("a warmup that reaches max_lr one step late (the last warmup step, warmup_steps - 1, is already at max_lr)",
+     lambda s, T, w, hi, lo: hi * (s + 1) / (w + 1) if s < w else ref_lr_at(s, T, w, hi, lo)),
+    ("the progress through the decay measured over max_steps instead of over the decay phase's own length",
+     lambda s, T, w, hi, lo: _warmup(s, w, hi) if s < w else
+     lo + 0.5 * (hi - lo) * (1 + math.cos(math.pi * min(1.0, (s - w) / max(1, T))))),
+    ("upstream MiniMind's own schedule (a cosine from lr down to a tenth of it, no warmup) instead of the exercise's",
+     lambda s, T, w, hi, lo: hi * (0.1 + 0.45 * (1 + math.cos(math.pi * s / T)))),
+    ("the cosine's own range (from 1 down to -1) not mapped onto the range from max_lr down to min_lr",
+     lambda s, T, w, hi, lo: _decay(s, T, w, hi, lo, lambda p, hi, lo: lo + (hi - lo) * math.cos(math.pi * p))),
+    ("the cosine's own range (from 1 down to -1) not mapped onto the range from max_lr down to min_lr",
+     lambda s, T, w, hi, lo: _decay(s, T, w, hi, lo, lambda p, hi, lo: hi * math.cos(math.pi * p))),
+    ("a quarter period of the cosine instead of half a period (the rate must reach min_lr at max_steps)",
+     lambda s, T, w, hi, lo: _decay(s, T, w, hi, lo, lambda p, hi, lo: lo + (hi - lo) * math.cos(math.pi / 2 * p))),
+    ("step max_steps run at min_lr in a schedule without a decay phase (step warmup_steps runs at max_lr, even when "
+     "it is max_steps)",
+     lambda s, T, w, hi, lo: lo if s >= T and s >= w else ref_lr_at(s, T, w, hi, lo)),
+]
 
 
 solution("8.3", "warmup: max_lr * (step + 1) / warmup_steps; then progress = min(1, (step - warmup_steps) / "
@@ -248,25 +306,47 @@ def check_lr_at(lr_at: Callable[..., Any]) -> str:
     settings = [(100, 10, 1e-3, 1e-4), (400, 20, 3e-3, 3e-4), (50, 0, 1.0, 0.0), (30, 30, 2e-3, 2e-4), (7, 1, 5e-4, 5e-4),
                 (4, 3, 2e-3, 1e-3)]
     n = 0
+
+    def same(a, b):
+        try:
+            return all(math.isclose(float(x), y, rel_tol=1e-9, abs_tol=1e-15) for x, y in zip(a, b))
+        except (TypeError, ValueError):
+            return False
+
+    runs = []  # (settings, steps, got, expected) of every schedule, up to the first that raises after a wrong one
     for max_steps, warmup, hi, lo in settings:
         steps = list(range(0, max_steps + 5))
         case = f"max_steps={max_steps}, warmup_steps={warmup}, max_lr={hi}, min_lr={lo}"
-        got = [_call_refusing(lr_at, s, max_steps, warmup, hi, lo, forbidden=(ref_lr_at,), name=name,
-                              case=f"step={s}, {case}",
-                              hint="after the warmup you need the progress through the decay phase; mind a decay phase "
-                                   "of zero steps.") for s in steps]
         expected = [ref_lr_at(s, max_steps, warmup, hi, lo) for s in steps]
+        try:
+            got = [call_refusing(lr_at, s, max_steps, warmup, hi, lo, forbidden=(ref_lr_at,), name=name,
+                                  case=f"step={s}, {case}",
+                                  hint="after the warmup you need the progress through the decay phase; mind a decay "
+                                       "phase of zero steps.") for s in steps]
+        except ExerciseError:
+            if any(not same(r[2], r[3]) for r in runs):
+                break  # an earlier schedule is already wrong: report that one, with what explains it
+            raise
         n += len(steps)
+        runs.append(((max_steps, warmup, hi, lo), steps, got, expected))
+    bad_runs = [r for r in runs if not same(r[2], r[3])]
+    if bad_runs:
+        (max_steps, warmup, hi, lo), steps, got, expected = bad_runs[0]
+        case = f"max_steps={max_steps}, warmup_steps={warmup}, max_lr={hi}, min_lr={lo}"
 
-        def same(a, b):
+        def schedule(f, r):
             try:
-                return all(math.isclose(float(x), y, rel_tol=1e-9, abs_tol=1e-15) for x, y in zip(a, b))
-            except (TypeError, ValueError):
-                return False
+                return [f(s, *r[0]) for s in r[1]]
+            except (ArithmeticError, ValueError):
+                return None
 
-        if same(got, expected):
-            continue
-        seen = next((d for d, f in LR_MISTAKES.items() if same(got, [f(s, max_steps, warmup, hi, lo) for s in steps])), None)
+        seen = next((d for d, f in LR_MISTAKES
+                     if all((v := schedule(f, r)) is not None and same(r[2], v) for r in runs)
+                     and not same(schedule(f, bad_runs[0]) or [], expected)), None)
+        if seen is None:  # none explains every schedule: the one mistake, if only one, that explains this one
+            here = {d for d, f in LR_MISTAKES if (v := schedule(f, bad_runs[0])) is not None and same(got, v)
+                    and not same(v, expected)}
+            seen = here.pop() if len(here) == 1 else None
         bad = [i for i, s in enumerate(steps) if not same([got[i]], [expected[i]])]
         worst = max(bad, key=lambda i: abs(float(got[i]) - expected[i]) if isinstance(got[i], (int, float)) else math.inf)
         s = steps[worst]
@@ -304,6 +384,11 @@ def _step_variant(aux: bool = True, clip: str = "before", zero: bool = True, cli
         norm = max_norm if clip_norm is None else clip_norm
         if clip == "before":
             torch.nn.utils.clip_grad_norm_(model.parameters(), norm)
+        elif clip == "value":
+            torch.nn.utils.clip_grad_value_(model.parameters(), norm)
+        elif clip == "each":
+            for p in model.parameters():
+                torch.nn.utils.clip_grad_norm_([p], norm)
         optimizer.step()
         if clip == "after":
             torch.nn.utils.clip_grad_norm_(model.parameters(), norm)
@@ -339,6 +424,10 @@ def _step_mistakes():
                         parts.append(_NO_AUX)
                     out.append(("; and ".join(parts), dict(aux=aux, clip=clip, zero=zero)))
     out.append(("clipping to a fixed norm of 1.0 instead of max_grad_norm", dict(clip_norm=1.0)))
+    out.append(("every gradient entry clipped on its own to max_grad_norm, instead of the norm of all the gradients "
+                "together", dict(clip="value")))
+    out.append(("each parameter's gradient clipped to max_grad_norm on its own, instead of the norm of all the "
+                "gradients together", dict(clip="each")))
     return out
 
 
@@ -374,12 +463,15 @@ def check_training_step(training_step: Callable[..., Any]) -> str:
         mine = _tiny_model(use_moe, 1)
         opt_mine = torch.optim.SGD(mine.parameters(), lr=0.5)
         ref, (ref_losses, ref_totals) = run(None, reference=True)
-        got_losses = []
+        got_losses, left_behind = [], None
         for i, x in enumerate(batches):
-            got = _call_refusing(training_step, mine, opt_mine, x, x, 0.1, forbidden=(ref_train_step,), name=name,
+            got = call_refusing(training_step, mine, opt_mine, x, x, 0.1, forbidden=(ref_train_step,), name=name,
                                  case=f"the {kind} model, step {i + 1}",
                                  hint="for each call of the draft, ask what it needs to have happened before it and "
                                       "what it changes.")
+            kept = [pname for pname, p in mine.named_parameters() if p.grad is not None and bool(p.grad.any())]
+            if kept and left_behind is None:
+                left_behind = (i + 1, kept)
             if isinstance(got, torch.Tensor) and not returned_tensor:
                 returned_tensor = f"the {kind} model, step {i + 1}"
             if isinstance(got, torch.Tensor):
@@ -414,6 +506,13 @@ def check_training_step(training_step: Callable[..., Any]) -> str:
                  f"(first {pname}, max abs diff {diff:.3g})",
                  "compare what the optimizer applied at each step with what clipping promises (a bounded update) and "
                  "with the loss the step must minimise; PyTorch keeps adding new gradients into .grad.")
+        if left_behind is not None:  # the updates were right, so .grad was cleared, only at the wrong time
+            step, kept = left_behind
+            fail(name, f"this looks like the gradients cleared at the start of the step instead of after it: after your "
+                 f"step returned ({kind} model, step {step}), .grad still held gradients ({len(kept)} parameters, "
+                 f"first {kept[0]}); the step must leave nothing in .grad for the next one (the cell after the exercise "
+                 "measures that too)",
+                 "for each call of the draft, ask what it needs to have happened before it and what it changes.")
         check_loss(1)
     if returned_tensor:
         fail(name, f"your step returns the loss as a tensor (on {returned_tensor}); the exercise asks for a Python float: "

@@ -1,5 +1,5 @@
 """Checks for chapter 09 (supervised fine-tuning): c090b69's chat template (9.1), d65ef2c's loss
-mask (9.2), the masked next-token loss (9.3), replies that begin with whitespace (9.4: which
+mask (9.2), how much each conversation weighs in the batch's loss (9.3, predicted from the labels), replies that begin with whitespace (9.4: which
 conversations d65ef2c's rule leaves without a label; 9.5: the course's mask, which keeps every reply
 whole) and minimind-3's assistant turn inferred from examples (9.6).
 
@@ -22,7 +22,8 @@ from .. import sft as ref_sft
 from .. import chat_template as ref_template
 from .. import loss_mask as ref_mask
 from .core import _on, call, check, check_close, fail, seeded, solution
-from .delegation import guarded
+from .delegation import forbid, guarded
+from .diagnosis import close_tensors, explaining
 
 S, E = ref_sft.IM_START, ref_sft.IM_END
 
@@ -45,6 +46,11 @@ def _render_no_newline(messages, add_generation_prompt=False):
     return _m2(messages, add_generation_prompt).replace(f"{E}\n", E)
 
 
+def _render_no_last_newline(messages, add_generation_prompt=False):  # turns joined by a newline
+    text = _m2(messages, add_generation_prompt)
+    return text if add_generation_prompt else text[:-1]
+
+
 def _render_period(messages, add_generation_prompt=False):
     return _m2(messages, add_generation_prompt).replace(
         f"system\n{ref_sft.DEFAULT_SYSTEM_PROMPT}{E}", f"system\n{ref_sft.DEFAULT_SYSTEM_PROMPT}.{E}")
@@ -56,6 +62,18 @@ def _render_system_twice(messages, add_generation_prompt=False):
     if messages[0]["role"] == "system":
         text = _turn("system", messages[0]["content"]) + text
     return text + (f"{S}assistant\n" if add_generation_prompt else "")
+
+
+def _render_default_always(messages, add_generation_prompt=False):
+    text = _turn("system", ref_sft.DEFAULT_SYSTEM_PROMPT) + "".join(_turn(m["role"], m["content"]) for m in messages)
+    return text + (f"{S}assistant\n" if add_generation_prompt else "")
+
+
+def _render_any_system(messages, add_generation_prompt=False):  # no default once ANY message is a system message
+    if any(m["role"] == "system" for m in messages):
+        return _render_no_default(messages, add_generation_prompt) if messages[0]["role"] != "system" else \
+            _m2(messages, add_generation_prompt)
+    return _m2(messages, add_generation_prompt)
 
 
 def _render_empty_system_default(messages, add_generation_prompt=False):
@@ -75,15 +93,25 @@ def _render_gen_prompt_no_newline(messages, add_generation_prompt=False):
     return text + (f"{S}assistant" if add_generation_prompt else "")
 
 
+def _render_edited(edit):
+    return lambda messages, add_generation_prompt=False: _m2([dict(m, content=edit(m["content"])) for m in messages],
+                                                            add_generation_prompt)
+
+
 RENDER_MISTAKES = {
-    "no default system prompt (c090b69's template adds one when the conversation has no system message)":
+    "the default system prompt left out because a system message comes later in the conversation":
+        _render_any_system,
+    "the default system prompt left out of a conversation that does not open with a system message":
         _render_no_default,
-    f"a missing newline after {E} (every turn ends with one)": _render_no_newline,
-    "a period after the default system prompt (upstream's has none)": _render_period,
-    "the first system message rendered twice (it replaces the default header; it is not a turn of its own)":
-        _render_system_twice,
-    "an empty first system message taken for no system message (it replaces the default prompt all the same, with "
-    "nothing in it)": _render_empty_system_default,
+    f"a missing newline after {E}": _render_no_newline,
+    f"no newline after the last turn's {E}": _render_no_last_newline,
+    "a period after the default system prompt": _render_period,
+    "the first system message rendered twice, as the header and again as a turn of its own": _render_system_twice,
+    "the default system prompt written before a conversation's own first system message": _render_default_always,
+    "an empty first system message taken for no system message": _render_empty_system_default,
+    "the whitespace at both ends of a message's text removed": _render_edited(str.strip),
+    "the whitespace at the end of a message's text removed": _render_edited(str.rstrip),
+    "the whitespace at the start of a message's text removed": _render_edited(str.lstrip),
     "add_generation_prompt ignored": _render_no_gen_prompt,
     "the generation prompt without its newline": _render_gen_prompt_no_newline,
 }
@@ -128,6 +156,9 @@ RENDER_CASES: List[Dict[str, Any]] = [
                   {"role": "user", "content": "v"}], "add_generation_prompt": True},
     {"messages": [{"role": "user", "content": ""}], "add_generation_prompt": False},
     {"messages": [{"role": "system", "content": ""}, {"role": "user", "content": "u"}], "add_generation_prompt": True},
+    # the template writes a message's text as it is: whitespace at its ends stays
+    {"messages": [{"role": "user", "content": "  indented, and a newline at the end\n"},
+                  {"role": "assistant", "content": "\n a reply between blank lines \n\n"}], "add_generation_prompt": True},
 ]
 
 
@@ -147,19 +178,27 @@ def check_render_chat(render_chat: Callable[..., Any]) -> str:
     ``minimind_ref.sft.render_chat(..., template="minimind2")`` (c090b69's template, no tools) and
     leave ``messages`` as it was (``check_render_assistant_turn``: d65ef2c's assistant turn)."""
     name = "Exercise 9.1 render_chat"
+    learner = guarded(render_chat, name, TEMPLATE_FUNCTIONS)
+    got, expected = [], []
     for n, c in enumerate(RENDER_CASES):
         messages, gen = c["messages"], c["add_generation_prompt"]
         case = f"case {n}: {[m['role'] for m in messages]}, add_generation_prompt={gen}"
-        got = call(guarded(render_chat, name, TEMPLATE_FUNCTIONS), [dict(m) for m in messages], gen, name=name, case=case, check_inputs=True,
+        out = call(learner, [dict(m) for m in messages], gen, name=name, case=case, check_inputs=True,
                    hint="look at the case named above.")
-        if not isinstance(got, str):
-            fail(name, f"expected a str, got {type(got).__name__}: {got!r:.80} ({case})", "return the rendered string.")
-        expected = _m2(messages, gen)
-        if got != expected:
-            seen = next((d for d, f in RENDER_MISTAKES.items() if f(messages, gen) == got), None)
-            _string_failure(name, got, expected, seen, _render_region, case,
-                            "compare that turn with the template of section 2, character by character.")
-    return f"{len(RENDER_CASES)} conversations (default and custom system prompt, multi-turn, generation prompt)"
+        if not isinstance(out, str):
+            fail(name, f"expected a str, got {type(out).__name__}: {out!r:.80} ({case})", "return the rendered string.")
+        got.append(out)
+        expected.append(_m2(messages, gen))
+    wrong = next((n for n in range(len(got)) if got[n] != expected[n]), None)
+    if wrong is not None:
+        c = RENDER_CASES[wrong]
+        seen = explaining({d: (lambda c, f=f: f(c["messages"], c["add_generation_prompt"]))
+                            for d, f in RENDER_MISTAKES.items()}, RENDER_CASES, got, expected, wrong)
+        case = f"case {wrong}: {[m['role'] for m in c['messages']]}, add_generation_prompt={c['add_generation_prompt']}"
+        _string_failure(name, got[wrong], expected[wrong], seen, _render_region, case,
+                        "compare that turn with the renderings before the exercise, character by character.")
+    return (f"{len(RENDER_CASES)} conversations (default and custom system prompt, multi-turn, generation prompt, "
+            "whitespace at the ends of a message)")
 
 
 # ---------------------------------------------------------------------- 9.2 the loss mask
@@ -223,6 +262,14 @@ def _mask_truncated_dropped(ids, bos, eos, max_length):  # a reply without its e
     return mask
 
 
+def _mask_late_start(ids, bos, eos, max_length):  # the reply's first token skipped
+    out = list(ref_sft.upstream_loss_mask(ids, bos, eos, max_length, "d65ef2c"))
+    for j in range(len(ids)):
+        if list(ids[j:j + len(bos)]) == list(bos) and j + len(bos) < len(out):
+            out[j + len(bos)] = 0
+    return out
+
+
 def _mask_position(ids: Sequence[int], bos: Sequence[int], eos: Sequence[int], k: int, max_length: int) -> str:
     """What position ``k`` of a 9.2 case is, in words."""
     bos, eos = list(bos), list(eos)
@@ -246,9 +293,12 @@ MASK_MISTAKES = {
     "the newline after <|im_end|> left out (upstream counts the whole end marker '<|im_end|>\\n')":
         lambda ids, bos, eos, m: _mask_without(ids, bos, eos, m, 1),
     "only the first assistant reply counted (every assistant turn counts)": _mask_first_only,
-    "max_length ignored (nothing at or past max_length counts)": _mask_ignores_max_length,
+    "max_length ignored": _mask_ignores_max_length,
+    "the position max_length itself counted, one past the limit":
+        lambda ids, bos, eos, m: ref_sft.upstream_loss_mask(ids, bos, eos, m + 1, "d65ef2c"),
     "every token counted (system and user turns must not count)": _mask_all,
-    "a reply cut off before its end marker not counted (it counts to the end of the sequence)": _mask_truncated_dropped,
+    "a reply cut off before its end marker not counted": _mask_truncated_dropped,
+    "a reply's first token skipped": _mask_late_start,
 }
 
 
@@ -297,10 +347,12 @@ def check_assistant_loss_mask(assistant_loss_mask: Callable[..., Any]) -> str:
     as a list of 0/1 ints, one per token, and leave its inputs unchanged."""
     name = "Exercise 9.2 assistant_loss_mask"
     cases = _mask_cases()
+    learner = guarded(assistant_loss_mask, name, MASK_FUNCTIONS)
+    got_all, expected_all = [], []
     for c in cases:
         ids, bos, eos, max_length = c["ids"], c["bos"], c["eos"], c["max_length"]
         case = f"{c['case']}: ids={ids}, max_length={max_length}"
-        got = call(guarded(assistant_loss_mask, name, MASK_FUNCTIONS), list(ids), list(bos), list(eos), max_length, name=name, case=case,
+        got = call(learner, list(ids), list(bos), list(eos), max_length, name=name, case=case,
                    check_inputs=True, hint="look at the case named above.")
         if isinstance(got, torch.Tensor):
             got = got.tolist()
@@ -311,76 +363,126 @@ def check_assistant_loss_mask(assistant_loss_mask: Callable[..., Any]) -> str:
         if len(got) != len(expected):
             fail(name, f"expected a list of 0/1, one per token ({len(ids)}), got {len(got)} values{_on(case)}",
                  "return one value per token.")
-        if got != expected:
-            seen = next((d for d, f in MASK_MISTAKES.items() if list(f(ids, bos, eos, max_length)) == got), None)
-            k = next(j for j in range(len(ids)) if got[j] != expected[j])
-            should = "should count but does not" if expected[k] else "counts but should not"
-            fail(name, (f"this looks like {seen}: " if seen else "")
-                 + f"position {k} ({_mask_position(ids, bos, eos, k, max_length)}) {should}{_on(case)}",
-                 "look at the turn around that position and at section 4's rule.")
+        got_all.append(got)
+        expected_all.append(list(expected))
+    wrong = next((n for n in range(len(cases)) if got_all[n] != expected_all[n]), None)
+    if wrong is not None:
+        c = cases[wrong]
+        ids, max_length, got, expected = c["ids"], c["max_length"], got_all[wrong], expected_all[wrong]
+        seen = explaining({d: (lambda c, f=f: list(f(c["ids"], c["bos"], c["eos"], c["max_length"])))
+                            for d, f in MASK_MISTAKES.items()}, cases, got_all, expected_all, wrong)
+        k = next(j for j in range(len(ids)) if got[j] != expected[j])
+        should = "should count but does not" if expected[k] else "counts but should not"
+        case = f"{c['case']}: ids={ids}, max_length={max_length}"
+        fail(name, (f"this looks like {seen}: " if seen else "")
+             + f"position {k} ({_mask_position(ids, c['bos'], c['eos'], k, max_length)}) {should}{_on(case)}",
+             "look at the turn around that position and at section 4's rule.")
     return f"{len(cases)} sequences (multi-turn, multi-token markers, cut-off reply, max_length)"
 
 
-# ---------------------------------------------------------------------- 9.3 the masked loss
-def _loss_cases() -> List[Dict[str, Any]]:
+# ---------------------------------------------------------------------- 9.3 how much each conversation weighs
+def _weight_cases() -> List[Dict[str, Any]]:
+    """Label batches ``[b, t]`` (-100 where the loss does not count): replies of unequal length; a reply cut at the
+    end of its row; a conversation cut on the left, which opens inside a reply (its label at position 0 is not
+    -100); a conversation whose replies were all cut away (no label counts). Each mistake of ``_weight_mistakes``
+    gives a result of its own on at least one of them."""
+    rows = [
+        ("3 conversations, replies of 2, 5 and 7 tokens", 12, [(5, 7), (3, 8), (4, 11)]),
+        ("4 conversations, one reply cut at the end of its row", 10, [(2, 4), (5, 10), (3, 6), (6, 7)]),
+        ("2 conversations, the first opening inside a reply (its first label is not -100)", 9, [(0, 3), (3, 8)]),
+        ("3 conversations, one without any label that counts", 8, [(1, 4), (2, 7), (0, 0)]),
+    ]
+    g = seeded(93)
     out = []
-    for seed, (b, t, v) in enumerate([(2, 7, 11), (3, 12, 17), (1, 5, 9)]):
-        g = seeded(100 + seed)
-        logits = torch.randn(b, t, v, generator=g) * 2.0
-        ids = torch.randint(0, v, (b, t), generator=g)
-        labels = torch.full_like(ids, -100)
-        for row in range(b):  # a reply of unequal length in every row
-            start = int(torch.randint(1, t - 1, (1,), generator=g))
-            labels[row, start:] = ids[row, start:]
-            labels[row, t - int(torch.randint(0, 2, (1,), generator=g)):] = -100
-        out.append({"logits": logits, "labels": labels, "case": f"logits {tuple(logits.shape)}, replies of unequal length"})
+    for case, t, spans in rows:
+        ids = torch.randint(3, 50, (len(spans), t), generator=g)
+        labels = torch.full((len(spans), t), -100, dtype=torch.long)
+        for row, (start, stop) in enumerate(spans):
+            labels[row, start:stop] = ids[row, start:stop]
+        out.append({"labels": labels, "case": case})
     return out
 
 
-def _loss_mistakes(logits: torch.Tensor, labels: torch.Tensor) -> Dict[str, Callable[[], torch.Tensor]]:
-    v = logits.shape[-1]
-    shifted_logits, shifted_labels = logits[:, :-1].reshape(-1, v), labels[:, 1:].reshape(-1)
-    per = F.cross_entropy(shifted_logits, shifted_labels.clamp_min(0), reduction="none") * (shifted_labels != -100)
+def reply_weights_reference(labels: torch.Tensor) -> torch.Tensor:
+    """``[b]`` float: the weight ``w_k`` of conversation ``k`` in the batch's SFT loss (the model's ``.loss`` for
+    ``labels``), written as ``sum_k w_k * L_k`` with ``L_k`` the mean loss over conversation ``k``'s own counted
+    labels: its number of labels that count after the shift (``labels[:, 1:] != -100``: nothing predicts the label
+    at position 0) over the batch's number. A conversation without a counted label weighs 0."""
+    counted = (labels[:, 1:] != -100).sum(1).double()
+    return (counted / counted.sum()).float()
 
-    def per_row() -> torch.Tensor:
-        p = per.view(labels.shape[0], -1)
-        return (p.sum(1) / (labels[:, 1:] != -100).sum(1)).mean()
 
+def _weight_mistakes(labels: torch.Tensor) -> Dict[str, Callable[[], torch.Tensor]]:
+    b = labels.shape[0]
+
+    def share(counted: torch.Tensor) -> torch.Tensor:
+        return (counted.double() / counted.sum()).float()
+
+    counted = (labels[:, 1:] != -100).sum(1)
     return {
-        "no shift (each position scored against its own label instead of the next one)":
-            lambda: F.cross_entropy(logits.reshape(-1, v), labels.reshape(-1), ignore_index=-100),
-        "masked positions zeroed but the mean taken over every position (divide by the number of supervised tokens)":
-            lambda: per.sum() / per.numel(),
-        "a mean per conversation, then over the batch (upstream averages over all supervised tokens of the batch)":
-            per_row,
-        "the shift in the wrong direction (each position scored against the label before it)":
-            lambda: F.cross_entropy(logits[:, 1:].reshape(-1, v), labels[:, :-1].reshape(-1), ignore_index=-100),
+        "every conversation weighed alike, as a mean per conversation and then over the batch would":
+            lambda: torch.full((b,), 1.0 / b),
+        "every conversation that counts a label weighed alike": lambda: (counted > 0).float() / (counted > 0).sum(),
+        "the label at position 0 counted": lambda: share((labels != -100).sum(1)),
+        "the label at the last position left out": lambda: share((labels[:, :-1] != -100).sum(1)),
+        "each conversation's number of counted labels, not divided by the batch's": lambda: counted.float(),
+        "each conversation's number of counted labels divided by the batch's number of positions":
+            lambda: counted.float() / labels[:, 1:].numel(),
     }
 
 
-solution("9.3", "F.cross_entropy(logits[:, :-1].reshape(-1, V), labels[:, 1:].reshape(-1), ignore_index=-100)")
+solution("9.3", "counted = (labels[:, 1:] != -100).sum(1).float(); return counted / counted.sum()")
+
+# measuring the weights on a loss answers nothing: the exercise predicts them from the labels
+MEASURING = "the exercise asks you to predict the weights from the labels alone, not to measure them on a loss"
 
 
-@check("Exercise 9.3 sft_loss")
-def check_sft_loss(sft_loss: Callable[..., Any]) -> str:
-    """``sft_loss(logits [b, t, v], labels [b, t])`` must equal the model's own loss,
-    ``F.cross_entropy(logits[:, :-1], labels[:, 1:], ignore_index=-100)`` (the mean over every
-    supervised token of the batch), within rtol = atol = 1e-5, and keep the gradient."""
-    name = "Exercise 9.3 sft_loss"
-    cases = _loss_cases()
+def _loss_functions():
+    from .. import train as ref_train
+    from ..model import next_token_loss
+
+    return [forbid("minimind_ref.model.next_token_loss", next_token_loss),
+            forbid("minimind_ref.train.causal_lm_loss", ref_train.causal_lm_loss),
+            forbid("ch09.reply_weights_reference", reply_weights_reference),
+            forbid("a loss function (F.cross_entropy, F.nll_loss, log_softmax)", F.cross_entropy, F.nll_loss,
+                   F.log_softmax, torch.log_softmax, torch.Tensor.log_softmax, reason=MEASURING),
+            forbid("autograd (backward, torch.autograd.grad)", torch.Tensor.backward, torch.autograd.backward,
+                   torch.autograd.grad, reason=MEASURING)]
+
+
+@check("Exercise 9.3 reply_weights", shown=False,
+       why="the weights are shares of counts the case's labels determine: a shown weight would give the rule away")
+def check_reply_weights(reply_weights: Callable[..., Any]) -> str:
+    """``reply_weights(labels [b, t]) -> [b]``: how much each conversation weighs in the batch's SFT loss (the
+    model's ``.loss`` is ``sum_k w_k * L_k``, ``L_k`` the mean over conversation ``k``'s own counted labels), from
+    the labels alone (``reply_weights_reference``); a function that measures them on a loss is refused."""
+    name = "Exercise 9.3 reply_weights"
+    hint = ("work it out on a batch of two conversations whose labels count at one and at three positions: which "
+            "positions enter the loss after the shift, and how does chapter 08's mean weigh them?")
+    forbidden = _loss_functions()
+    cases = _weight_cases()
+    got_all, expected_all = [], []
     for c in cases:
-        logits, labels, case = c["logits"], c["labels"], c["case"]
-        x = logits.clone().requires_grad_(True)
-        got = call(sft_loss, x, labels.clone(), name=name, case=case, check_inputs=True,
-                   hint="look at the shapes F.cross_entropy expects, and at which position predicts which label.")
-        v = logits.shape[-1]
-        expected = F.cross_entropy(logits[:, :-1].reshape(-1, v), labels[:, 1:].reshape(-1), ignore_index=-100)
-        check_close(got, expected, name=name, case=case, rtol=1e-5, atol=1e-5, mistakes=_loss_mistakes(logits, labels),
-                    hint="look at which position's logits predict which label, and at which labels count.")
-        if not got.requires_grad:
-            fail(name, f"the loss has no gradient ({case})", "compute it from the logits with torch operations "
-                 "(no .item(), no .detach(), no torch.no_grad()).")
-    return f"{len(cases)} batches, replies of unequal length, rtol = atol = 1e-5, gradient kept"
+        labels, case = c["labels"], c["case"]
+        got = call(guarded(reply_weights, name, forbidden, case=case, hint=hint), labels.clone(), name=name,
+                   case=case, check_inputs=True, hint=hint)
+        if isinstance(got, (list, tuple)):
+            got = torch.tensor(got, dtype=torch.float64)
+        if isinstance(got, torch.Tensor) and not got.is_floating_point():
+            fail(name, f"expected a float tensor of weights, got dtype {got.dtype}{_on(case)}",
+                 "a weight is a share of the batch's loss: a float between 0 and 1.")
+        if not isinstance(got, torch.Tensor) or got.shape != (labels.shape[0],):
+            check_close(got, reply_weights_reference(labels), name=name, case=case, check_dtype=False, hint=hint)
+        got_all.append(got)
+        expected_all.append(reply_weights_reference(labels))
+    same = close_tensors(1e-6, 1e-7)
+    wrong = next((n for n in range(len(cases)) if not same(got_all[n], expected_all[n])), None)
+    if wrong is not None:
+        seen = explaining({d: (lambda c, d=d: _weight_mistakes(c["labels"])[d]()) for d in _weight_mistakes(cases[0]["labels"])},
+                          cases, got_all, expected_all, wrong, same)
+        check_close(got_all[wrong], expected_all[wrong], name=name, case=cases[wrong]["case"], rtol=1e-6, atol=1e-7,
+                    check_dtype=False, mistakes={seen: got_all[wrong]} if seen else None, hint=hint)
+    return "4 batches: replies of unequal length, a reply cut at its row's end, one opening the row, an empty one"
 
 
 # ---------------------------------------------------------------------- 9.4 / 9.5 replies that begin with whitespace
@@ -472,16 +574,37 @@ def _lost_once_per_reply(sequences, bos, eos):
     return out
 
 
+def _lost_no_marker(sequences, bos, eos):  # no full marker anywhere in the sequence
+    return [n for n, ids in enumerate(sequences) if not any(ids[j:j + len(bos)] == bos for j in range(len(ids)))]
+
+
+def _lost_first_header_only(sequences, bos, eos):
+    header, out = bos[:-1], []
+    for n, ids in enumerate(sequences):
+        j = next((j for j in range(len(ids) - len(header)) if ids[j:j + len(header)] == header), None)
+        if j is not None and ids[j + len(header)] != bos[-1]:
+            out.append(n)
+    return out
+
+
+def _lost_prompt_at_end(sequences, bos, eos):  # a full marker that ends the sequence counted as a lost reply
+    ends = [n for n, ids in enumerate(sequences) if len(ids) >= len(bos) and ids[len(ids) - len(bos):] == bos]
+    return sorted(set(lost_replies_reference(sequences, bos, eos)) | set(ends))
+
+
 LOST_MISTAKES = {
-    "a scan that stops short of the end of the sequence: an assistant header in the last positions is never seen":
+    "a scan that stops short of the end of the sequence, so an assistant header in the last positions is never seen":
         _lost_scan_short,
-    "the full markers counted over fewer positions than the headers: a marker at the very end is missed":
+    "the full markers counted over fewer positions than the headers, so a marker at the very end is missed":
         _lost_marker_scan_short,
-    "an assistant header with nothing after it counted as a lost reply (a sequence cut right after the header has "
-    "no reply there to lose)": _lost_headers_over_markers,
-    "every <|im_start|> taken for an assistant header (system and user turns open with it too)": _lost_any_turn,
-    "end markers compared with assistant markers (system and user turns end with <|im_end|> too)": _lost_end_markers,
-    "a sequence listed once per lost reply (each index belongs in the list once)": _lost_once_per_reply,
+    "an assistant header with nothing after it counted as a lost reply": _lost_headers_over_markers,
+    "a full marker that ends the sequence (a generation prompt) counted as a lost reply": _lost_prompt_at_end,
+    "every <|im_start|> taken for an assistant header": _lost_any_turn,
+    "end markers compared with assistant markers": _lost_end_markers,
+    "a sequence without any full assistant marker listed, whether or not it has a reply": _lost_no_marker,
+    "only the first assistant header of a sequence looked at": _lost_first_header_only,
+    "a sequence listed once per lost reply": _lost_once_per_reply,
+    "the indices counted from 1": lambda s, b, e: [n + 1 for n in lost_replies_reference(s, b, e)],
     "the sequences whose replies ARE supervised listed instead of the others":
         lambda s, b, e: [n for n in range(len(s)) if n not in lost_replies_reference(s, b, e)],
 }
@@ -538,7 +661,7 @@ def _keep_cases() -> List[Dict[str, Any]]:
         (_SYSTEM + _USER + _OK + _USER + _BOS, 64, "a reply, then a full marker that ends the sequence"),
         (_MERGED_REPLY + _USER + _OK, 64, "a merged reply at the very start of the sequence, then an ordinary one"),
     ]
-    return [{"ids": ids, "max_length": ml, "case": c} for ids, ml, c in rows]
+    return [{"ids": ids, "max_length": ml, "case": c, "ends_in_header": ids[-2:] == _BOS[:-1]} for ids, ml, c in rows]
 
 
 def _keep_from_header(ids, bos, eos, max_length):  # counting always starts right after the header
@@ -554,13 +677,38 @@ def _keep_without_max_length(ids, bos, eos, max_length):
     return ref_sft.assistant_loss_mask(ids, bos, eos, len(ids) + 10)
 
 
+def _keep_scan(ids, bos, eos, max_length, header_length=None, keep_newline=False, end_length=None):
+    """The course's mask with one rule changed: the header matched on its first ``header_length`` tokens, the
+    header's newline counted (``keep_newline``), the end marker counted on its first ``end_length`` tokens."""
+    ids, eos = list(ids), list(eos)
+    header = list(bos[:-1])[:header_length] if header_length else list(bos[:-1])
+    end_length = len(eos) if end_length is None else end_length
+    mask, i = [0] * len(ids), 0
+    while i < len(ids):
+        after = i + len(header)
+        if after >= len(ids) or ids[i:after] != header:
+            i += 1
+            continue
+        start = after + 1 if ids[after] == bos[-1] and not keep_newline else after
+        end = start
+        while end < len(ids) and ids[end:end + len(eos)] != eos:
+            end += 1
+        for j in range(start, min(end + end_length, max_length, len(ids))):
+            mask[j] = 1
+        i = end + len(eos)
+    return mask
+
+
 KEEP_MISTAKES = {
-    "d65ef2c's rule (Exercise 9.2): a reply whose first token swallowed the header's newline gets no label":
+    "d65ef2c's rule of Exercise 9.2: a reply whose first token swallowed the header's newline gets no label":
         lambda ids, bos, eos, ml: ref_sft.upstream_loss_mask(ids, bos, eos, ml, "d65ef2c"),
-    "c090b69's rule: the token after the header skipped always, so a merged first token (the reply's indentation) "
-    "is lost": lambda ids, bos, eos, ml: ref_sft.upstream_loss_mask(ids, bos[:-1], eos[:1], ml, "c090b69"),
-    "the header's own newline counted (it is the template's, not the reply's)": _keep_from_header,
-    "max_length ignored (nothing at or past max_length counts)": _keep_without_max_length,
+    "c090b69's rule: the token after the header skipped always, so a merged first token is lost":
+        lambda ids, bos, eos, ml: ref_sft.upstream_loss_mask(ids, bos[:-1], eos[:1], ml, "c090b69"),
+    "the header's own newline counted": _keep_from_header,
+    "max_length ignored": _keep_without_max_length,
+    "the newline after <|im_end|> left out": lambda ids, bos, eos, ml: _keep_scan(ids, bos, eos, ml, end_length=1),
+    "every <|im_start|> taken for an assistant header":
+        lambda ids, bos, eos, ml: _keep_scan(ids, bos, eos, ml, header_length=1),
 }
 
 
@@ -593,26 +741,34 @@ def check_keep_whole_mask(keep_whole_mask: Callable[..., Any]) -> str:
     reply whose first token swallowed the header's newline counted from that token."""
     name = "Exercise 9.5 keep_whole_mask"
     cases = _keep_cases()
-    hint = "look at the position named above and at the assistant header before it."
+    learner = guarded(keep_whole_mask, name, MASK_FUNCTIONS)
+    got_all, expected_all = [], []
     for c in cases:
         ids, max_length = c["ids"], c["max_length"]
         case = f"{c['case']}: ids={ids}, max_length={max_length}"
-        got = call(guarded(keep_whole_mask, name, MASK_FUNCTIONS), list(ids), list(_BOS), list(_EOS), max_length, name=name, case=case,
+        hint = ("a header can be the last thing in a sequence: nothing follows it there." if c.get("ends_in_header")
+                else "look at the position named above and at the assistant header before it.")
+        got = call(learner, list(ids), list(_BOS), list(_EOS), max_length, name=name, case=case,
                    check_inputs=True, hint=hint)
         if isinstance(got, torch.Tensor):
             got = got.tolist()
         if not isinstance(got, (list, tuple)) or len(got) != len(ids):
             fail(name, f"expected a list of 0/1, one per token ({len(ids)}), got {got!r:.80} ({case})",
                  "return the mask list.")
-        got = [int(v) for v in got]
-        expected = ref_sft.assistant_loss_mask(ids, _BOS, _EOS, max_length)
-        if got == expected:
-            continue
-        seen = next((d for d, f in KEEP_MISTAKES.items() if list(f(ids, _BOS, _EOS, max_length)) == got), None)
+        got_all.append([int(v) for v in got])
+        expected_all.append(list(ref_sft.assistant_loss_mask(ids, _BOS, _EOS, max_length)))
+    wrong = next((n for n in range(len(cases)) if got_all[n] != expected_all[n]), None)
+    if wrong is not None:
+        c = cases[wrong]
+        ids, max_length, got, expected = c["ids"], c["max_length"], got_all[wrong], expected_all[wrong]
+        seen = explaining({d: (lambda c, f=f: list(f(c["ids"], _BOS, _EOS, c["max_length"])))
+                            for d, f in KEEP_MISTAKES.items()}, cases, got_all, expected_all, wrong)
         k = next(j for j in range(len(ids)) if got[j] != expected[j])
         should = "should count but does not" if expected[k] else "counts but should not"
+        case = f"{c['case']}: ids={ids}, max_length={max_length}"
         fail(name, (f"this looks like {seen}: " if seen else "")
-             + f"position {k} ({_position(ids, k, max_length)}) {should}{_on(case)}", hint)
+             + f"position {k} ({_position(ids, k, max_length)}) {should}{_on(case)}",
+             "look at the position named above and at the assistant header before it.")
     return f"{len(cases)} sequences (merged and ordinary replies, headers at the very end, cut-off, max_length)"
 
 
@@ -625,16 +781,18 @@ _TURN_HEAD, _TURN_END = f"{S}assistant\n", f"{E}\n"
 
 
 def _calls(message: Dict[str, Any], first: str = "if text", between: bool = True, encode_strings: bool = False,
-           ascii_only: bool = False, sort_keys: bool = False) -> str:
+           ascii_only: bool = False, sort_keys: bool = False, separators: Any = None) -> str:
     """The tool-call part of an assistant turn; ``first``: when a newline goes before the first call
-    ("if text": when the message has content, as the template does; "always"; "never")."""
+    ("if text": when the message has content, as the template does; "if stripped text": when content is left
+    once its leading newlines go; "always"; "never")."""
     out = ""
+    text = message["content"].lstrip("\n") if first == "if stripped text" else message["content"]
     for n, call_ in enumerate(message.get("tool_calls") or []):
-        if (n == 0 and (first == "always" or (first == "if text" and message["content"]))) or (n > 0 and between):
+        if (n == 0 and (first == "always" or (first in ("if text", "if stripped text") and text))) or (n > 0 and between):
             out += "\n"
         args = call_["arguments"]
         if encode_strings or not isinstance(args, str):
-            args = json.dumps(args, ensure_ascii=ascii_only, sort_keys=sort_keys)
+            args = json.dumps(args, ensure_ascii=ascii_only, sort_keys=sort_keys, separators=separators)
         out += '<tool_call>\n{"name": "' + call_["name"] + '", "arguments": ' + args + "}\n</tool_call>"
     return out
 
@@ -647,25 +805,25 @@ def _turn_variant(message: Dict[str, Any], reasoning=lambda r: r.strip("\n"), co
 
 
 TURN_MISTAKES = {
-    "the reasoning stripped of spaces too (only newlines go at its ends)":
-        lambda m: _turn_variant(m, reasoning=lambda r: r.strip()),
+    "the reasoning stripped of spaces too, not only of newlines": lambda m: _turn_variant(m, reasoning=lambda r: r.strip()),
     "the reasoning's newlines at its ends kept": lambda m: _turn_variant(m, reasoning=lambda r: r),
-    "only one newline taken off each end of the reasoning (all of them go)":
+    "only one newline taken off each end of the reasoning":
         lambda m: _turn_variant(m, reasoning=lambda r: r[1 if r.startswith("\n") else 0:len(r) - (1 if r.endswith("\n") else 0)]),
-    "no thinking block when the message has no reasoning (the block is always there, empty then)":
-        lambda m: _turn_variant(m, block_when_empty=False),
+    "no thinking block when the message has no reasoning": lambda m: _turn_variant(m, block_when_empty=False),
     "the reply's leading newlines kept": lambda m: _turn_variant(m, content=lambda c: c),
-    "the reply's leading spaces removed too (only newlines go)": lambda m: _turn_variant(m, content=lambda c: c.lstrip()),
-    "the reply stripped at its end too (only its start changes)": lambda m: _turn_variant(m, content=lambda c: c.strip("\n")),
+    "the reply's leading spaces removed too, not only its newlines": lambda m: _turn_variant(m, content=lambda c: c.lstrip()),
+    "the reply stripped at its end too": lambda m: _turn_variant(m, content=lambda c: c.strip("\n")),
+    "the reply stripped of all whitespace at both ends": lambda m: _turn_variant(m, content=lambda c: c.strip()),
     "a newline before the first tool call of a turn without text": lambda m: _turn_variant(m, first="always"),
     "no newline between the reply's text and its first tool call": lambda m: _turn_variant(m, first="never"),
+    "the newline before the first tool call decided on the reply's text after its leading newlines were removed":
+        lambda m: _turn_variant(m, first="if stripped text"),
     "no newline between two tool calls": lambda m: _turn_variant(m, between=False),
-    "arguments given as a string encoded as JSON again (a string goes in as it is)":
-        lambda m: _turn_variant(m, encode_strings=True),
-    "the arguments' characters outside ASCII escaped as \\u sequences (the template writes them as they are)":
-        lambda m: _turn_variant(m, ascii_only=True),
-    "the arguments' keys sorted (the template keeps them in the order the message gives them)":
-        lambda m: _turn_variant(m, sort_keys=True),
+    "arguments given as a string encoded as JSON again": lambda m: _turn_variant(m, encode_strings=True),
+    "the arguments' characters outside ASCII escaped as \\u sequences": lambda m: _turn_variant(m, ascii_only=True),
+    "the arguments' keys sorted": lambda m: _turn_variant(m, sort_keys=True),
+    "the arguments' JSON written without the spaces after its commas and colons":
+        lambda m: _turn_variant(m, separators=(",", ":")),
 }
 
 
@@ -685,6 +843,8 @@ def _turn_cases() -> List[Dict[str, Any]]:
          "tool_calls": [{"name": "get_weather", "arguments": {"城市": "北京", "date": "明天", "unit": "°C"}}]},
         {"role": "assistant", "content": "", "tool_calls": [{"name": "add", "arguments": {"b": 30, "a": 12}},
                                                               {"name": "add", "arguments": '{"a": 5, "b": 6}'}]},
+        # a reply of newlines alone is text all the same: its tool call follows a newline
+        {"role": "assistant", "content": "\n\n", "tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}]},
     ]
 
 
@@ -717,21 +877,25 @@ def check_render_assistant_turn(render_assistant_turn: Callable[..., Any]) -> st
     name = "Exercise 9.6 render_assistant_turn"
     cases = _turn_cases()
     hint = "put the rendered examples before the exercise beside this case and compare that part, character by character."
+    learner = guarded(render_assistant_turn, name, TEMPLATE_FUNCTIONS)
+    got, expected = [], []
     for n, message in enumerate(cases):
         case = f"case {n}: {message!r}"
-        got = call(guarded(render_assistant_turn, name, TEMPLATE_FUNCTIONS), dict(message), name=name, case=case, check_inputs=True, hint=hint)
-        if not isinstance(got, str):
-            fail(name, f"expected a str, got {type(got).__name__}: {got!r:.80} ({case})", "return the rendered string.")
-        expected = _m3_turn(message)
-        if got == expected:
-            continue
-        seen = next((d for d, f in TURN_MISTAKES.items() if f(message) == got), None)
-        _string_failure(name, got, expected, seen, _region, case, hint)
+        out = call(learner, dict(message), name=name, case=case, check_inputs=True, hint=hint)
+        if not isinstance(out, str):
+            fail(name, f"expected a str, got {type(out).__name__}: {out!r:.80} ({case})", "return the rendered string.")
+        got.append(out)
+        expected.append(_m3_turn(message))
+    wrong = next((n for n in range(len(cases)) if got[n] != expected[n]), None)
+    if wrong is not None:
+        seen = explaining(TURN_MISTAKES, cases, got, expected, wrong)
+        _string_failure(name, got[wrong], expected[wrong], seen, _region, f"case {wrong}: {cases[wrong]!r}", hint)
     return (f"{len(cases)} assistant messages (reasoning with spaces and newlines at both ends, tool calls, leading "
             "whitespace, arguments in Chinese)")
 
 
-def check_all(render_chat: Callable[..., Any], assistant_loss_mask: Callable[..., Any], sft_loss: Callable[..., Any]) -> None:
+def check_all(render_chat: Callable[..., Any], assistant_loss_mask: Callable[..., Any],
+              reply_weights: Callable[..., Any]) -> None:
     check_render_chat(render_chat)
     check_assistant_loss_mask(assistant_loss_mask)
-    check_sft_loss(sft_loss)
+    check_reply_weights(reply_weights)

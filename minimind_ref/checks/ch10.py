@@ -1,5 +1,5 @@
 """Checks for chapter 10 (LoRA): the adapted layer's forward, counting the parameters upstream's
-``apply_lora`` adds, merging an adapter into its weight, which layers get an adapter in a given
+``apply_lora`` adds, turning a merged adapter up or down without the frozen weight, which layers get an adapter in a given
 layout (minimind-3's free ``head_dim`` included), and upstream's fp16 file-to-file merge.
 
 Each check runs the learner's function on inputs it makes itself and compares with
@@ -17,8 +17,9 @@ from torch import nn
 
 from .. import lora as ref_lora
 from ..config import MiniMindConfig, preset
-from .core import Outcome, as_number, call, check, check_close, check_numbers, fail, seeded, solution
-from .delegation import guarded
+from .core import ExerciseError, Outcome, as_number, call, check, check_close, check_numbers, fail, seeded, solution
+from .delegation import forbid, guarded, modules_built
+from .diagnosis import close_tensors, explaining
 
 
 def _model_class():
@@ -61,14 +62,13 @@ def _forward_mistakes(x, weight, A, B, scale) -> Dict[str, Callable[[], torch.Te
     return {
         "the frozen path left out (the layer's output is W x PLUS the adapter's B A x)":
             lambda: scale * F.linear(F.linear(x, A), B),
-        "the scale ignored (the adapter's output is multiplied by scale)":
-            lambda: F.linear(x, weight) + F.linear(F.linear(x, A), B),
-        "the adapter divided by its rank (PEFT's alpha / r; upstream's LoRA has no such factor, only scale)":
+        "the scale ignored": lambda: F.linear(x, weight) + F.linear(F.linear(x, A), B),
+        "the whole output scaled, the frozen layer's part too":
+            lambda: scale * (F.linear(x, weight) + F.linear(F.linear(x, A), B)),
+        "the adapter divided by its rank (PEFT's alpha / r; upstream's LoRA has no such factor)":
             lambda: F.linear(x, weight) + scale / rank * F.linear(F.linear(x, A), B),
-        "W not transposed (W is [out, in])":
-            lambda: x @ weight + scale * F.linear(F.linear(x, A), B),
-        "A and B not transposed (A is [rank, in], B is [out, rank])":
-            lambda: F.linear(x, weight) + scale * (x @ B @ A),
+        "W not transposed": lambda: x @ weight + scale * F.linear(F.linear(x, A), B),
+        "A and B not transposed": lambda: F.linear(x, weight) + scale * (x @ B @ A),
     }
 
 
@@ -81,13 +81,15 @@ def _order_costs(x: torch.Tensor, weight: torch.Tensor, A: torch.Tensor, B: torc
         "the two factors multiplied together first, an [out, in] matrix built on every call, then applied to x":
             _macs(lambda: F.linear(x, weight) + F.linear(x, B @ A)),
         "the adapter folded into the weight on every call (W plus the product of the factors, then one product "
-        "with x): that is merging, which pays once (section 7), not on every call":
+        "with x)":
             _macs(lambda: F.linear(x, weight + B @ A)),
     }
 
 
-# what would answer 10.1 and 10.3 without any of the work: the course's merge and the check's own references
-FORWARD_FUNCTIONS = {"ch10.lora_forward_reference": lora_forward_reference}
+# what would answer 10.1 without any of the work: the course's adapted layer and the check's own reference
+FORWARD_FUNCTIONS = [forbid("minimind_ref.lora.LoRA", ref_lora.LoRA), forbid("minimind_ref.lora.apply_lora", ref_lora.apply_lora),
+                     forbid("minimind_ref.lora.merge_lora", ref_lora.merge_lora),
+                     forbid("ch10.lora_forward_reference", lora_forward_reference)]
 
 
 @check("Exercise 10.1 lora_forward", shown=True,
@@ -113,50 +115,103 @@ def check_lora_forward(lora_forward: Callable[..., Any]) -> str:
             fail(name, (f"this looks like {seen}: " if seen else "")
                  + f"your forward is right but takes {spent / needed:.2f} times the multiply-adds the adapted layer needs "
                  f"on this input ({case}; {x.numel() // x.shape[-1]} tokens)",
-                 "count, for n tokens, the multiply-adds of each order of the products: with a small rank and few "
-                 "tokens beside wide layers, which order never builds a matrix as large as W?")
+                 "count, for n tokens, the multiply-adds of each order of the products, as a product of n, in, out "
+                 "and the rank, and compare them for this case.")
     return (f"{len(cases)} layers (square and rectangular W, batched x, one token, scale 0.5 to 2), rtol = atol = "
             "1e-5, and no more multiply-adds than the layer needs")
 
 
-# ---------------------------------------------------------------------- 10.3 merging
+# ---------------------------------------------------------------------- 10.3 a merged adapter turned up or down
 def merge_weight_reference(weight: torch.Tensor, A: torch.Tensor, B: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
     """``W + scale * B @ A`` as a new tensor: what ``minimind_ref.lora.merge_lora`` folds into each layer."""
     return weight + scale * (B @ A)
 
 
-def _merge_mistakes(weight, A, B, scale) -> Dict[str, Callable[[], torch.Tensor]]:
+def rescale_merged_reference(merged: torch.Tensor, A: torch.Tensor, B: torch.Tensor, old_scale: float,
+                             new_scale: float) -> torch.Tensor:
+    """The weight of a layer merged at ``new_scale``, from the same layer merged at ``old_scale`` (``merged = W +
+    old_scale * B @ A``) without ``W``: ``merged + (new_scale - old_scale) * B @ A``, a new tensor."""
+    return merged + (new_scale - old_scale) * (B @ A)
+
+
+def _rescale_cases() -> List[Dict[str, Any]]:
+    out = []
+    # the first case moves the scale up from 1: no two mistakes give one result there (turning the adapter off,
+    # from 1 to 0, comes last: there "nothing changed" and "the new update added on top" coincide)
+    for c, (old, new) in zip(_forward_cases(), [(1.0, 2.5), (0.5, 1.5), (2.0, -1.0), (1.0, 0.0)]):
+        merged = merge_weight_reference(c["weight"], c["A"], c["B"], old)
+        out.append(dict(c, merged=merged, old=old, new=new,
+                        case=c["case"].split(", scale")[0] + f", merged at scale {old}, wanted at scale {new}"))
+    return out
+
+
+def _rescale_mistakes(merged, A, B, old, new) -> Dict[str, Callable[[], torch.Tensor]]:
+    rank = A.shape[0]
     return {
-        "the update transposed (it has W's shape, [out, in])": lambda: weight + scale * (B @ A).T,
-        "the scale ignored": lambda: weight + B @ A,
-        "the update returned without W (merging adds the update to the frozen weight)": lambda: scale * (B @ A),
+        "the update at the new scale added to the merged weight, which already holds the old one":
+            lambda: merged + new * (B @ A),
+        "the merged weight multiplied by the ratio of the scales, the frozen weight in it too":
+            lambda: merged * (new / old),
+        "the update at the old scale taken out but none put back at the new one": lambda: merged - old * (B @ A),
+        "the difference of the scales the other way round": lambda: merged + (old - new) * (B @ A),
+        "the two scales added": lambda: merged + (old + new) * (B @ A),
+        "the update transposed": lambda: merged + (new - old) * (B @ A).T,
+        "the update divided by the rank": lambda: merged + (new - old) / rank * (B @ A),
+        "the merged weight returned unchanged": lambda: merged.clone(),
     }
 
 
-solution("10.3", "weight + scale * (B @ A)")
+solution("10.3", "merged + (new_scale - old_scale) * (B @ A)")
 
 
-@check("Exercise 10.3 merge_weight", shown=True, why="one entry of a merged random weight")
-def check_merge_weight(merge_weight: Callable[..., Any]) -> str:
-    """``merge_weight(weight [out, in], A [rank, in], B [out, rank], scale)`` must return a new
-    ``W + scale * B @ A`` (rtol = atol = 1e-5) whose layer equals the adapted layer on inputs."""
-    name = "Exercise 10.3 merge_weight"
-    cases = _forward_cases()
+@check("Exercise 10.3 rescale_merged", shown=True, why="one entry of a rescaled random weight")
+def check_rescale_merged(rescale_merged: Callable[..., Any]) -> str:
+    """``rescale_merged(merged [out, in], A [rank, in], B [out, rank], old_scale, new_scale)``: the weight of the
+    layer merged at ``new_scale``, from the layer merged at ``old_scale`` without its frozen weight; a new tensor
+    (rtol = atol = 1e-5) whose layer equals the adapted layer at ``new_scale`` on inputs."""
+    name = "Exercise 10.3 rescale_merged"
+    hint = ("write what the merged weight holds, as a sum, at the old scale and at the new one, and compare the two "
+            "sums term by term.")
+    forbidden = [forbid("minimind_ref.lora.merge_lora", ref_lora.merge_lora),
+                 forbid("minimind_ref.lora.apply_lora", ref_lora.apply_lora),
+                 forbid("minimind_ref.lora.LoRA", ref_lora.LoRA),
+                 forbid("ch10.rescale_merged_reference", rescale_merged_reference),
+                 forbid("ch10.merge_weight_reference", merge_weight_reference)]
+    cases = _rescale_cases()
+    got_all: List[torch.Tensor] = []
     for c in cases:
-        weight, A, B, scale, case = c["weight"], c["A"], c["B"], c["scale"], c["case"]
-        got = call(guarded(merge_weight, name, {"minimind_ref.lora.merge_lora": ref_lora.merge_lora,
-                                                "ch10.merge_weight_reference": merge_weight_reference,
-                                                "ch10.lora_forward_reference": lora_forward_reference}),
-                   weight.clone(), A.clone(), B.clone(), scale, name=name, case=case, check_inputs=True,
-                   hint="return a new tensor; do not add into weight in place.")
-        check_close(got, merge_weight_reference(weight, A, B, scale), name=name, case=case, rtol=1e-5, atol=1e-5,
-                    mistakes=_merge_mistakes(weight, A, B, scale),
-                    hint="the merged layer must give the adapted layer's output for every x: write that output as x "
-                         "times one matrix (transposed), which has W's shape [out, in].")
+        merged, A, B, old, new, case = c["merged"], c["A"], c["B"], c["old"], c["new"], c["case"]
+        try:
+            got = call(guarded(rescale_merged, name, forbidden, case=case, hint=hint), merged.clone(), A.clone(),
+                       B.clone(), old, new, name=name, case=case, check_inputs=True,
+                       hint="return a new tensor; do not add into the merged weight in place.")
+        except ExerciseError:
+            if any(not torch.allclose(g, rescale_merged_reference(d["merged"], d["A"], d["B"], d["old"], d["new"]),
+                                      rtol=1e-5, atol=1e-5) for g, d in zip(got_all, cases)):
+                cases = cases[:len(got_all)]  # an earlier case is wrong already: explain that one
+                break
+            raise
+        if not isinstance(got, torch.Tensor) or got.shape != merged.shape:  # type and shape first, as check_close does
+            check_close(got, rescale_merged_reference(merged, A, B, old, new), name=name, case=case,
+                        mistakes=_rescale_mistakes(merged, A, B, old, new), hint=hint)
+        got_all.append(got)
+    expected = [rescale_merged_reference(c["merged"], c["A"], c["B"], c["old"], c["new"]) for c in cases]
+    same = close_tensors(1e-5, 1e-5)
+    wrong = next((n for n in range(len(cases)) if not same(got_all[n], expected[n])), None)
+    if wrong is not None:
+        mistakes = _rescale_mistakes(cases[0]["merged"], cases[0]["A"], cases[0]["B"], 1.0, 2.0)
+        seen = explaining({d: (lambda c, d=d: _rescale_mistakes(c["merged"], c["A"], c["B"], c["old"], c["new"])[d]())
+                           for d in mistakes}, cases, got_all, expected, wrong, same)
+        check_close(got_all[wrong], expected[wrong], name=name, case=cases[wrong]["case"], rtol=1e-5, atol=1e-5,
+                    mistakes={seen: got_all[wrong]} if seen else None, hint=hint)
+    for c, got in zip(cases, got_all):
         x = c["x"]
-        if not torch.allclose(F.linear(x, got), lora_forward_reference(x, weight, A, B, scale), rtol=1e-4, atol=1e-5):
-            fail(name, f"the merged layer's output differs from the adapted layer's ({case})")
-    return f"{len(cases)} layers, rtol = atol = 1e-5, merged layer = adapted layer on inputs, input weight unchanged"
+        if not torch.allclose(F.linear(x, got), lora_forward_reference(x, c["weight"], c["A"], c["B"], c["new"]),
+                              rtol=1e-4, atol=1e-4):
+            fail(name, f"the rescaled layer's output differs from the adapted layer's at the new scale ({c['case']})",
+                 hint)
+    return (f"{len(cases)} layers (square and rectangular), scales up, down, to 0 and below it, rtol = atol = 1e-5, "
+            "merged layer = adapted layer at the new scale, inputs unchanged")
 
 
 # ---------------------------------------------------------------------- 10.2 counting adapter parameters
@@ -182,7 +237,7 @@ def _count_cases() -> List[Dict[str, Any]]:
         {"config": preset("MiniMind2-Small"), "rank": 16, "case": "MiniMind2-Small, rank 16"},
         {"config": course, "rank": 8, "case": "the course model (hidden 128, 2 layers, 8 heads, 2 KV heads), rank 8"},
         {"config": preset("MiniMind2-MoE"), "rank": 4, "case": "MiniMind2-MoE, rank 4"},
-        {"config": full_kv, "rank": 2, "case": "hidden 64, 3 layers, 4 heads and 4 KV heads (k_proj, v_proj square too)"},
+        {"config": full_kv, "rank": 2, "case": "hidden 64, 3 layers, 4 heads and 4 KV heads"},
     ]
 
 
@@ -191,14 +246,18 @@ def _count_mistakes(config: MiniMindConfig, rank: int) -> Dict[str, int]:
     kv = config.num_key_value_heads * (h // config.num_attention_heads)
     right = lora_parameter_count_reference(config, rank)
     inter = config.intermediate_size
+    square_kv = kv == h
     return {
         "the layer count left out (one block counted; the model has num_hidden_layers of them)": right // layers,
-        "half the count: only q_proj adapted (o_proj is square too) or only A counted (B adds out * rank more)":
-            layers * rank * 2 * h,
-        "k_proj and v_proj counted as square (they map hidden to num_key_value_heads * head_dim)": layers * 4 * rank * 2 * h,
-        "the MLP counted too (gate/up/down map hidden <-> intermediate_size: not square)":
-            right + layers * 3 * rank * (h + inter),
-        "a full matrix per adapter instead of its two low-rank factors": layers * 2 * h * h,
+        "only each adapter's A counted, not its B": right // 2,
+        "only q_proj adapted in each block": layers * rank * 2 * h,
+        "k_proj and v_proj never counted, also where they are square": layers * 2 * rank * 2 * h,
+        "k_proj and v_proj counted as square whatever their shape": layers * 4 * rank * 2 * h,
+        "k_proj and v_proj given adapters whatever their shape, at their own width":
+            layers * rank * (2 * 2 * h + 2 * (h + kv)),
+        "the MLP counted too": right + layers * 3 * rank * (h + inter),
+        "a full matrix per adapter instead of its two low-rank factors": layers * (2 + 2 * square_kv) * h * h,
+        "the rank squared in each adapter": layers * (2 + 2 * square_kv) * (rank * rank + h * rank),
     }
 
 
@@ -219,10 +278,11 @@ def check_lora_parameter_count(lora_parameter_count: Callable[..., Any]) -> str:
     outcomes = []
     for c in cases:
         config, rank, case = c["config"], c["rank"], c["case"]
-        got = call(guarded(lora_parameter_count, name, {
-                       "minimind_ref.lora.apply_lora": ref_lora.apply_lora,
-                       "MiniMindForCausalLM (the count is a closed form of the config's numbers)": _model_class(),
-                       "ch10.lora_parameter_count_reference": lora_parameter_count_reference}),
+        got = call(guarded(lora_parameter_count, name, [
+                       forbid("minimind_ref.lora.apply_lora", ref_lora.apply_lora),
+                       forbid("MiniMindForCausalLM", _model_class(), reason="the exercise asks you to count from the "
+                              "config's numbers, without building the model"),
+                       forbid("ch10.lora_parameter_count_reference", lora_parameter_count_reference)], case=case, hint=hint),
                    config, rank, name=name, case=case,
                    hint="use config.hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads.")
         if isinstance(got, float) and got.is_integer():
@@ -255,10 +315,10 @@ def _layer_cases() -> List[Dict[str, Any]]:
         {"config": MiniMindConfig(generation="minimind-3", num_attention_heads=4, num_key_value_heads=2, head_dim=24,
                                   **small), "case": "minimind-3 with head_dim 24 (4 heads x 24 = 96 != hidden 64)"},
         {"config": MiniMindConfig(num_attention_heads=4, num_key_value_heads=4, **small),
-         "case": "4 heads and 4 KV heads (k_proj and v_proj square too)"},
+         "case": "4 heads and 4 KV heads"},
         {"config": MiniMindConfig(generation="minimind-3", num_attention_heads=4, num_key_value_heads=2, use_moe=True,
                                   moe_intermediate_size=64, **small),
-         "case": "minimind-3 MoE whose experts' width equals hidden (gate_proj of an expert square!)"},
+         "case": "minimind-3 MoE whose experts' width equals hidden"},
     ]
 
 
@@ -276,10 +336,15 @@ def check_adapted_layers(adapted_layers: Callable[..., Any]) -> str:
     cases = _layer_cases()
     for c in cases:
         config, case = c["config"], c["case"]
-        got = call(guarded(adapted_layers, name, {"minimind_ref.lora.apply_lora": ref_lora.apply_lora,
-                                                  "minimind_ref.lora.lora_modules": ref_lora.lora_modules,
-                                                  "ch10.adapted_layers_reference": adapted_layers_reference}),
-                   config, name=name, case=case)
+        with modules_built(off_meta=True) as allocated:
+            got = call(guarded(adapted_layers, name, {"minimind_ref.lora.apply_lora": ref_lora.apply_lora,
+                                                      "minimind_ref.lora.lora_modules": ref_lora.lora_modules,
+                                                      "ch10.adapted_layers_reference": adapted_layers_reference}),
+                       config, name=name, case=case)
+        if allocated:
+            fail(name, f"your function built a {allocated[0]} whose weights are allocated ({case}); the exercise asks "
+                 "you to find the layers without allocating a model's weights",
+                 "the meta device (chapter 05) knows every shape and allocates nothing.")
         if not isinstance(got, (list, tuple)) or not all(isinstance(n, str) for n in got):
             fail(name, f"expected a list of module names, got {got!r:.80} ({case})",
                  "return names such as 'model.layers.0.self_attn.q_proj'.")
@@ -288,6 +353,10 @@ def check_adapted_layers(adapted_layers: Callable[..., Any]) -> str:
         if got_set == want and len(got) == len(expected):
             continue
         extra, missing = sorted(got_set - want), sorted(want - got_set)
+        if got_set == {n[len("model."):] for n in want if n.startswith("model.")} and got_set:
+            fail(name, f"this looks like the names taken inside the decoder, without the 'model.' that "
+                 f"MiniMindForCausalLM puts before them: {len(missing)} names differ ({case})",
+                 "a name is the dotted path of the module from the MiniMindForCausalLM itself, the whole model.")
         what = f"names that get no adapter listed: {extra[:3]}" if extra else ""
         what += ("; " if what and missing else "") + (f"{len(missing)} adapted layers missing from your list" if missing
                                                       else "")
@@ -362,8 +431,14 @@ def check_merge_file(merge_file: Callable[..., Any]) -> str:
             fail(name, f"the keys differ ({case}): extra {extra[:2]}, missing {missing[:2]}",
                  "keep every key of the base state dict (both tied keys too) and drop the adapters' '.lora.' keys.")
         for key, want in expected.items():
-            mistakes = {}
             layer = key[: -len(".weight")]
+            if isinstance(got[key], torch.Tensor) and got[key].dtype != want.dtype:
+                where = ("an adapted layer's merged weight" if f"{layer}.lora.A.weight" in adapters
+                         else "the tensors without an adapter")
+                fail(name, f"this looks like {where} left in {got[key].dtype}: tensor {key} ({case})",
+                     "compare the dtypes of the tensors in the file upstream's merge wrote (the cell before the "
+                     "exercise) with yours, an adapted layer's and any other.")
+            mistakes = {}
             if f"{layer}.lora.A.weight" in adapters:
                 A, B, W = adapters[f"{layer}.lora.A.weight"], adapters[f"{layer}.lora.B.weight"], base[key]
                 mistakes = {
@@ -385,7 +460,7 @@ def check_merge_file(merge_file: Callable[..., Any]) -> str:
 
 
 def check_all(lora_forward: Callable[..., Any], lora_parameter_count: Callable[..., Any],
-              merge_weight: Callable[..., Any]) -> None:
+              rescale_merged: Callable[..., Any]) -> None:
     check_lora_forward(lora_forward)
     check_lora_parameter_count(lora_parameter_count)
-    check_merge_weight(merge_weight)
+    check_rescale_merged(rescale_merged)

@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import dpo as ref_dpo
-from .core import Outcome, as_number, call, check, check_close, check_numbers, fail, seeded, solution
-from .delegation import guarded
+from .core import ExerciseError, Outcome, as_number, call, check, check_close, check_numbers, fail, seeded, solution
+from .delegation import forbid, guarded
 
 
 def _logits_case(seed: int, pairs: int = 3, seq: int = 9, vocab: int = 11, empty_row: bool = True
@@ -62,14 +62,16 @@ def check_sequence_log_probs(sequence_log_probs: Callable[..., Any]) -> str:
              ("every reply the same length", _logits_case(2, empty_row=False)),
              ("one pair, long replies", _logits_case(3, pairs=1, seq=14, empty_row=False))]
     for case, (logits, labels, mask) in cases:
-        got = call(guarded(sequence_log_probs, name, {"minimind_ref.dpo.sequence_log_probs": ref_dpo.sequence_log_probs}),
+        got = call(guarded(sequence_log_probs, name, {"minimind_ref.dpo.sequence_log_probs": ref_dpo.sequence_log_probs,
+                                                      "minimind_ref.dpo.logits_to_log_probs": ref_dpo.logits_to_log_probs}),
                    logits.clone(), labels.clone(), mask.clone(), name=name, case=case, check_inputs=True)
         token_lp = F.log_softmax(logits, -1).gather(-1, labels[..., None]).squeeze(-1)
         expected = ref_dpo.sequence_log_probs(ref_dpo.logits_to_log_probs(logits, labels), mask, "mean")
         m = mask.float()
+        lp_seq = F.log_softmax(logits, 1).gather(-1, labels[..., None]).squeeze(-1)
+        lp_again = F.log_softmax(logits[:, :-1], -1).gather(-1, labels[:, 1:, None]).squeeze(-1)
         mistakes: Dict[str, Any] = {
-            "the masked sum, not the mean (the DPO paper's sum; upstream divides by the reply's length)":
-                lambda: (token_lp * m).sum(1),
+            "the masked sum, not the mean": lambda: (token_lp * m).sum(1),
             "the mean over every position, padding and prompt included (the mask not applied)":
                 lambda: token_lp.mean(1),
             "the masked sum divided by the whole row length instead of the number of masked tokens (upstream's "
@@ -79,10 +81,16 @@ def check_sequence_log_probs(sequence_log_probs: Callable[..., Any]) -> str:
             / m.sum(1).clamp_min(1e-8),
             "probabilities (softmax) averaged instead of log-probabilities":
                 lambda: (F.softmax(logits, -1).gather(-1, labels[..., None]).squeeze(-1) * m).sum(1) / m.sum(1).clamp_min(1e-8),
-            "the mask shifted by one position (the dataset already aligned it with the labels)":
+            "the mask shifted by one position against the labels":
                 lambda: (token_lp[:, 1:] * m[:, :-1]).sum(1) / m[:, :-1].sum(1).clamp_min(1e-8),
+            "logits and labels shifted once more against each other, although they come aligned":
+                lambda: (lp_again * m[:, 1:]).sum(1) / m[:, 1:].sum(1).clamp_min(1e-8),
+            "log_softmax taken over the sequence instead of over the vocabulary":
+                lambda: (lp_seq * m).sum(1) / m.sum(1).clamp_min(1e-8),
             "one count for the whole batch instead of one per sequence":
                 lambda: (token_lp * m).sum(1) / m.sum(),
+            "one mean for the whole batch, the same for every row":
+                lambda: ((token_lp * m).sum() / m.sum()).expand(m.shape[0]).clone(),
         }
         check_close(got, expected, name=name, rtol=1e-5, atol=1e-6, check_dtype=False, mistakes=mistakes, case=case,
                     hint="each label's log-probability under the model's distribution over the vocabulary, "
@@ -122,19 +130,21 @@ def check_shift_example(shift_example: Callable[..., Any]) -> str:
         expected = (t_ids[:-1], t_ids[1:], t_mask[1:])
         swapped = "inputs and targets the other way round"
         mistakes = [
-            {swapped: t_ids[1:], "the whole sequence as input (x = ids: the last token predicts nothing)": t_ids},
-            {swapped: t_ids[:-1], "the whole sequence as target (y = ids)": t_ids},
-            {"the mask cut like the inputs instead of like the targets (the loss counts where the *target* is an "
-             "assistant token, so the first reply token would be missed and the token after the reply counted)":
-                 t_mask[:-1]},
+            {swapped: t_ids[1:], "the whole sequence as input": t_ids},
+            {swapped: t_ids[:-1], "the whole sequence as target": t_ids},
+            {"the mask cut like the inputs instead of like the targets": t_mask[:-1],
+             "the mask not shifted at all": t_mask},
         ]
+        if any(isinstance(part, (list, tuple)) for part in got):
+            fail(name, f"this looks like the inputs, targets and mask returned as Python lists ({case})",
+                 "the dataset hands the training loop tensors of dtype torch.long.")
         for part, (g_part, e_part, label) in enumerate(zip(got, expected, ("x", "y", "loss_mask"))):
             if isinstance(g_part, torch.Tensor) and g_part.dtype != torch.long:
                 fail(name, f"{label} has dtype {g_part.dtype}; upstream's dataset returns torch.long ({case})",
                      "make the tensors of dtype torch.long.")
             check_close(g_part, e_part, name=f"{name} ({label})", rtol=0, atol=0, mistakes=mistakes[part],
-                        case=case, hint="position t of x predicts y[t], the token after it; loss_mask[t] says "
-                                        "whether that target counts, so the mask goes with the targets.")
+                        case=case, hint="write out a short example by hand: the ids, then x and y under them, and "
+                                        "under each target of y whether the loss must count it.")
     return "four examples, a cut-off reply and an example without a reply included"
 
 
@@ -184,6 +194,13 @@ def _check_value_and_gradient(name: str, got: Any, pol: torch.Tensor, expected: 
                 hint="the value matches but the gradient does not: is something computed from a detached copy?")
 
 
+# what would answer 11.3 without any of the work: the package's loss and the pieces it is made of
+DPO_FUNCTIONS = {"minimind_ref.dpo.dpo_loss": ref_dpo.dpo_loss,
+                 "minimind_ref.dpo.sequence_log_probs": ref_dpo.sequence_log_probs,
+                 "minimind_ref.dpo.implicit_rewards": ref_dpo.implicit_rewards,
+                 "minimind_ref.dpo.dpo_pair_stats": ref_dpo.dpo_pair_stats}
+
+
 @check("Exercise 11.3 dpo_loss", shown=True,
        why="a loss over random log-probabilities: nothing to read the formula back from")
 def check_dpo_loss(dpo_loss: Callable[..., Any]) -> str:
@@ -197,8 +214,8 @@ def check_dpo_loss(dpo_loss: Callable[..., Any]) -> str:
         ref, policy, mask = _log_probs_case(seed + 10, pairs, seq, empty)
         case = f"{pairs} pair(s), beta={beta}" + (", one empty mask" if empty else "")
         pol = policy.clone().requires_grad_(True)
-        got = call(guarded(dpo_loss, name, {"minimind_ref.dpo.dpo_loss": ref_dpo.dpo_loss}), ref.clone(), pol,
-                   mask.clone(), beta, name=name, case=case, check_inputs=True)
+        got = call(guarded(dpo_loss, name, DPO_FUNCTIONS), ref.clone(), pol, mask.clone(), beta, name=name, case=case,
+                   check_inputs=True)
         expected = ref_dpo.dpo_loss(ref, policy, mask, beta, reduction="mean")
         m = mask.float()
         seq_ref = (ref * m).sum(1) / m.sum(1).clamp_min(1e-8)
@@ -208,33 +225,38 @@ def check_dpo_loss(dpo_loss: Callable[..., Any]) -> str:
         def from_logits(logits: torch.Tensor) -> torch.Tensor:
             return (-F.logsigmoid(beta * logits)).mean()
 
+        padded_ref = (ref * m).sum(1) / m.shape[1]
+        padded_pol = (policy * m).sum(1) / m.shape[1]
+        # the draft's two mistakes, each left alone: the message says that one is still there and where it shows,
+        # not which it is (the exercise is to find it)
         mistakes: Dict[str, Any] = {
-            "the margin's sign reversed: either chosen and rejected swapped (the batch holds the chosen replies "
-            "first, then the rejected ones) or the policy and the reference swapped (the policy's margin minus "
-            "the reference's)":
+            "a margin of the opposite sign, as one of the draft's two mistakes gives (look at what is subtracted "
+            "from what)":
                 lambda: from_logits((seq_pol[b:] - seq_pol[:b]) - (seq_ref[b:] - seq_ref[:b])),
-            "the reference terms left out (ref_c - ref_r is what makes DPO relative to the starting model)":
-                lambda: from_logits(seq_pol[:b] - seq_pol[b:]),
+            "a margin that compares other rows than the pairs, as one of the draft's two mistakes gives (look at "
+            "which rows are set against each other)":
+                lambda: from_logits((seq_pol[0::2] - seq_pol[1::2]) - (seq_ref[0::2] - seq_ref[1::2])),
+            "the draft as it stands: both of its mistakes are still there":
+                lambda: dpo_loss_draft(ref, policy, mask, beta),
+            "the reference terms left out": lambda: from_logits(seq_pol[:b] - seq_pol[b:]),
             "the reference added instead of subtracted":
                 lambda: from_logits((seq_pol[:b] - seq_pol[b:]) + (seq_ref[:b] - seq_ref[b:])),
-            "pairs taken as neighbouring rows (0,1), (2,3), ... instead of rows i and i + B":
-                lambda: from_logits((seq_pol[0::2] - seq_pol[1::2]) - (seq_ref[0::2] - seq_ref[1::2])),
-            "beta outside the log-sigmoid (it must scale the margin inside)":
+            "beta left out": lambda: (-F.logsigmoid((seq_pol[:b] - seq_pol[b:]) - (seq_ref[:b] - seq_ref[b:]))).mean(),
+            "beta outside the log-sigmoid":
                 lambda: (-beta * F.logsigmoid((seq_pol[:b] - seq_pol[b:]) - (seq_ref[:b] - seq_ref[b:]))).mean(),
             "the minus sign of -logsigmoid missing":
                 lambda: F.logsigmoid(beta * ((seq_pol[:b] - seq_pol[b:]) - (seq_ref[:b] - seq_ref[b:]))).mean(),
             "summed over the pairs instead of averaged":
                 lambda: (-F.logsigmoid(beta * ((seq_pol[:b] - seq_pol[b:]) - (seq_ref[:b] - seq_ref[b:])))).sum(),
-            "the paper's summed sequence log-probabilities (d65ef2c's default; this exercise is c090b69's mean per "
-            "reply token)":
+            "each reply's log-probability divided by the padded row length instead of its own":
+                lambda: from_logits((padded_pol[:b] - padded_pol[b:]) - (padded_ref[:b] - padded_ref[b:])),
+            "the paper's summed sequence log-probabilities (d65ef2c's default; this exercise is c090b69's mean)":
                 lambda: ref_dpo.dpo_loss(ref, policy, mask, beta, reduction="sum"),
-            "the draft as it stands: both of its mistakes are still there":
-                lambda: dpo_loss_draft(ref, policy, mask, beta),
         }
         _check_value_and_gradient(name, got, pol, expected, lambda p: ref_dpo.dpo_loss(ref, p, mask, beta, reduction="mean"),
                                   policy, mistakes, case,
-                                  hint="compare the draft with section 2's loss term by term: which rows hold the "
-                                       "chosen replies, and whose preference is measured against whose.")
+                                  hint="compare the draft with section 2's loss term by term, and with what the "
+                                       "draft's printout showed it cannot see.")
         n += 1
     return f"value and gradient on {n} batches, betas 0.1 to 2, empty masks included"
 
@@ -251,8 +273,19 @@ solution("11.4", "return -math.log(math.exp(loss) - 1) / beta")
 
 def _margin_cases() -> List[Tuple[float, float]]:
     """(loss, beta): losses on both sides of ln 2 (a pair the policy gets wrong has a loss above it), small and
-    large betas (beta = 1 would hide a forgotten beta), and a loss far below ln 2."""
-    return [(0.3, 0.15), (0.05, 0.1), (1.2, 0.5), (0.6931, 2.0), (0.1, 0.15), (2.5, 0.15)]
+    large betas (beta = 1 would hide a forgotten beta), ln 2 itself and a loss just above it (a margin near 0,
+    where float32's rounding is larger than the margin), and losses far below ln 2."""
+    return [(0.3, 0.15), (0.05, 0.1), (1.2, 0.5), (math.log(2), 2.0), (0.6932, 2.0), (0.1, 0.15), (2.5, 0.15),
+            (0.001, 0.1)]
+
+
+def _margin_case(loss: float, beta: float) -> str:
+    return f"loss=ln 2={loss!r}, beta={beta}" if loss == math.log(2) else f"loss={loss}, beta={beta}"
+
+
+def _float32_margin(loss: float, beta: float) -> float:
+    t = torch.tensor(loss, dtype=torch.float32)
+    return float(-torch.log(torch.exp(t) - 1) / beta)
 
 
 def _margin_mistakes(loss: float, beta: float) -> Dict[str, Any]:
@@ -260,10 +293,12 @@ def _margin_mistakes(loss: float, beta: float) -> Dict[str, Any]:
     return {
         "beta left out (the loss sees beta times the margin)": exact * beta,
         "beta multiplied instead of divided out": exact * beta * beta,
-        "the sign of the margin reversed (a loss below ln 2 means the policy prefers the chosen reply more than the "
-        "reference does: a positive margin)": -exact,
-        "the sigmoid undone as if it were an exponential (a plain log of the pair's probability; the sigmoid's "
-        "inverse is another function)": -loss / beta,
+        "the sign of the margin reversed": -exact,
+        "the sigmoid undone as if it were an exponential": -loss / beta,
+        "the loss taken for the pair's probability itself, and only its log undone": -math.log(loss) / beta,
+        "the loss undone as the logit of the pair's probability": math.log(loss / (1 - loss)) / beta if loss < 1 else None,
+        "the margin computed in float32, whose rounding near ln 2 is larger than the margin itself":
+            _float32_margin(loss, beta),
     }
 
 
@@ -276,8 +311,14 @@ def check_margin_at_loss(margin_at_loss: Callable[..., Any]) -> str:
     name = "Exercise 11.4 margin_at_loss"
     outcomes = []
     for loss, beta in _margin_cases():
-        case = f"loss={loss}, beta={beta}"
-        got = call(margin_at_loss, loss, beta, name=name, case=case)
+        case = _margin_case(loss, beta)
+        try:
+            got = call(margin_at_loss, loss, beta, name=name, case=case)
+        except ExerciseError:
+            # a crash on a later case (a log of a negative number) after a wrong earlier one: explain the earlier
+            if any(not math.isclose(o.got, o.expected, rel_tol=1e-6, abs_tol=1e-9) for o in outcomes):
+                break
+            raise
         got = as_number(got, name, case, integer=False, what="a margin in nats")
         outcomes.append(Outcome(case, got, margin_at_loss_reference(loss, beta), _margin_mistakes(loss, beta)))
     check_numbers(name, outcomes, "write one pair's loss as a function of its margin (section 2), then solve for the "
@@ -298,9 +339,13 @@ solution("11.5", "return 1.0 if reduction == 'sum' else rejected_length / chosen
 
 def _ratio_cases():
     """(chosen length, rejected length, reduction): both reductions, either reply the longer one, equal lengths,
-    a one-token reply."""
+    a one-token reply, and replies longer than any tensor could hold (their ratio follows from the rule alone;
+    ``_measured_ratio`` measures the others)."""
     return [(2, 8, "mean"), (8, 2, "mean"), (5, 5, "mean"), (2, 8, "sum"), (9, 3, "sum"), (1, 12, "mean"),
-            (7, 3, "mean"), (12, 1, "sum")]
+            (7, 3, "mean"), (12, 1, "sum"), (3 * 10**12, 10**12, "mean"), (10**12, 7, "sum")]
+
+
+MEASURED_UP_TO = 10_000  # lengths the check measures with autograd; longer ones only the rule answers
 
 
 def _measured_ratio(chosen_length: int, rejected_length: int, reduction: str) -> float:
@@ -316,6 +361,17 @@ def _measured_ratio(chosen_length: int, rejected_length: int, reduction: str) ->
     return float(policy.grad[0, 1].abs() / policy.grad[1, 1].abs())
 
 
+MEASURING = "the exercise asks you to predict the ratio from the lengths, not to measure it on a loss"
+# measuring the ratio (with the package's loss, a loss of one's own, autograd) answers nothing: 11.5 predicts it
+MEASURING_11_5 = [forbid("minimind_ref.dpo.dpo_loss", ref_dpo.dpo_loss, reason=MEASURING),
+                  forbid("a log-sigmoid (F.logsigmoid)", F.logsigmoid, reason=MEASURING),
+                  forbid("autograd (backward, torch.autograd.grad)", torch.Tensor.backward, torch.autograd.backward,
+                         torch.autograd.grad, reason=MEASURING),
+                  forbid("ch11.gradient_ratio_reference", gradient_ratio_reference)]
+PREDICT_HINT = ("write each reply's sequence log-probability as a weighted sum of its tokens' log-probabilities and "
+                "read off one token's weight under each reduction.")
+
+
 @check("Exercise 11.5 gradient_ratio", shown=False,
        why="the ratio is a closed form of the case's two lengths: the measured value next to them would be the answer")
 def check_gradient_ratio(gradient_ratio: Callable[..., Any]) -> str:
@@ -324,27 +380,31 @@ def check_gradient_ratio(gradient_ratio: Callable[..., Any]) -> str:
     ratio of the loss's gradient on one chosen token's log-probability to that on one rejected
     token's, at the start of training (policy = reference), under c090b69's ``"mean"`` or d65ef2c's
     ``"sum"``. The check measures it with autograd on ``minimind_ref.dpo.dpo_loss`` and compares
-    (relative tolerance 1e-4)."""
+    (relative tolerance 1e-4); for replies too long for any tensor, only the rule answers, and a function that
+    measures the ratio (a loss, a log-sigmoid or autograd inside it) is refused."""
     name = "Exercise 11.5 gradient_ratio"
     outcomes = []
     for chosen_length, rejected_length, reduction in _ratio_cases():
         case = f"chosen {chosen_length} tokens, rejected {rejected_length}, reduction={reduction!r}"
-        got = call(guarded(gradient_ratio, name, {"minimind_ref.dpo.dpo_loss (this exercise predicts what it does)":
-                                                  ref_dpo.dpo_loss}),
+        got = call(guarded(gradient_ratio, name, MEASURING_11_5, case=case, hint=PREDICT_HINT),
                    chosen_length, rejected_length, reduction, name=name, case=case)
         got = as_number(got, name, case, integer=False, what="the ratio")
+        right = gradient_ratio_reference(chosen_length, rejected_length, reduction)
         flip = chosen_length / rejected_length
         mistakes = {
-            "the lengths the wrong way round (under the mean each token weighs 1 / its own reply's length, so the "
-            "shorter reply's tokens get the larger gradient)": flip if reduction == "mean" else None,
-            "a length effect under the sum: summed log-probabilities weigh every token the same":
-                rejected_length / chosen_length if reduction == "sum" else None,
-            "no length effect under the mean: each token's weight is 1 / its reply's length":
-                1.0 if reduction == "mean" else None,
+            "the lengths the wrong way round under the mean": flip if reduction == "mean" else None,
+            "a length effect under the sum": rejected_length / chosen_length if reduction == "sum" else None,
+            "no length effect under the mean": 1.0 if reduction == "mean" else None,
             "the two reductions swapped": (1.0 if reduction == "mean" else rejected_length / chosen_length),
+            "a signed ratio: the exercise compares the sizes of the two gradients": -right,
+            "the ratio squared": right ** 2,
+            "the lengths divided as integers, which drops the fraction":
+                float(rejected_length // chosen_length) if reduction == "mean" else None,
         }
-        outcomes.append(Outcome(case, got, _measured_ratio(chosen_length, rejected_length, reduction), mistakes))
+        measured = (_measured_ratio(chosen_length, rejected_length, reduction)
+                    if max(chosen_length, rejected_length) <= MEASURED_UP_TO else right)
+        outcomes.append(Outcome(case, got, measured, mistakes))
     check_numbers(name, outcomes, hint="write each reply's sequence log-probability as a weighted sum of its tokens' "
                   "log-probabilities and read off one token's weight under each reduction; at policy = reference, "
                   "what multiplies the two replies' terms is the same for both.", rel_tol=1e-4)
-    return f"{len(outcomes)} pairs, predicted and measured with autograd"
+    return f"{len(outcomes)} pairs, predicted and measured with autograd, replies of up to 3e12 tokens included"
