@@ -26,7 +26,7 @@ tokenized by upstream's own tokenizer (the checkout's ``model/tokenizer.json``):
 * ``upstream``: ``python trainer/train_pretrain.py`` of the checkout, executed as its ``__main__``
   (``runpy``) with its own argument parser: ``--batch_size 8 --max_seq_len 340
   --accumulation_steps 1 --num_workers 0 --device cpu`` and the model's width and depth. On a CPU
-  upstream never autocasts (``c090b69:trainer/train_pretrain.py:108``), so it trains in fp32. Its
+  upstream never autocasts (``c090b69:trainer/train_pretrain.py:112 "nullcontext() if device_type =="``), so it trains in fp32. Its
   ``PretrainDataset`` pads or cuts every document to 340 tokens, one a row.
 * ``course_fp32``, ``course_bf16``, ``course_bf16_compiled``: ``minimind_ref.train.train`` with the
   matching recipe (``pretrain_minimind2_small`` / ``pretrain_minimind3``), batch 8, accumulation 1,

@@ -17,6 +17,16 @@ TOL = dict(rtol=1e-5, atol=1e-5)
 TEXTS = ["the cat sat on the mat", "a dog ran to the park", "the sun is warm today", "we read a book at night"] * 8
 
 
+def _minimind3(**overrides):
+    """A small minimind-3 (QK-norm), its norm gains random so a lost q_norm/k_norm would show."""
+    model = tiny_model(generation="minimind-3", hidden_size=64, num_attention_heads=8, num_key_value_heads=4, **overrides)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+    return model
+
+
 def _tokenizer(vocab_size=280):
     return train_bpe_tokenizer(TEXTS, vocab_size=vocab_size, min_frequency=1)
 
@@ -58,9 +68,11 @@ def test_bad_input_is_refused(tmp_path):
         export.write_hf_folder(tiny_model(vocab_size=260), tmp_path / "hf", _tokenizer(280))
 
 
-def test_hf_folder_loads_in_transformers(tmp_path):
+@pytest.mark.parametrize("generation", ["MiniMind2", "minimind-3"])
+def test_hf_folder_loads_in_transformers(tmp_path, generation):
     transformers = pytest.importorskip("transformers")
-    m = tiny_model(vocab_size=300)
+    m = tiny_model(vocab_size=300) if generation == "MiniMind2" else _minimind3(vocab_size=300)
+    assert m.config.generation == generation
     tok = _tokenizer()
     folder = export.write_hf_folder(m, tmp_path / "hf", tok)
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
