@@ -114,3 +114,22 @@ def test_checkout_must_be_at_a_pinned_commit(tmp_path):
 def test_native_bf16_rule():
     assert B.native_bf16(["avx512_bf16"]) and B.native_bf16(["amx_bf16"])
     assert not B.native_bf16(["avx512f", "avx2"])
+
+
+def test_the_page_shows_the_table_rendered_from_the_committed_record():
+    page = (B.ROOT / "book" / "performance.md").read_text(encoding="utf-8")
+    assert "../benchmarks/results/upstream_trainer_table.md" in page
+    record = json.loads(B.RECORD.read_text()) if B.RECORD.exists() else None
+    assert B.TABLE.read_text(encoding="utf-8") == B.render(record), (
+        "benchmarks/results/upstream_trainer_table.md is stale: run `python -m benchmarks.bench_upstream_trainer report`")
+    if record:
+        assert B.FIGURE.is_file() and f"../benchmarks/results/figures/{B.FIGURE.name}" in page
+        for commit, entry in record["commits"].items():
+            assert entry["upstream_files"] == B.UPSTREAM_FILES[commit]
+            runs = entry["runs"]
+            assert set(runs) == set(record["settings"]["variants"]) and "upstream" in runs
+            for variant, rs in runs.items():
+                assert len(rs) == record["settings"]["rounds"]
+                for run in rs:
+                    assert len(run["step_s"]) == len(run["loss"]) == len(run["useful_tokens"]) == record["settings"]["steps"]
+                    assert all(t > 0 for t in run["step_s"])
