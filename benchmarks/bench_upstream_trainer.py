@@ -45,10 +45,12 @@ forward, backward, clipping, the update, the loop's bookkeeping. A wrapper aroun
 ``history``) records each training step's loss and its non-padding tokens (upstream: labels that
 are not -100, exactly the positions its dataset did not pad; the course: every position). The first
 ``warmup`` steps of every run are not timed. Per run: the median step time, and the useful tokens
-per second (non-padding tokens of the timed steps over their seconds). The variants run interleaved
-in ``rounds`` rounds, in an order that rotates each round, so a slow spell of the shared machine
-hits them alike; every figure is the median over the rounds with its range, and every ratio the
-median of the per-round ratios. Upstream's run repeats the same seed (42, its own) each round;
+per second: the mean non-padding tokens of its timed steps over that median step time (the median,
+not the total time, so that a step another job on the shared machine slowed down does not decide
+the rate). The variants run in ``rounds`` rounds; within a round their processes step in turns,
+one step each, in an order that rotates every step, so no two compute at once and a slow spell of
+the machine hits them alike; every figure is the median over the rounds with its range, and every
+ratio the median of the per-round ratios. Upstream's run repeats the same seed (42, its own) each round;
 the course's round r uses seed r.
 
 **Loss at equal data.** The loss after the same number of useful tokens: ``U`` is what upstream's
@@ -495,11 +497,13 @@ def bench(checkouts: Sequence[Path], upstream_python: str, steps: int = 30, roun
 
 # ---------------------------------------------------------------------- the summary
 def summarize_run(run: Mapping[str, Any], warmup: int) -> Dict[str, float]:
-    """A run's median step time and useful tokens per second over its timed steps (after ``warmup``);
-    ``step_s[i]`` is the time of step ``i``, which trained on ``useful_tokens[i]``."""
+    """A run's median step time over its timed steps (after ``warmup``) and its useful tokens per second,
+    the mean useful tokens of those steps over the median step time; ``step_s[i]`` is the time of step
+    ``i``, which trained on ``useful_tokens[i]``."""
     times = run["step_s"][warmup:]
     tokens = run["useful_tokens"][warmup: warmup + len(times)]
-    return {"step_s": statistics.median(times), "tokens_per_s": sum(tokens) / sum(times)}
+    median = statistics.median(times)
+    return {"step_s": median, "tokens_per_s": statistics.mean(tokens) / median}
 
 
 def _stats(values: Sequence[float]) -> Dict[str, float]:
