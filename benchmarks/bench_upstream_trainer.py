@@ -84,6 +84,12 @@ RESULTS = ROOT / "benchmarks" / "results"
 RECORD = RESULTS / "upstream_trainer.json"
 TABLE = RESULTS / "upstream_trainer_table.md"
 FIGURE = RESULTS / "figures" / "upstream_trainer.png"
+#: The records the Performance page shows, each with its table and figure: MiniMind2-Small's size at
+#: both commits (``RECORD``), and minimind-3 at its own width at d65ef2c (``--d65ef2c-hidden 768``).
+RECORD_MINIMIND3 = RESULTS / "upstream_trainer_minimind3.json"
+PAGE_FILES = {RECORD: (TABLE, FIGURE),
+              RECORD_MINIMIND3: (RESULTS / "upstream_trainer_minimind3_table.md",
+                                 RESULTS / "figures" / "upstream_trainer_minimind3.png")}
 
 BATCH, SEQ_LEN = 8, 340
 
@@ -676,9 +682,9 @@ def draw(record: Mapping[str, Any], path: Path) -> Path:
 def report(record_path: Path = RECORD, table: Optional[Path] = None, figure: Optional[Path] = None) -> Path:
     """Write the table (and, when there is a record, the figure) from the record: the page's files for the
     committed record, else files beside the record (a trial run leaves the page alone)."""
-    page = Path(record_path).resolve() == RECORD.resolve()
-    table = table or (TABLE if page else Path(record_path).with_suffix(".md"))
-    figure = figure or (FIGURE if page else Path(record_path).with_suffix(".png"))
+    page = {k.resolve(): v for k, v in PAGE_FILES.items()}.get(Path(record_path).resolve())
+    table = table or (page[0] if page else Path(record_path).with_suffix(".md"))
+    figure = figure or (page[1] if page else Path(record_path).with_suffix(".png"))
     record = json.loads(record_path.read_text()) if record_path.exists() else None
     table.parent.mkdir(parents=True, exist_ok=True)
     table.write_text(render(record), encoding="utf-8")
