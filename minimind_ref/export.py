@@ -71,8 +71,9 @@ def write_pth(model: Any, folder: PathLike, stage: str = "pretrain") -> Path:
 
 
 def write_hf_folder(model: Any, folder: PathLike, tokenizer: Optional[Any] = None) -> Path:
-    """``folder`` holding the model as a transformers model (``hf.to_hf``, ``save_pretrained``) and,
-    when given, the tokenizer (``tokenizer.json`` and a ``tokenizer_config.json`` of its special tokens)."""
+    """``folder`` holding the model as a transformers model (``hf.to_hf``, ``save_pretrained``, in fp32:
+    a half-precision model is converted in place) and, when given, the tokenizer (``tokenizer.json`` and
+    a ``tokenizer_config.json`` of its special tokens)."""
     from .hf import to_hf
 
     model = _unwrapped(model)
@@ -82,7 +83,9 @@ def write_hf_folder(model: Any, folder: PathLike, tokenizer: Optional[Any] = Non
     if tokenizer is not None and tokenizer.get_vocab_size() > model.config.vocab_size:
         raise ValueError(f"the tokenizer has {tokenizer.get_vocab_size()} tokens but the model's vocabulary holds "
                          f"{model.config.vocab_size}: it is not the tokenizer this model was trained with.")
-    hf_model = to_hf(model.float().eval())
+    was_training = model.training
+    hf_model = to_hf(model.float().eval())  # fp32 weights, as a checkpoint holds them
+    model.train(was_training)
     folder.mkdir(parents=True, exist_ok=True)
     hf_model.save_pretrained(folder)
     if tokenizer is not None:

@@ -74,7 +74,10 @@ def test_hf_folder_loads_in_transformers(tmp_path, generation):
     m = tiny_model(vocab_size=300) if generation == "MiniMind2" else _minimind3(vocab_size=300)
     assert m.config.generation == generation
     tok = _tokenizer()
+    m.train()
     folder = export.write_hf_folder(m, tmp_path / "hf", tok)
+    assert m.training  # left as it was given
+    m.eval()
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
     ids = rand_ids(2, 9, vocab=300)
     with torch.no_grad():
