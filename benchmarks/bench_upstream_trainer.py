@@ -50,7 +50,9 @@ not the total time, so that a step another job on the shared machine slowed down
 the rate). The variants run in ``rounds`` rounds; within a round their processes step in turns,
 one step each, in an order that rotates every step, so no two compute at once and a slow spell of
 the machine hits them alike; every figure is the median over the rounds with its range, and every
-ratio the median of the per-round ratios. Upstream's run repeats the same seed (42, its own) each round;
+ratio the median of the per-round ratios. The machine is shared with other jobs, which slow some
+steps down; the table also gives each variant's fastest step over all rounds (the least disturbed
+one) and its ratio to upstream's fastest, a second estimate that load inflates less. Upstream's run repeats the same seed (42, its own) each round;
 the course's round r uses seed r.
 
 **Loss at equal data.** The loss after the same number of useful tokens: ``U`` is what upstream's
@@ -509,7 +511,7 @@ def summarize_run(run: Mapping[str, Any], warmup: int) -> Dict[str, float]:
     times = run["step_s"][warmup:]
     tokens = run["useful_tokens"][warmup: warmup + len(times)]
     median = statistics.median(times)
-    return {"step_s": median, "tokens_per_s": statistics.mean(tokens) / median}
+    return {"step_s": median, "tokens_per_s": statistics.mean(tokens) / median, "fastest_step_s": min(times)}
 
 
 def _stats(values: Sequence[float]) -> Dict[str, float]:
@@ -541,6 +543,7 @@ def summarize_commit(entry: Mapping[str, Any], warmup: int, last: int = 10) -> D
     out: Dict[str, Any] = {"useful_tokens": budget, "variants": {}}
     for v, rs in per_run.items():
         row = {"step_s": _stats([r["step_s"] for r in rs]), "tokens_per_s": _stats([r["tokens_per_s"] for r in rs]),
+               "fastest_step_s": min(r["fastest_step_s"] for r in rs),
                "loss_at_upstream_tokens": _stats([loss_at_tokens(r, budget) for r in runs[v]]), "runs": len(rs)}
         if v != "upstream":
             rounds = {run["round"]: s for run, s in zip(runs[v], rs)}
@@ -548,6 +551,9 @@ def summarize_commit(entry: Mapping[str, Any], warmup: int, last: int = 10) -> D
             both = sorted(set(rounds) & set(ups))
             row["step_speedup"] = _stats([ups[r]["step_s"] / rounds[r]["step_s"] for r in both])
             row["tokens_speedup"] = _stats([rounds[r]["tokens_per_s"] / ups[r]["tokens_per_s"] for r in both])
+        out["variants"][v] = row
+    for v, row in out["variants"].items():  # the least disturbed step of all rounds, against upstream's
+        row["fastest_step_speedup"] = out["variants"]["upstream"]["fastest_step_s"] / row["fastest_step_s"]
         out["variants"][v] = row
     bf16 = [v for v in ("course_bf16", "course_bf16_compiled") if v in per_run]
     chosen = min(bf16, key=lambda v: out["variants"][v]["step_s"]["median"]) if bf16 else None
@@ -588,7 +594,8 @@ def render(record: Optional[Mapping[str, Any]]) -> str:
              f"with transformers {up.get('transformers')} and datasets {up.get('datasets')}. Batch {st['batch']} x "
              f"{st['seq_len']} tokens, accumulation {st['accumulation_steps']}, {st['steps']} steps a run, the first "
              f"{st['warmup']} not timed, {st['rounds']} rounds interleaved; medians over the rounds (range in parentheses), "
-             "ratios the medians of the per-round ratios."
+             "ratios the medians of the per-round ratios; the fastest step is a variant's least disturbed timed step "
+             "over all rounds."
              + (f" The machine is shared: load average {env['load_average_at_start'][0]:.2f} at the start"
                 if env.get("load_average_at_start") else "")
              + (", after each round " + ", ".join(f"{la[0]:.2f}" for e in record["commits"].values()
@@ -605,13 +612,15 @@ def render(record: Optional[Mapping[str, Any]]) -> str:
                   f"positions are padding and {rows['cut_share']:.1%} of the texts' tokens are cut away. The loss is "
                   f"compared after {s['useful_tokens']:,} useful tokens, what upstream's run trained on.", "",
                   "| trainer | s / step | useful tokens / s | step vs upstream | useful tokens/s vs upstream | "
-                  "loss at upstream's tokens |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+                  "fastest step (s) | fastest vs upstream's | loss at upstream's tokens |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for v, row in s["variants"].items():
             speed = ("1.00x", "1.00x") if v == "upstream" else (_fmt_range(row["step_speedup"], ".2f", "x"),
                                                                   _fmt_range(row["tokens_speedup"], ".2f", "x"))
             mark = " (chosen)" if v == s["chosen"] else ""
             lines.append(f"| {LABELS[v]}{mark} | {_fmt_range(row['step_s'], '.2f')} | {_fmt_range(row['tokens_per_s'], ',.0f')} | "
-                         f"{speed[0]} | {speed[1]} | {_fmt_range(row['loss_at_upstream_tokens'], '.3f')} |")
+                         f"{speed[0]} | {speed[1]} | {row['fastest_step_s']:.2f} | {row['fastest_step_speedup']:.2f}x | "
+                         f"{_fmt_range(row['loss_at_upstream_tokens'], '.3f')} |")
         if s.get("goals"):
             g, row = s["goals"], s["variants"][s["chosen"]]
             said = lambda ok: "met" if ok else "**not met**"  # noqa: E731
@@ -633,7 +642,8 @@ def render(record: Optional[Mapping[str, Any]]) -> str:
 
 
 def draw(record: Mapping[str, Any], path: Path) -> Path:
-    """Loss against useful tokens for every run (one panel per commit), and useful tokens per second."""
+    """Per commit (a row): loss against useful tokens for every run, the same against the optimizer step,
+    and useful tokens per second."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -641,8 +651,8 @@ def draw(record: Mapping[str, Any], path: Path) -> Path:
 
     commits = list(record["commits"])
     colors = {"upstream": "black", "course_fp32": "tab:blue", "course_bf16": "tab:orange", "course_bf16_compiled": "tab:red"}
-    fig, axes = plt.subplots(len(commits), 2, figsize=(11, 3.8 * len(commits)), squeeze=False,
-                             gridspec_kw={"width_ratios": [2, 1]})
+    fig, axes = plt.subplots(len(commits), 3, figsize=(15, 3.8 * len(commits)), squeeze=False,
+                             gridspec_kw={"width_ratios": [2, 1.4, 1.2]})
     for row, commit in enumerate(commits):
         entry = record["commits"][commit]
         s = summarize_commit(entry, record["settings"]["warmup"])
@@ -661,6 +671,14 @@ def draw(record: Mapping[str, Any], path: Path) -> Path:
         ax.set_title(f"upstream {commit} vs the course: {entry['model']['name']}")
         ax.legend(fontsize=7)
         ax = axes[row][1]
+        for v, runs in entry["runs"].items():
+            for run in runs if v != "upstream" else runs[:1]:
+                ax.plot(range(1, len(run["loss"]) + 1), run["loss"], color=colors[v], lw=1.4 if v == "upstream" else 0.9,
+                        alpha=1 if v == "upstream" else 0.7)
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("training loss")
+        ax.set_title("the same runs, against the step", fontsize=9)
+        ax = axes[row][2]
         names = list(s["variants"])
         med = [s["variants"][v]["tokens_per_s"]["median"] for v in names]
         err = [[m - s["variants"][v]["tokens_per_s"]["min"] for v, m in zip(names, med)],

@@ -59,6 +59,8 @@ def test_summarize_commit_ratios_choice_goals_and_bf16_match():
     assert bf["tokens_speedup"]["min"] == pytest.approx(3.2) and bf["tokens_speedup"]["max"] == pytest.approx(4.0)
     assert s["variants"]["course_fp32"]["step_speedup"]["median"] == 1.0
     assert s["chosen"] == "course_bf16"  # 1.125 s against 1.6 s
+    assert (bf["fastest_step_s"], bf["fastest_step_speedup"]) == (1, 2.0)  # round 0's 1 s against upstream's 2 s
+    assert s["variants"]["course_bf16_compiled"]["fastest_step_speedup"] == pytest.approx(1.25)
     assert s["goals"] == {"tokens_speedup_2x": True, "step_speedup_1_4x": True, "loss_matched": True}
     match = s["bf16_vs_fp32"]
     assert match["seed_noise"] == 1.0  # fp32's last loss: 1.0 (seed 0), 2.0 (seed 1)
@@ -83,7 +85,7 @@ def test_render_and_report(tmp_path):
     for label in B.LABELS.values():
         assert f"| {label}" in text
     assert "native bf16: yes" in text and "(chosen)" in text and "met" in text
-    assert "1.80x (1.60–2.00)" in text
+    assert "1.80x (1.60–2.00)" in text and "| 1.00 | 2.00x |" in text
     assert "load average" in text
     path = tmp_path / "trial.json"
     path.write_text(json.dumps(_record()))
