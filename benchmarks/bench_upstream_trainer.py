@@ -605,7 +605,7 @@ def render(record: Optional[Mapping[str, Any]]) -> str:
         s = summarize_commit(entry, st["warmup"])
         m, rows = entry["model"], entry["rows"]
         params = entry["runs"]["upstream"][0].get("parameters")
-        lines += ["", f"#### Upstream {commit}: {m['name']} ({m['hidden_size']} x {m['num_hidden_layers']}"
+        lines += ["", f"### Upstream {commit}: {m['name']} ({m['hidden_size']} x {m['num_hidden_layers']}"
                   + (f", {params:,} parameters" if params else "") + ")", "",
                   f"The synthetic file: {rows['texts']:,} texts of {rows['mean_tokens']:.0f} tokens on average (upstream's "
                   f"tokenizer at {commit}); in upstream's rows of {st['seq_len']}, {rows['padding_share']:.1%} of the "
