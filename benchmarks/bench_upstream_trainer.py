@@ -668,7 +668,7 @@ def draw(record: Mapping[str, Any], path: Path) -> Path:
         ax.axvline(s["useful_tokens"], color="gray", ls=":", lw=1)
         ax.set_xlabel("useful (non-padding) tokens trained on")
         ax.set_ylabel("training loss")
-        ax.set_title(f"upstream {commit} vs the course: {entry['model']['name']}")
+        ax.set_title(f"upstream {commit} vs the course: {entry['model']['name']}", fontsize=9)
         ax.legend(fontsize=7)
         ax = axes[row][1]
         for v, runs in entry["runs"].items():
