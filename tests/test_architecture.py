@@ -35,7 +35,7 @@ FLOORS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("decoding", ("minimind_ref.generation",)),
     ("model", ("minimind_ref.model", "minimind_ref.params", "minimind_ref.fast_decode", "minimind_ref.graph_decode")),
     ("model files", ("minimind_ref.checkpoint", "minimind_ref.hf", "minimind_ref.upstream_weights",
-                     "minimind_ref.pretrained", "minimind_ref")),
+                     "minimind_ref.pretrained", "minimind_ref.export", "minimind_ref")),
     ("training", ("minimind_ref.distributed", "minimind_ref.run_state", "minimind_ref.train", "minimind_ref.plan")),
     ("fine-tuning", ("minimind_ref.sft",)),
     ("stages", ("minimind_ref.stage_registry", "minimind_ref.stage_set", "minimind_ref.chat_eval",

@@ -73,7 +73,7 @@ def test_toc_order():
     assert list(parts) == ["Start here", "Chapters", "Reference"]
     assert parts["Start here"] == ["book/how_to_use", "book/setup"]
     assert parts["Chapters"] == [f"notebooks/{name}" for name in CHAPTERS]
-    assert parts["Reference"] == ["book/minimind_ref", "book/minimind2_to_minimind3", "book/performance", "book/references"]
+    assert parts["Reference"] == ["book/train_real", "book/minimind_ref", "book/minimind2_to_minimind3", "book/performance", "book/references"]
 
 
 def test_every_toc_entry_exists():
