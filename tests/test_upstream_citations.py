@@ -188,3 +188,11 @@ def test_a_date_after_a_commit_says_which_when_author_and_committer_differ():
                          ("101d7df, authored 2026-03-24 and committed 2026-03-26", "wrong date")]:
         (occ,) = _find(text)
         assert cuc.verify(occ, _Upstream()).status == status, (text, occ.detail)
+
+
+def test_every_citation_a_reader_sees_is_a_link_to_its_text():
+    """Issue 45: the pages, the chapters' markdown and the Chinese catalogs carry every citation as a link to
+    upstream's file at that commit and lines (``tools/link_citations.py`` writes them; this reads, never writes)."""
+    problems = link_citations.run(link_citations.source_files(), link_citations.known_commits(), write=False)
+    assert not problems, ("citations a reader cannot open, or links that disagree with their text; run "
+                          "tools/link_citations.py, then the checker:\n" + "\n".join(problems[:20]))
