@@ -234,6 +234,8 @@ PACKAGE_FLOAT64 = {
     "minimind_ref/checkpoint.py": "the plain Python types a checkpoint may hold (complex numbers), not tensors",
     "minimind_ref/generation.py": "input_ids.is_complex() refuses complex ids; creates none",
     "minimind_ref/checks/ch02.py": "a comment on the RoPE check's cases (whole indices round alike in float32 and float64)",
+    "minimind_ref/checks/ch09.py": "counts of the check's own CPU label cases, and a tensor made from a Python number (CPU)",
+    "minimind_ref/checks/diagnosis.py": "close_tensors moves both tensors to the CPU, then widens",
 }
 
 

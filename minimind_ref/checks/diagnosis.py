@@ -30,7 +30,7 @@ def close_tensors(rtol: float, atol: float) -> Callable[[Any, Any], bool]:
     def same(a: Any, b: Any) -> bool:
         if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.shape != b.shape:
             return False
-        x, y = a.detach().double(), b.detach().double()
+        x, y = a.detach().cpu().double(), b.detach().cpu().double()  # CPU first: MPS has no float64
         return bool((torch.isclose(x, y, rtol=rtol, atol=atol) | (torch.isnan(x) & torch.isnan(y))).all())
 
     return same
