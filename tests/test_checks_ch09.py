@@ -260,7 +260,7 @@ def test_render_assistant_turn_catches_strip_instead_of_strip_newline():
         r = (m.get("reasoning_content") or "").strip()
         return sft.render_chat([dict(m, reasoning_content=r)]) if r else sft.render_chat([dict(m, reasoning_content=None)])
 
-    check_fails(ch09.check_render_assistant_turn, strips_all, "this looks like the reasoning stripped of spaces too",
+    check_fails(ch09.check_render_assistant_turn, strips_all, "this looks like the reasoning's spaces at its ends removed",
                 "in the thinking block", "case 1")
 
 

@@ -119,6 +119,11 @@ def test_rescale_merged_rejects_adding_in_place_and_undoes_a_merge():
         return merged.add_((new - old) * (B @ A))
 
     check_fails(ch10.check_rescale_merged, in_place, "in place")
+
+    def same_when_kept(merged, A, B, old, new):  # issue 44 (probe 4): right values, but the caller's own tensor
+        return merged if new == old else merged + (new - old) * (B @ A)
+
+    check_fails(ch10.check_rescale_merged, same_when_kept, "not a new tensor")
     # scale 0 gives the frozen weight back: a merge can be undone with the adapter kept
     W, A, B = torch.randn(6, 5), torch.randn(2, 5), torch.randn(6, 2)
     torch.testing.assert_close(ch10.rescale_merged_reference(ch10.merge_weight_reference(W, A, B, 1.0), A, B, 1.0, 0.0),

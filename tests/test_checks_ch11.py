@@ -226,7 +226,11 @@ def shift_float_mask(ids, mask):
 
 
 @pytest.mark.parametrize("wrong, message", [
-    (shift_mask_unshifted, "the mask cut like the inputs instead of like the targets"),
+    (shift_mask_unshifted, "the mask cut at its end"),
+    (lambda ids, mask: shift_reference(ids, mask)[:2] + (torch.tensor(mask[:-1]) & torch.tensor(mask[1:]),),
+     "at its own position and at the one before"),
+    (lambda ids, mask: shift_reference(ids, mask)[:2] + (torch.tensor(mask[:-1]) | torch.tensor(mask[1:]),),
+     "at its own position or at the one before"),
     (shift_swapped, "inputs and targets the other way round"),
     (shift_float_mask, "torch.long"),
     (lambda ids, mask: shift_reference(ids, mask)[:2], "three tensors"),

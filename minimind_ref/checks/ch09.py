@@ -127,7 +127,7 @@ def _render_region(text: str, k: int) -> str:
     role = text[opened + len(S):].split("\n", 1)[0]
     turn = len(before)
     if text.find(E, opened) == -1 or k > text.find(E, opened) + len(E):
-        return f"after turn {turn} ({role})" if text.find(E, opened) != -1 else f"turn {turn} ({role}, the generation prompt)"
+        return f"the text after turn {turn} ({role})" if text.find(E, opened) != -1 else f"turn {turn} ({role}, the generation prompt)"
     return f"turn {turn} ({role})"
 
 
@@ -805,13 +805,13 @@ def _turn_variant(message: Dict[str, Any], reasoning=lambda r: r.strip("\n"), co
 
 
 TURN_MISTAKES = {
-    "the reasoning stripped of spaces too, not only of newlines": lambda m: _turn_variant(m, reasoning=lambda r: r.strip()),
+    "the reasoning's spaces at its ends removed": lambda m: _turn_variant(m, reasoning=lambda r: r.strip()),
     "the reasoning's newlines at its ends kept": lambda m: _turn_variant(m, reasoning=lambda r: r),
     "only one newline taken off each end of the reasoning":
         lambda m: _turn_variant(m, reasoning=lambda r: r[1 if r.startswith("\n") else 0:len(r) - (1 if r.endswith("\n") else 0)]),
     "no thinking block when the message has no reasoning": lambda m: _turn_variant(m, block_when_empty=False),
     "the reply's leading newlines kept": lambda m: _turn_variant(m, content=lambda c: c),
-    "the reply's leading spaces removed too, not only its newlines": lambda m: _turn_variant(m, content=lambda c: c.lstrip()),
+    "the reply's leading spaces removed": lambda m: _turn_variant(m, content=lambda c: c.lstrip()),
     "the reply stripped at its end too": lambda m: _turn_variant(m, content=lambda c: c.strip("\n")),
     "the reply stripped of all whitespace at both ends": lambda m: _turn_variant(m, content=lambda c: c.strip()),
     "a newline before the first tool call of a turn without text": lambda m: _turn_variant(m, first="always"),

@@ -138,7 +138,9 @@ def _rescale_cases() -> List[Dict[str, Any]]:
     out = []
     # the first case moves the scale up from 1: no two mistakes give one result there (turning the adapter off,
     # from 1 to 0, comes last: there "nothing changed" and "the new update added on top" coincide)
-    for c, (old, new) in zip(_forward_cases(), [(1.0, 2.5), (0.5, 1.5), (2.0, -1.0), (1.0, 0.0)]):
+    # ... and a last case that keeps the scale: the weight is unchanged, and still a new tensor
+    forward = _forward_cases()
+    for c, (old, new) in zip(forward + forward[1:2], [(1.0, 2.5), (0.5, 1.5), (2.0, -1.0), (1.0, 0.0), (2.0, 2.0)]):
         merged = merge_weight_reference(c["weight"], c["A"], c["B"], old)
         out.append(dict(c, merged=merged, old=old, new=new,
                         case=c["case"].split(", scale")[0] + f", merged at scale {old}, wanted at scale {new}"))
@@ -154,6 +156,8 @@ def _rescale_mistakes(merged, A, B, old, new) -> Dict[str, Callable[[], torch.Te
             lambda: merged * (new / old),
         "the update at the old scale taken out but none put back at the new one": lambda: merged - old * (B @ A),
         "the difference of the scales the other way round": lambda: merged + (old - new) * (B @ A),
+        "the ratio of the scales minus one taken as the update's factor":
+            lambda: merged + (new / old - 1) * (B @ A),
         "the two scales added": lambda: merged + (old + new) * (B @ A),
         "the update transposed": lambda: merged + (new - old) * (B @ A).T,
         "the update divided by the rank": lambda: merged + (new - old) / rank * (B @ A),
@@ -181,8 +185,9 @@ def check_rescale_merged(rescale_merged: Callable[..., Any]) -> str:
     got_all: List[torch.Tensor] = []
     for c in cases:
         merged, A, B, old, new, case = c["merged"], c["A"], c["B"], c["old"], c["new"], c["case"]
+        given = merged.clone()
         try:
-            got = call(guarded(rescale_merged, name, forbidden, case=case, hint=hint), merged.clone(), A.clone(),
+            got = call(guarded(rescale_merged, name, forbidden, case=case, hint=hint), given, A.clone(),
                        B.clone(), old, new, name=name, case=case, check_inputs=True,
                        hint="return a new tensor; do not add into the merged weight in place.")
         except ExerciseError:
@@ -194,6 +199,10 @@ def check_rescale_merged(rescale_merged: Callable[..., Any]) -> str:
         if not isinstance(got, torch.Tensor) or got.shape != merged.shape:  # type and shape first, as check_close does
             check_close(got, rescale_merged_reference(merged, A, B, old, new), name=name, case=case,
                         mistakes=_rescale_mistakes(merged, A, B, old, new), hint=hint)
+        if got.numel() and got.data_ptr() == given.data_ptr():
+            fail(name, f"your function returned the merged weight it was given (the same storage), not a new tensor "
+                       f"({case})", "the caller keeps the weight it passed: return a tensor of your own, whatever "
+                                    "the two scales are.")
         got_all.append(got)
     expected = [rescale_merged_reference(c["merged"], c["A"], c["B"], c["old"], c["new"]) for c in cases]
     same = close_tensors(1e-5, 1e-5)
@@ -210,7 +219,7 @@ def check_rescale_merged(rescale_merged: Callable[..., Any]) -> str:
                               rtol=1e-4, atol=1e-4):
             fail(name, f"the rescaled layer's output differs from the adapted layer's at the new scale ({c['case']})",
                  hint)
-    return (f"{len(cases)} layers (square and rectangular), scales up, down, to 0 and below it, rtol = atol = 1e-5, "
+    return (f"{len(cases)} layers (square and rectangular), scales up, down, to 0, below it and kept, rtol = atol = 1e-5, "
             "merged layer = adapted layer at the new scale, inputs unchanged")
 
 

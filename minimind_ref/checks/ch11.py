@@ -104,8 +104,10 @@ def check_sequence_log_probs(sequence_log_probs: Callable[..., Any]) -> str:
 # ---------------------------------------------------------------------- 11.2 the shift
 def _shift_cases() -> List[Tuple[str, List[int], List[int]]]:
     return [
-        ("a reply in the middle", [1, 5, 6, 2, 7, 1, 8, 9, 4, 2, 7], [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1]),
+        # two replies first: there every mask mistake below gives its own answer, so the first one a learner
+        # gets wrong names the mistake (on a reply that ends the sequence, "mask[:-1]" and "both neighbours" agree)
         ("two replies", [1, 8, 9, 3, 2, 7, 1, 8, 9, 4, 2, 7], [0, 0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 1]),
+        ("a reply in the middle", [1, 5, 6, 2, 7, 1, 8, 9, 4, 2, 7], [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1]),
         ("a reply cut off at the end", [1, 8, 9, 3, 3, 3], [0, 0, 0, 1, 1, 1]),
         ("no reply", [1, 5, 6, 2], [0, 0, 0, 0]),
     ]
@@ -132,7 +134,10 @@ def check_shift_example(shift_example: Callable[..., Any]) -> str:
         mistakes = [
             {swapped: t_ids[1:], "the whole sequence as input": t_ids},
             {swapped: t_ids[:-1], "the whole sequence as target": t_ids},
-            {"the mask cut like the inputs instead of like the targets": t_mask[:-1],
+            {"the mask cut at its end": t_mask[:-1],
+             "a target counted only where the mask holds at its own position and at the one before":
+                 t_mask[:-1] & t_mask[1:],
+             "a target counted where the mask holds at its own position or at the one before": t_mask[:-1] | t_mask[1:],
              "the mask not shifted at all": t_mask},
         ]
         if any(isinstance(part, (list, tuple)) for part in got):
