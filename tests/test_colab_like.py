@@ -134,3 +134,22 @@ def test_stub_plugin_fails_a_check_that_passes_on_the_stub(tmp_path):
 
 def test_stub_errors_match_the_checks_contract():
     assert nbval_stubs.STUB_ERRORS == {"AssertionError", "ExerciseError", "NotImplementedError"}
+
+
+def test_only_a_notebook_whose_kernel_never_started_runs_again(tmp_path):
+    """ipykernel 7 sometimes hangs at start-up: that notebook (no cell of it ran) runs once more; a report with
+    any other failure re-runs nothing."""
+    def report(*cases):
+        body = "".join(f'<testcase classname="chapters.{nb}" name="Cell {i}">{inner}</testcase>' for i, (nb, inner) in enumerate(cases))
+        path = tmp_path / "junit.xml"
+        path.write_text(f'<?xml version="1.0"?><testsuites><testsuite>{body}</testsuite></testsuites>', encoding="utf-8")
+        return path
+
+    hang = '<error message="failed on setup with &quot;RuntimeError: Kernel didn\'t respond in 120 seconds&quot;">x</error>'
+    died = '<error message="failed on setup">RuntimeError: Kernel died before replying to kernel_info</error>'
+    wrong = '<failure message="Notebook cell execution failed">AssertionError</failure>'
+    assert colab_like.kernel_never_started(report(("11_dpo.ipynb", hang), ("11_dpo.ipynb", died), ("02_rope.ipynb", "")),
+                                           "chapters") == ["11_dpo.ipynb"]
+    assert colab_like.kernel_never_started(report(("11_dpo.ipynb", hang), ("02_rope.ipynb", wrong)), "chapters") == []
+    assert colab_like.kernel_never_started(report(("02_rope.ipynb", wrong)), "chapters") == []
+    assert colab_like.kernel_never_started(tmp_path / "absent.xml", "chapters") == []

@@ -108,6 +108,13 @@ KERNEL_ENV = {
     "PIP_DISABLE_PIP_VERSION_CHECK": "1",
 }
 CELL_TIMEOUT_S = 600
+#: nbval waits this long for a new kernel to answer (its default is 60 s).
+KERNEL_STARTUP_TIMEOUT_S = 120
+#: What nbval's setup error says when a notebook's kernel never answered. ipykernel 7 sometimes hangs at
+#: start-up (microsoft/vscode-jupyter#17228, #17410; microsoft/qdk#3661 pins ipykernel 6 for it): then every
+#: cell of that notebook errors at setup without having run. Such a notebook runs once more, alone, and the
+#: pass says so; a notebook with any other failure is never re-run.
+KERNEL_START_FAILURES = ("Kernel didn't respond in", "Kernel died before replying to kernel_info")
 
 
 class ColabLikeError(RuntimeError):
@@ -545,20 +552,50 @@ def run_notebooks(env: Path, notebooks: Sequence[Path], workdir: Path, tmp: Path
     if stubs:
         shutil.copy2(STUB_PLUGIN, workdir.parent / "conftest.py")  # the stub checks (tools/nbval_stubs.py)
     order = sorted(names, key=lambda n: n.removeprefix("zh_"), reverse=True)  # later chapters are the longest: start them first
+    junit = workdir.parent / "nbval-junit.xml"
     args = [env_python(env), "-m", "pytest", "-c", ini, "--rootdir", workdir.parent, "-p", "no:cacheprovider",
-            "--nbval", "--nbval-current-env", f"--nbval-cell-timeout={CELL_TIMEOUT_S}", "-q", "-rfE", "--durations=5",
-            "--color=yes" if sys.stdout.isatty() else "--color=no"]
-    if workers > 1 and len(names) > 1:
-        args += ["-n", str(min(workers, len(names))), "--dist", "loadfile", "--no-loadscope-reorder"]
-    else:
-        args += ["-p", "no:xdist"]
-    args += order
+            "--nbval", "--nbval-current-env", f"--nbval-cell-timeout={CELL_TIMEOUT_S}",
+            f"--nbval-kernel-startup-timeout={KERNEL_STARTUP_TIMEOUT_S}", f"--junitxml={junit}", "-q", "-rfE",
+            "--durations=5", "--color=yes" if sys.stdout.isatty() else "--color=no"]
+    parallel = ["-n", str(min(workers, len(names))), "--dist", "loadfile", "--no-loadscope-reorder"]
     shown = ("ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "MPLBACKEND", "MINIMIND_DEVICE")
     say("kernel settings: " + " ".join(f"{k}={kernel_env.get(k, '(unset)')}" for k in shown))
     say(f"running nbval on {len(names)} notebook(s) ({len(translated)} of them in {lang}) in {workdir} "
         f"with {min(workers, len(names))} worker(s)"
         + (f", and the {exercises} exercise checks on their student stubs" if stubs else ""))
-    return subprocess.run([str(a) for a in args], cwd=workdir, env=clean_env(tmp, kernel_env)).returncode
+    code = subprocess.run([str(a) for a in args + (parallel if workers > 1 and len(names) > 1 else ["-p", "no:xdist"])
+                           + order], cwd=workdir, env=clean_env(tmp, kernel_env)).returncode
+    again = kernel_never_started(junit, workdir.name) if code else []
+    if code and again:
+        say(f"the kernel of {', '.join(again)} never answered (nbval: {KERNEL_START_FAILURES[0]!r}): no cell of it ran; "
+            "running it once more, alone")
+        code = subprocess.run([str(a) for a in args + ["-p", "no:xdist"] + again], cwd=workdir,
+                              env=clean_env(tmp, kernel_env)).returncode
+        if code == 0:
+            say(f"{', '.join(again)} passed on the second start; every other notebook passed on the first")
+    return code
+
+
+def kernel_never_started(junit: Path, folder: str) -> List[str]:
+    """The notebooks of a pytest JUnit report whose every test errored because the kernel never started, when
+    nothing else in the report failed; else [] (a real failure is never re-run)."""
+    import xml.etree.ElementTree as ElementTree
+
+    try:
+        cases = list(ElementTree.parse(junit).getroot().iter("testcase"))
+    except (OSError, ElementTree.ParseError):
+        return []
+    by_file: Dict[str, List[bool]] = {}
+    for case in cases:
+        bad = [e for e in case if e.tag in ("failure", "error")]
+        if not bad:
+            continue
+        text = " ".join((e.get("message") or "") + (e.text or "") for e in bad)
+        by_file.setdefault(case.get("classname", "").removeprefix(folder + "."), []).append(
+            any(marker in text for marker in KERNEL_START_FAILURES))
+    if not by_file or not all(all(flags) for flags in by_file.values()):
+        return []
+    return sorted(by_file)
 
 
 def left_behind(tmp: Path, workdir: Path, ran: Sequence[str], label: str) -> int:
