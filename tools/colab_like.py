@@ -576,6 +576,21 @@ def run_notebooks(env: Path, notebooks: Sequence[Path], workdir: Path, tmp: Path
     return code
 
 
+def run_pytest(env: Path, workers: int, targets: Sequence[str], what: str, first: Optional[Path] = None,
+               say=log) -> int:
+    """pytest on ``targets`` (minus the GPU tests) in ``env`` from the repository root, single-threaded as
+    ``make test-package`` runs it; ``first``: a folder put first on PYTHONPATH. Returns pytest's exit code."""
+    args = [env_python(env), "-m", "pytest", *targets, "-m", "not gpu", "-q", "--durations=5",
+            "-o", "addopts=--nbval-cell-timeout=600 -p no:cacheprovider"]
+    args += ["-n", str(workers), "--dist", "loadgroup"] if workers > 1 else ["-p", "no:xdist"]
+    environ = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    environ.update(OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    if first is not None:
+        environ["PYTHONPATH"] = str(first)
+    say(f"{what} ({workers} worker(s), single-threaded)")
+    return subprocess.run([str(a) for a in args], cwd=ROOT, env=environ).returncode
+
+
 def kernel_never_started(junit: Path, folder: str) -> List[str]:
     """The notebooks of a pytest JUnit report whose every test errored because the kernel never started, when
     nothing else in the report failed; else [] (a real failure is never re-run)."""

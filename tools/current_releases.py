@@ -201,13 +201,8 @@ def runtime_report(env: Path, outside: Path) -> str:
 # --- the run ----------------------------------------------------------------------------------
 
 def package_tests(env: Path, workers: int) -> int:
-    args = [env_python(env), "-m", "pytest", "tests", "-m", "not gpu", "-q", "--durations=5",
-            "-o", "addopts=--nbval-cell-timeout=600 -p no:cacheprovider"]
-    args += ["-n", str(workers), "--dist", "loadgroup"] if workers > 1 else ["-p", "no:xdist"]
-    environ = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
-    environ.update(OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE", PIP_DISABLE_PIP_VERSION_CHECK="1")
-    log(f"package tests (pytest tests -m 'not gpu', {workers} worker(s), single-threaded) with these releases")
-    return subprocess.run([str(a) for a in args], cwd=ROOT, env=environ).returncode
+    return colab_like.run_pytest(env, workers, ["tests"], "package tests (pytest tests -m 'not gpu') with these releases",
+                                 say=log)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

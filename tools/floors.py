@@ -34,7 +34,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -224,16 +223,8 @@ def versions_line(env: Path, outside: Path) -> str:
 
 
 def pytest_in(env: Path, workers: int, targets: Sequence[str], what: str, first: Optional[Path] = None) -> int:
-    """pytest in ``env`` from the repository root; ``first``: a folder put first on PYTHONPATH."""
-    args = [env_python(env), "-m", "pytest", *targets, "-m", "not gpu", "-q", "--durations=5",
-            "-o", "addopts=--nbval-cell-timeout=600 -p no:cacheprovider"]
-    args += ["-n", str(workers), "--dist", "loadgroup"] if workers > 1 else ["-p", "no:xdist"]
-    environ = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
-    environ.update(OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE", PIP_DISABLE_PIP_VERSION_CHECK="1")
-    if first is not None:
-        environ["PYTHONPATH"] = str(first)
-    log(f"{what} ({workers} worker(s), single-threaded)")
-    return subprocess.run([str(a) for a in args], cwd=ROOT, env=environ).returncode
+    """pytest in ``env`` from the repository root (``colab_like.run_pytest``); ``first``: first on PYTHONPATH."""
+    return colab_like.run_pytest(env, workers, targets, what, first=first, say=log)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
