@@ -340,6 +340,23 @@ solution("9.2", "start = i + len(bos); end = start; while end < len(ids) and ids
                 "continue scanning at end + len(eos).")
 
 
+def _fail_at_first_wrong_position(name: str, cases: Sequence[Dict[str, Any]], got_all: Sequence[List[int]],
+                                  expected_all: Sequence[List[int]], mistakes: Dict[str, Callable[[Any], Any]],
+                                  describe: Callable[[Dict[str, Any], int], str], hint: str) -> None:
+    """Fail a mask check at the first case the learner got wrong: the first wrong position, what sits there
+    (``describe(case, position)``), whether it should count, and the mistake that explains every case."""
+    wrong = next((n for n in range(len(cases)) if got_all[n] != expected_all[n]), None)
+    if wrong is None:
+        return
+    c, got, expected = cases[wrong], got_all[wrong], expected_all[wrong]
+    seen = explaining(mistakes, cases, got_all, expected_all, wrong)
+    k = next(j for j in range(len(c["ids"])) if got[j] != expected[j])
+    should = "should count but does not" if expected[k] else "counts but should not"
+    case = f"{c['case']}: ids={c['ids']}, max_length={c['max_length']}"
+    fail(name, (f"this looks like {seen}: " if seen else "") + f"position {k} ({describe(c, k)}) {should}{_on(case)}",
+         hint)
+
+
 @check("Exercise 9.2 assistant_loss_mask")
 def check_assistant_loss_mask(assistant_loss_mask: Callable[..., Any]) -> str:
     """``assistant_loss_mask(input_ids, bos_ids, eos_ids, max_length)`` must equal
@@ -365,18 +382,11 @@ def check_assistant_loss_mask(assistant_loss_mask: Callable[..., Any]) -> str:
                  "return one value per token.")
         got_all.append(got)
         expected_all.append(list(expected))
-    wrong = next((n for n in range(len(cases)) if got_all[n] != expected_all[n]), None)
-    if wrong is not None:
-        c = cases[wrong]
-        ids, max_length, got, expected = c["ids"], c["max_length"], got_all[wrong], expected_all[wrong]
-        seen = explaining({d: (lambda c, f=f: list(f(c["ids"], c["bos"], c["eos"], c["max_length"])))
-                            for d, f in MASK_MISTAKES.items()}, cases, got_all, expected_all, wrong)
-        k = next(j for j in range(len(ids)) if got[j] != expected[j])
-        should = "should count but does not" if expected[k] else "counts but should not"
-        case = f"{c['case']}: ids={ids}, max_length={max_length}"
-        fail(name, (f"this looks like {seen}: " if seen else "")
-             + f"position {k} ({_mask_position(ids, c['bos'], c['eos'], k, max_length)}) {should}{_on(case)}",
-             "look at the turn around that position and at section 4's rule.")
+    _fail_at_first_wrong_position(
+        name, cases, got_all, expected_all,
+        {d: (lambda c, f=f: list(f(c["ids"], c["bos"], c["eos"], c["max_length"]))) for d, f in MASK_MISTAKES.items()},
+        lambda c, k: _mask_position(c["ids"], c["bos"], c["eos"], k, c["max_length"]),
+        "look at the turn around that position and at section 4's rule.")
     return f"{len(cases)} sequences (multi-turn, multi-token markers, cut-off reply, max_length)"
 
 
@@ -757,18 +767,11 @@ def check_keep_whole_mask(keep_whole_mask: Callable[..., Any]) -> str:
                  "return the mask list.")
         got_all.append([int(v) for v in got])
         expected_all.append(list(ref_sft.assistant_loss_mask(ids, _BOS, _EOS, max_length)))
-    wrong = next((n for n in range(len(cases)) if got_all[n] != expected_all[n]), None)
-    if wrong is not None:
-        c = cases[wrong]
-        ids, max_length, got, expected = c["ids"], c["max_length"], got_all[wrong], expected_all[wrong]
-        seen = explaining({d: (lambda c, f=f: list(f(c["ids"], _BOS, _EOS, c["max_length"])))
-                            for d, f in KEEP_MISTAKES.items()}, cases, got_all, expected_all, wrong)
-        k = next(j for j in range(len(ids)) if got[j] != expected[j])
-        should = "should count but does not" if expected[k] else "counts but should not"
-        case = f"{c['case']}: ids={ids}, max_length={max_length}"
-        fail(name, (f"this looks like {seen}: " if seen else "")
-             + f"position {k} ({_position(ids, k, max_length)}) {should}{_on(case)}",
-             "look at the position named above and at the assistant header before it.")
+    _fail_at_first_wrong_position(
+        name, cases, got_all, expected_all,
+        {d: (lambda c, f=f: list(f(c["ids"], _BOS, _EOS, c["max_length"]))) for d, f in KEEP_MISTAKES.items()},
+        lambda c, k: _position(c["ids"], k, c["max_length"]),
+        "look at the position named above and at the assistant header before it.")
     return f"{len(cases)} sequences (merged and ordinary replies, headers at the very end, cut-off, max_length)"
 
 
